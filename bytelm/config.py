@@ -1,0 +1,385 @@
+"""Typed, frozen configs loaded from TOML files with includes and ``--set a.b=c`` overrides.
+
+A config file has the sections ``[data]``, ``[model]``, ``[train]`` and ``[eval]``, and may start
+with ``include = "base.toml"`` (or a list of files), resolved relative to the including file.
+Merge order, lowest to highest precedence: included files in list order (each with its own
+includes resolved first), then the including file, then ``--set`` overrides in command-line order.
+Tables merge key by key; any other value replaces the inherited one.
+
+The ``[model]`` table picks its dataclass by ``family`` (``byte``, ``megabyte``, ``blt``, ``bpe``,
+...) from a registry filled by :func:`register_model`. Every key is checked: an unknown key fails
+with the closest valid key, a value of the wrong type names the key, the value and the expected
+type.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import tomllib
+import types
+import typing
+from pathlib import Path
+from typing import Any
+
+from bytelm.atomic import atomic_write_text
+from bytelm.errors import UserError
+
+
+@dataclasses.dataclass(frozen=True)
+class DataConfig:
+    """Which corpus, how it is split, and which held-out bytes are scored."""
+
+    source: str = "stdlib"  # data spec: stdlib | files:PATH[?split=...] | tfds:...
+    split_seed: int = 0  # seed of the stable hash split
+    heldout_fraction: float = 0.05  # expected fraction of documents held out
+    segment_bytes: int = 1024  # evaluation segments are at most this long
+    max_eval_bytes: int = 1 << 20  # total bytes scored by the evaluator
+    cache_dir: str = ""  # "" = $BYTELM_CACHE_DIR or ~/.cache/bytelm
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.heldout_fraction < 1.0:
+            raise ValueError(f"data.heldout_fraction must be in (0, 1), got {self.heldout_fraction}")
+        if self.segment_bytes < 1 or self.max_eval_bytes < 1:
+            raise ValueError(
+                f"data.segment_bytes ({self.segment_bytes}) and data.max_eval_bytes "
+                f"({self.max_eval_bytes}) must be >= 1"
+            )
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    """Optimisation, schedule, logging and checkpointing for the one trainer."""
+
+    steps: int = 1000
+    batch_size: int = 16  # global batch, in sequences
+    seq_len: int = 512  # positions per sequence (bytes, or tokens for the BPE LM)
+    seed: int = 0
+    learning_rate: float = 3e-3
+    warmup_steps: int = 100
+    min_lr_ratio: float = 0.1  # cosine decays to learning_rate * min_lr_ratio
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.95
+    grad_clip: float = 1.0  # global-norm clipping; 0 disables
+    grad_accum: int = 1  # micro-batches per optimizer step
+    log_every: int = 10
+    checkpoint_every: int = 500
+    keep_checkpoints: int = 3
+    mesh_data: int = -1  # mesh axis sizes; one may be -1 (= fill with the remaining devices)
+    mesh_fsdp: int = 1
+    mesh_tensor: int = 1
+    peak_flops: float = 0.0  # per-device peak FLOP/s for MFU; 0 = measure a matmul peak at start
+
+    def __post_init__(self) -> None:
+        for name in ("steps", "batch_size", "seq_len", "grad_accum", "log_every", "checkpoint_every", "keep_checkpoints"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"train.{name} must be >= 1, got {getattr(self, name)}")
+        if self.batch_size % self.grad_accum:
+            raise ValueError(
+                f"train.batch_size {self.batch_size} is not divisible by train.grad_accum {self.grad_accum}"
+            )
+        if self.warmup_steps < 0:
+            raise ValueError(f"train.warmup_steps must be >= 0, got {self.warmup_steps}")
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalConfig:
+    """Periodic held-out evaluation during training and the evaluator's batching."""
+
+    every: int = 200  # steps between held-out evaluations during training; 0 disables
+    eval_bytes: int = 65536  # bytes of the evaluation set scored by the periodic evaluation
+    batch_size: int = 16  # segments per evaluation batch
+
+    def __post_init__(self) -> None:
+        if self.every < 0 or self.eval_bytes < 1 or self.batch_size < 1:
+            raise ValueError(
+                f"eval.every ({self.every}) must be >= 0, eval.eval_bytes ({self.eval_bytes}) and "
+                f"eval.batch_size ({self.batch_size}) >= 1"
+            )
+
+
+_MODEL_REGISTRY: dict[str, type] = {}
+
+
+def register_model(family: str):
+    """Class decorator: make a frozen dataclass the ``[model]`` config of ``family``.
+
+    The dataclass must have a ``family: str`` field whose default is ``family``.
+    """
+
+    def wrap(cls: type) -> type:
+        _MODEL_REGISTRY[family] = cls
+        return cls
+
+    return wrap
+
+
+def model_families() -> dict[str, type]:
+    import bytelm.models.configs  # noqa: F401, PLC0415  (registers the built-in families)
+
+    return dict(_MODEL_REGISTRY)
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    data: DataConfig = dataclasses.field(default_factory=DataConfig)
+    model: Any = None
+    train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
+    eval: EvalConfig = dataclasses.field(default_factory=EvalConfig)
+
+
+_SECTIONS = {"data": DataConfig, "train": TrainConfig, "eval": EvalConfig}
+
+
+class _Override(str):
+    """A value from ``--set``: a string converted to the target field's type at build time."""
+
+
+# -- reading ------------------------------------------------------------------------------
+def _read_toml(path: Path) -> dict:
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except FileNotFoundError:
+        raise UserError(f"config file not found: {path}") from None
+    except tomllib.TOMLDecodeError as e:
+        raise UserError(f"cannot parse config file {path}: {e}") from None
+    except OSError as e:
+        raise UserError(f"cannot read config file {path}: {e.strerror or e}") from None
+
+
+def _merge(base: dict, top: dict) -> dict:
+    out = dict(base)
+    for key, value in top.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def load_raw(path: str | Path, _stack: tuple[Path, ...] = ()) -> dict:
+    """The merged dict of ``path`` and everything it includes (no validation)."""
+    path = Path(path).resolve()
+    if path in _stack:
+        chain = " -> ".join(str(p) for p in (*_stack, path))
+        raise UserError(f"config include cycle: {chain}")
+    raw = _read_toml(path)
+    includes = raw.pop("include", [])
+    if isinstance(includes, str):
+        includes = [includes]
+    if not isinstance(includes, list) or not all(isinstance(i, str) for i in includes):
+        raise UserError(f"'include' in {path} must be a file name or a list of file names, got {includes!r}")
+    merged: dict = {}
+    for inc in includes:
+        merged = _merge(merged, load_raw(path.parent / inc, (*_stack, path)))
+    return _merge(merged, raw)
+
+
+def apply_overrides(raw: dict, overrides: list[str]) -> dict:
+    """Apply ``a.b=c`` strings to ``raw`` (a new dict); values are typed when the config is built."""
+    raw = _merge({}, raw)
+    for item in overrides:
+        key, sep, value = item.partition("=")
+        key = key.strip()
+        if not sep or not key or any(not part for part in key.split(".")):
+            raise UserError(f"override {item!r} is not of the form section.key=value (e.g. model.d_model=512)")
+        *parents, leaf = key.split(".")
+        node = raw
+        for part in parents:
+            child = node.get(part)
+            if not isinstance(child, dict):
+                child = {}
+                node[part] = child
+            node = child
+        node[leaf] = _Override(value)
+    return raw
+
+
+# -- typing -------------------------------------------------------------------------------
+def _type_name(tp: Any) -> str:
+    origin = typing.get_origin(tp)
+    if origin is tuple:
+        args = typing.get_args(tp)
+        return f"list of {_type_name(args[0])}" if args else "list"
+    return getattr(tp, "__name__", str(tp))
+
+
+def _convert(key: str, value: Any, tp: Any) -> Any:
+    def bad() -> UserError:
+        shown = str(value) if isinstance(value, _Override) else repr(value)
+        return UserError(f"{key} = {shown} is not a valid {_type_name(tp)}")
+
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        errors = []
+        for arg in typing.get_args(tp):
+            if arg is type(None):
+                if value is None or (isinstance(value, _Override) and value.lower() in ("none", "")):
+                    return None
+                continue
+            try:
+                return _convert(key, value, arg)
+            except UserError as e:
+                errors.append(e)
+        raise bad()
+    if isinstance(value, _Override):
+        text = value.strip()
+        if tp is bool:
+            if text.lower() in ("true", "1", "yes", "on"):
+                return True
+            if text.lower() in ("false", "0", "no", "off"):
+                return False
+            raise bad()
+        if tp is int:
+            try:
+                return int(text.replace("_", ""), 0)
+            except ValueError:
+                try:
+                    as_float = float(text)
+                except ValueError:
+                    raise bad() from None
+                if as_float.is_integer():
+                    return int(as_float)
+                raise bad() from None
+        if tp is float:
+            try:
+                return float(text)
+            except ValueError:
+                raise bad() from None
+        if tp is str:
+            return str(value)
+        if origin is tuple:
+            if text.startswith("["):
+                try:
+                    parsed = tomllib.loads(f"v = {text}")["v"]
+                except tomllib.TOMLDecodeError:
+                    raise bad() from None
+            else:
+                parsed = [_Override(p) for p in text.split(",") if p.strip()]
+            return _convert(key, parsed, tp)
+        raise bad()
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        raise bad()
+    if tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        raise bad()
+    if tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        raise bad()
+    if tp is str:
+        if isinstance(value, str):
+            return str(value)
+        raise bad()
+    if origin is tuple:
+        if not isinstance(value, (list, tuple)):
+            raise bad()
+        (elem,) = typing.get_args(tp)[:1] or (Any,)
+        return tuple(_convert(f"{key}[{i}]", v, elem) for i, v in enumerate(value))
+    return value
+
+
+def _unknown_key(key: str, valid: list[str]) -> UserError:
+    leaf = key.rsplit(".", 1)[-1]
+    prefix = key[: -len(leaf)]
+    close = difflib.get_close_matches(leaf, valid, n=1, cutoff=0.5)
+    hint = f"; did you mean '{prefix}{close[0]}'?" if close else f"; valid keys: {', '.join(sorted(valid))}"
+    return UserError(f"unknown key '{key}'{hint}")
+
+
+def _build_section(section: str, cls: type, raw: Any) -> Any:
+    if not isinstance(raw, dict):
+        raise UserError(f"'{section}' must be a table ([{section}]), got {raw!r}")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    kwargs = {}
+    for key, value in raw.items():
+        if key not in fields:
+            raise _unknown_key(f"{section}.{key}", list(fields))
+        kwargs[key] = _convert(f"{section}.{key}", value, hints[key])
+    try:
+        return cls(**kwargs)
+    except ValueError as e:
+        raise UserError(f"invalid [{section}] config: {e}") from None
+
+
+def build_config(raw: dict) -> Config:
+    """Validate a merged dict into a :class:`Config` (raises ``UserError`` on any bad key/value)."""
+    raw = dict(raw)
+    raw.pop("include", None)
+    valid_sections = [*_SECTIONS, "model"]
+    for key in raw:
+        if key not in valid_sections:
+            raise _unknown_key(key, valid_sections)
+    sections = {name: _build_section(name, cls, raw.get(name, {})) for name, cls in _SECTIONS.items()}
+    model = None
+    if "model" in raw:
+        model_raw = raw["model"]
+        if not isinstance(model_raw, dict):
+            raise UserError(f"'model' must be a table ([model]), got {model_raw!r}")
+        families = model_families()
+        family = str(model_raw.get("family", ""))
+        if family not in families:
+            close = difflib.get_close_matches(family, list(families), n=1)
+            hint = f"; did you mean '{close[0]}'?" if close else ""
+            raise UserError(
+                f"model.family = {family!r} is not a known family ({', '.join(sorted(families))}){hint}"
+            )
+        model = _build_section("model", families[family], model_raw)
+    return Config(model=model, **sections)
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
+    """Load ``path`` (with includes), apply ``overrides``, validate. ``path=None``: defaults only."""
+    raw = load_raw(path) if path is not None else {}
+    return build_config(apply_overrides(raw, list(overrides)))
+
+
+# -- writing ------------------------------------------------------------------------------
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        escaped = value.replace("\\", "\\\\").replace('"', '\\"')
+        escaped = "".join(c if c.isprintable() or c == " " else f"\\u{ord(c):04x}" for c in escaped)
+        return f'"{escaped}"'
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    if value is None:
+        raise ValueError("TOML has no null; None fields are omitted")
+    raise TypeError(f"cannot write {value!r} to TOML")
+
+
+def config_to_dict(cfg: Config) -> dict:
+    out = {}
+    for name in ("data", "model", "train", "eval"):
+        section = getattr(cfg, name)
+        if section is not None:
+            out[name] = {k: v for k, v in dataclasses.asdict(section).items() if v is not None}
+    return out
+
+
+def dump_config(cfg: Config) -> str:
+    """The resolved config as TOML (``load_config`` of it gives back an equal config)."""
+    lines = []
+    for name, table in config_to_dict(cfg).items():
+        lines.append(f"[{name}]")
+        lines.extend(f"{k} = {_toml_value(v)}" for k, v in table.items())
+        lines.append("")
+    return "\n".join(lines)
+
+
+def save_config(cfg: Config, run_dir: str | Path) -> Path:
+    """Write the resolved config to ``run_dir/config.toml`` atomically."""
+    path = Path(run_dir) / "config.toml"
+    atomic_write_text(path, dump_config(cfg))
+    return path

@@ -1,0 +1,21 @@
+"""Byte data pipeline: sources -> corpus (split, fingerprint, cache) -> batches.
+
+>>> corpus = load_corpus("files:some/dir")          # doctest: +SKIP
+>>> corpus.fingerprint, len(corpus.segments)        # doctest: +SKIP
+"""
+
+from bytelm.data.batches import WindowBatches
+from bytelm.data.corpus import Corpus, Segment, default_cache_dir, fingerprint_segments, is_heldout, load_corpus
+from bytelm.data.sources import Document, parse_source
+
+__all__ = [
+    "Corpus",
+    "Document",
+    "Segment",
+    "WindowBatches",
+    "default_cache_dir",
+    "fingerprint_segments",
+    "is_heldout",
+    "load_corpus",
+    "parse_source",
+]

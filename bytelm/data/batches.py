@@ -1,0 +1,88 @@
+"""Training batches: random windows of a flat id stream, deterministic in ``(seed, step)``.
+
+Batch ``step`` is a pure function of ``(seed, step)``: resuming at step ``k`` is constructing the
+iterator with ``step=k`` (nothing is replayed). Each host draws the same global start offsets and
+gathers only its own rows, so the hosts' slices are disjoint and together make the global batch.
+The hot path is numpy only: one small RNG draw and one gather per batch.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from bytelm.errors import UserError
+
+
+def _process_layout(process_index: int | None, process_count: int | None) -> tuple[int, int]:
+    if process_index is None or process_count is None:
+        import jax  # noqa: PLC0415  (only when the caller did not say)
+
+        process_index = jax.process_index() if process_index is None else process_index
+        process_count = jax.process_count() if process_count is None else process_count
+    return process_index, process_count
+
+
+class WindowBatches:
+    """Iterator over ``int32`` arrays of shape ``(batch_size // process_count, window)``.
+
+    ``stream`` is any 1-D integer array (a ``uint16`` memmap of byte ids, or of BPE ids); each row
+    is ``stream[s : s + window]`` for a start ``s`` drawn uniformly from the valid range. For a
+    language model use ``window = T + 1`` (inputs ``row[:-1]``, targets ``row[1:]``).
+    """
+
+    def __init__(
+        self,
+        stream: np.ndarray,
+        *,
+        batch_size: int,
+        window: int,
+        seed: int = 0,
+        step: int = 0,
+        process_index: int | None = None,
+        process_count: int | None = None,
+    ) -> None:
+        if stream.ndim != 1:
+            raise ValueError(f"stream must be 1-D, got shape {stream.shape}")
+        if window < 1 or batch_size < 1:
+            raise UserError(f"batch_size ({batch_size}) and window ({window}) must be >= 1")
+        if len(stream) < window:
+            raise UserError(
+                f"the training stream has {len(stream)} ids, fewer than one window of {window}: "
+                "use a shorter train.seq_len or a larger corpus"
+            )
+        self.process_index, self.process_count = _process_layout(process_index, process_count)
+        if batch_size % self.process_count:
+            raise UserError(
+                f"train.batch_size {batch_size} is not divisible by the number of hosts {self.process_count}"
+            )
+        self.stream = stream
+        self.batch_size = batch_size
+        self.window = window
+        self.seed = seed
+        self.step = step
+        self.local_batch = batch_size // self.process_count
+        self._rows = np.lib.stride_tricks.sliding_window_view(stream, window)
+        self._n_starts = len(stream) - window + 1
+
+    def starts(self, step: int) -> np.ndarray:
+        """The global batch's start offsets for ``step`` (identical on every host)."""
+        rng = np.random.default_rng([self.seed, step])
+        return rng.integers(0, self._n_starts, size=self.batch_size, dtype=np.int64)
+
+    def batch(self, step: int) -> np.ndarray:
+        """This host's rows of the global batch ``step``."""
+        lo = self.process_index * self.local_batch
+        starts = self.starts(step)[lo : lo + self.local_batch]
+        return self._rows[starts].astype(np.int32)
+
+    def state(self) -> dict:
+        """What a checkpoint must store to resume: the next step (and the seed, to check it)."""
+        return {"step": self.step, "seed": self.seed}
+
+    def __iter__(self) -> WindowBatches:
+        return self
+
+    def __next__(self) -> np.ndarray:
+        out = self.batch(self.step)
+        self.step += 1
+        return out
