@@ -208,7 +208,13 @@ def _type_name(tp: Any) -> str:
 
 def _convert(key: str, value: Any, tp: Any) -> Any:
     def bad() -> UserError:
-        shown = str(value) if isinstance(value, _Override) else repr(value)
+        if isinstance(value, _Override):
+            shown = str(value)
+        else:
+            try:
+                shown = _toml_value(value)
+            except (TypeError, ValueError):
+                shown = repr(value)
         return UserError(f"{key} = {shown} is not a valid {_type_name(tp)}")
 
     origin = typing.get_origin(tp)

@@ -1,0 +1,33 @@
+"""Shared fixtures. Tests never touch the user's cache: BYTELM_CACHE_DIR points into a temp dir."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+
+@pytest.fixture(autouse=True)
+def _isolated_cache(tmp_path_factory, monkeypatch):
+    monkeypatch.setenv("BYTELM_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "bytelm-cache"))
+
+
+def write_files(root, files: dict[str, bytes]):
+    """Create ``files`` (relative path -> bytes) under ``root``; return ``root``."""
+    for rel, data in files.items():
+        p = root / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(data)
+    return root
+
+
+@pytest.fixture
+def text_dir(tmp_path):
+    """A small directory corpus of 40 documents in two language directories."""
+    files = {}
+    for i in range(20):
+        files[f"en/doc{i:02d}.txt"] = (f"Document {i}. The quick brown fox jumps over the lazy dog.\n" * (i + 1)).encode()
+        files[f"de/doc{i:02d}.txt"] = (f"Dokument {i}: Zwölf Boxkämpfer jagen Viktor quer über den Sylter Deich.\r\n" * (i + 2)).encode()
+    return write_files(tmp_path / "corpus", files)
