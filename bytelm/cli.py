@@ -104,10 +104,10 @@ def build_parser() -> argparse.ArgumentParser:
         "baseline, all scored in bits per byte on the identical held-out bytes.",
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="log debug messages to stderr")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True, help="what to do")
 
     data = sub.add_parser("data", help="inspect and export corpora", description="Inspect and export corpora.")
-    data_sub = data.add_subparsers(dest="data_command", metavar="SUBCOMMAND", required=True)
+    data_sub = data.add_subparsers(dest="data_command", metavar="SUBCOMMAND", required=True, help="data command")
     info = data_sub.add_parser(
         "info",
         help="print documents, bytes, split sizes, evaluation segments and the fingerprint",
