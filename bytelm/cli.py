@@ -96,6 +96,30 @@ def cmd_data_info(args: argparse.Namespace) -> int:
     return 0
 
 
+# -- train --------------------------------------------------------------------------------
+def cmd_train(args: argparse.Namespace) -> int:
+    from pathlib import Path  # noqa: PLC0415
+
+    from bytelm.config import load_config  # noqa: PLC0415
+    from bytelm.progress import ProgressBar  # noqa: PLC0415
+    from bytelm.training.trainer import TrainingDiverged, train  # noqa: PLC0415
+
+    cfg = load_config(args.config, args.overrides)
+    out = Path(args.out) if args.out else Path("runs") / Path(args.config).stem
+    bar = ProgressBar(f"train {out}", unit=" steps")
+    try:
+        result = train(cfg, out, progress=lambda done, total, suffix: bar.update(done, total, suffix))
+    except TrainingDiverged as e:
+        bar.close()
+        print(f"bytelm: training stopped: {e}", file=sys.stderr)
+        return 1
+    bar.close()
+    bpb = f", held-out BPB {result.eval_bpb:.4f}" if result.eval_bpb is not None else ""
+    state = "stopped by signal" if result.stopped_by_signal else "done"
+    print(f"{state}: {out} at step {result.step}, train loss {result.loss:.4f}{bpb}")
+    return 0
+
+
 # -- parser -------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
@@ -118,6 +142,17 @@ def build_parser() -> argparse.ArgumentParser:
     _add_data_option(info)
     _add_config_options(info)
     info.set_defaults(func=cmd_data_info)
+
+    tr = sub.add_parser(
+        "train",
+        help="train (or resume) a model from a config file",
+        description="Train any model family from a TOML config. Re-running with the same --out resumes "
+        "from the latest checkpoint (the config must match). SIGTERM/SIGINT save a checkpoint and stop.",
+    )
+    tr.add_argument("config", help="TOML config file, e.g. configs/tiny/byte.toml")
+    tr.add_argument("--out", metavar="RUN_DIR", help="run directory (default: runs/<config name>)")
+    _add_config_options(tr, with_config=False)
+    tr.set_defaults(func=cmd_train)
     return parser
 
 
@@ -129,6 +164,9 @@ def main(argv: list[str] | None = None) -> int:
         format="%(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    if not args.verbose:
+        for noisy in ("absl", "jax", "orbax"):
+            logging.getLogger(noisy).setLevel(logging.WARNING)
     func: Callable[[argparse.Namespace], int] = args.func
     try:
         return func(args)

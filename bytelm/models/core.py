@@ -1,0 +1,171 @@
+"""The one transformer core every family runs on (Flax NNX).
+
+RMSNorm, rotary positions, a SwiGLU MLP, multi-head attention through
+``jax.nn.dot_product_attention`` (causal, optional sliding window, optional cross-attention with
+an explicit mask) and a pre-norm transformer stack. Parameters are float32; the compute dtype is a
+constructor argument (bfloat16 on accelerators, float32 on CPU by default). Every weight carries
+``logical_axes`` metadata (``embed``, ``mlp``, ``heads``, ``kv``, ``vocab``) that
+:mod:`bytelm.training.sharding` maps to mesh axes.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+Dtype = jnp.dtype
+
+
+def param(rngs: nnx.Rngs, shape: tuple[int, ...], axes: tuple[str | None, ...], *, std: float | None = None, fan_in: int | None = None) -> nnx.Param:
+    """A float32 normal-initialised weight tagged with its logical axes.
+
+    ``std`` defaults to ``1/sqrt(fan_in)`` (``fan_in`` defaults to ``shape[0]``).
+    """
+    if len(shape) != len(axes):
+        raise ValueError(f"shape {shape} and logical axes {axes} differ in rank")
+    if std is None:
+        std = (fan_in or shape[0]) ** -0.5
+    return nnx.Param(jax.random.normal(rngs.params(), shape, jnp.float32) * std, logical_axes=axes)
+
+
+class RMSNorm(nnx.Module):
+    def __init__(self, dim: int, *, eps: float = 1e-6):
+        self.scale = nnx.Param(jnp.ones((dim,), jnp.float32), logical_axes=("embed",))
+        self.eps = eps
+
+    def __call__(self, x_BxTxD: jax.Array) -> jax.Array:
+        x32 = x_BxTxD.astype(jnp.float32)
+        normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+        scale = self.scale[...].reshape((1,) * (x32.ndim - 1) + (-1,))
+        return (normed * scale).astype(x_BxTxD.dtype)
+
+
+def rotary(x_BxTxHxK: jax.Array, positions_BxT: jax.Array, base: float) -> jax.Array:
+    """Rotary position embedding (rotate-half form) at integer ``positions``."""
+    k = x_BxTxHxK.shape[-1]
+    half = k // 2
+    inv_freq = base ** (-jnp.arange(half, dtype=jnp.float32) / half)
+    angles_BxTxK2 = positions_BxT.astype(jnp.float32)[..., None] * inv_freq[None, None, :]
+    sin = jnp.sin(angles_BxTxK2)[:, :, None, :]
+    cos = jnp.cos(angles_BxTxK2)[:, :, None, :]
+    x1, x2 = x_BxTxHxK[..., :half].astype(jnp.float32), x_BxTxHxK[..., half:].astype(jnp.float32)
+    out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+    return out.astype(x_BxTxHxK.dtype)
+
+
+class Attention(nnx.Module):
+    """Multi-head attention. Self-attention when ``kv_BxSxD`` is None, else cross-attention.
+
+    Masks: ``causal`` (self-attention only), ``window`` > 0 for a sliding window of that many
+    positions (the current one included), and an explicit boolean ``mask_BxTxS`` (True = may
+    attend). Rotary positions apply to self-attention only.
+    """
+
+    def __init__(self, d_model: int, n_heads: int, *, rngs: nnx.Rngs, d_kv: int | None = None, rope_base: float = 10000.0, dtype: Dtype = jnp.float32):
+        if d_model % n_heads:
+            raise ValueError(f"d_model {d_model} is not divisible by n_heads {n_heads}")
+        d_kv = d_kv or d_model
+        self.n_heads = n_heads
+        self.head_dim = d_model // n_heads
+        self.rope_base = rope_base
+        self.dtype = dtype
+        hk = (n_heads, self.head_dim)
+        self.wq = param(rngs, (d_model, *hk), ("embed", "heads", "kv"), fan_in=d_model)
+        self.wk = param(rngs, (d_kv, *hk), ("embed", "heads", "kv"), fan_in=d_kv)
+        self.wv = param(rngs, (d_kv, *hk), ("embed", "heads", "kv"), fan_in=d_kv)
+        self.wo = param(rngs, (*hk, d_model), ("heads", "kv", "embed"), fan_in=d_model)
+
+    def __call__(
+        self,
+        x_BxTxD: jax.Array,
+        *,
+        kv_BxSxD: jax.Array | None = None,
+        positions_BxT: jax.Array | None = None,
+        causal: bool = True,
+        window: int = 0,
+        mask_BxTxS: jax.Array | None = None,
+    ) -> jax.Array:
+        dt = self.dtype
+        x = x_BxTxD.astype(dt)
+        src = x if kv_BxSxD is None else kv_BxSxD.astype(dt)
+        q_BxTxHxK = jnp.einsum("btd,dhk->bthk", x, self.wq[...].astype(dt))
+        k_BxSxHxK = jnp.einsum("bsd,dhk->bshk", src, self.wk[...].astype(dt))
+        v_BxSxHxK = jnp.einsum("bsd,dhk->bshk", src, self.wv[...].astype(dt))
+        if kv_BxSxD is None:
+            if positions_BxT is None:
+                positions_BxT = jnp.broadcast_to(jnp.arange(x.shape[1]), x.shape[:2])
+            q_BxTxHxK = rotary(q_BxTxHxK, positions_BxT, self.rope_base)
+            k_BxSxHxK = rotary(k_BxSxHxK, positions_BxT, self.rope_base)
+        else:
+            causal = False
+        mask = None if mask_BxTxS is None else mask_BxTxS[:, None, :, :]
+        out_BxTxHxK = jax.nn.dot_product_attention(
+            q_BxTxHxK,
+            k_BxSxHxK,
+            v_BxSxHxK,
+            mask=mask,
+            is_causal=causal,
+            local_window_size=(window - 1, 0) if window > 0 else None,
+        )
+        return jnp.einsum("bthk,hkd->btd", out_BxTxHxK, self.wo[...].astype(dt))
+
+
+class MLP(nnx.Module):
+    """SwiGLU: ``down(silu(x W_gate) * (x W_up))``."""
+
+    def __init__(self, d_model: int, d_hidden: int, *, rngs: nnx.Rngs, dtype: Dtype = jnp.float32):
+        self.w_gate = param(rngs, (d_model, d_hidden), ("embed", "mlp"))
+        self.w_up = param(rngs, (d_model, d_hidden), ("embed", "mlp"))
+        self.w_down = param(rngs, (d_hidden, d_model), ("mlp", "embed"))
+        self.dtype = dtype
+
+    def __call__(self, x_BxTxD: jax.Array) -> jax.Array:
+        dt = self.dtype
+        x = x_BxTxD.astype(dt)
+        h_BxTxF = jax.nn.silu(x @ self.w_gate[...].astype(dt)) * (x @ self.w_up[...].astype(dt))
+        return h_BxTxF @ self.w_down[...].astype(dt)
+
+
+class Block(nnx.Module):
+    """Pre-norm block: ``x + attn(norm(x))`` then ``x + mlp(norm(x))``."""
+
+    def __init__(self, d_model: int, n_heads: int, d_hidden: int, *, rngs: nnx.Rngs, rope_base: float = 10000.0, dtype: Dtype = jnp.float32):
+        self.attn_norm = RMSNorm(d_model)
+        self.attn = Attention(d_model, n_heads, rngs=rngs, rope_base=rope_base, dtype=dtype)
+        self.mlp_norm = RMSNorm(d_model)
+        self.mlp = MLP(d_model, d_hidden, rngs=rngs, dtype=dtype)
+
+    def __call__(self, x_BxTxD: jax.Array, *, positions_BxT=None, window: int = 0, causal: bool = True, mask_BxTxS=None) -> jax.Array:
+        h = x_BxTxD + self.attn(
+            self.attn_norm(x_BxTxD), positions_BxT=positions_BxT, window=window, causal=causal, mask_BxTxS=mask_BxTxS
+        ).astype(x_BxTxD.dtype)
+        return h + self.mlp(self.mlp_norm(h)).astype(h.dtype)
+
+
+class Transformer(nnx.Module):
+    """A stack of ``n_layers`` causal blocks (with an optional sliding window)."""
+
+    def __init__(self, d_model: int, n_layers: int, n_heads: int, d_hidden: int, *, rngs: nnx.Rngs, window: int = 0, rope_base: float = 10000.0, dtype: Dtype = jnp.float32):
+        self.blocks = nnx.List(
+            [Block(d_model, n_heads, d_hidden, rngs=rngs, rope_base=rope_base, dtype=dtype) for _ in range(n_layers)]
+        )
+        self.window = window
+
+    def __call__(self, x_BxTxD: jax.Array, *, positions_BxT=None, mask_BxTxS=None) -> jax.Array:
+        for block in self.blocks:
+            x_BxTxD = block(x_BxTxD, positions_BxT=positions_BxT, window=self.window, mask_BxTxS=mask_BxTxS)
+        return x_BxTxD
+
+
+class Embed(nnx.Module):
+    def __init__(self, n_rows: int, dim: int, *, rngs: nnx.Rngs, axes=("vocab", "embed")):
+        self.table = param(rngs, (n_rows, dim), axes, std=1.0)
+
+    def __call__(self, ids) -> jax.Array:
+        return jnp.take(self.table[...], ids, axis=0)
+
+
+def pad_vocab(n_valid: int, multiple: int) -> int:
+    """Rows of the embedding/logit tables: ``n_valid`` rounded up to a multiple of ``multiple``."""
+    return -(-n_valid // multiple) * multiple

@@ -1,0 +1,1 @@
+"""The one trainer for every family: mesh and shardings, optimizer, checkpoints, FLOP accounting."""

@@ -1,0 +1,135 @@
+"""How each model family meets the data: model construction, train batches, eval batches, FLOPs.
+
+A *task* binds a resolved config and a prepared corpus to one family. The trainer and the
+evaluator only talk to tasks, so adding a family means adding a task here (and its model in
+``bytelm/models``), not touching the training loop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+from flax import nnx
+
+from bytelm.constants import BOS_ID, BYTE_OFFSET, NUM_BYTE_IDS, PAD_ID
+from bytelm.data import Corpus, WindowBatches
+from bytelm.errors import UserError
+from bytelm.training import flops
+
+
+class Task:
+    """Base class: a family's view of the data. Subclasses fill in the model-specific parts."""
+
+    family: str = ""
+
+    def __init__(self, cfg, corpus: Corpus, run_dir: Path | None = None):
+        self.cfg = cfg
+        self.corpus = corpus
+        self.run_dir = run_dir
+
+    # model
+    def build_model(self, rngs: nnx.Rngs) -> nnx.Module:
+        raise NotImplementedError
+
+    # training data
+    def train_stream(self) -> np.ndarray:
+        raise NotImplementedError
+
+    def train_batches(self, start_step: int, process_index: int = 0, process_count: int = 1) -> Iterator[dict]:
+        t = self.cfg.train
+        it = WindowBatches(
+            self.train_stream(),
+            batch_size=t.batch_size,
+            window=t.seq_len + 1,
+            seed=t.seed,
+            step=start_step,
+            process_index=process_index,
+            process_count=process_count,
+        )
+        for ids in it:
+            yield self.decorate({"ids": ids})
+
+    def decorate(self, batch: dict) -> dict:
+        """Add family-specific arrays (token byte lengths, patch lengths) to a batch of ids."""
+        return batch
+
+    # evaluation data
+    def encode_segment(self, data: bytes) -> tuple[np.ndarray, np.ndarray | None]:
+        """``(ids, nbytes)`` for one segment: ids start with BOS; ``nbytes`` per target or None (1 each)."""
+        raise NotImplementedError
+
+    def eval_batches(self, segments: list[bytes], batch_size: int) -> Iterator[tuple[dict, int]]:
+        encoded = [self.encode_segment(s) for s in segments]
+        width = max((len(ids) for ids, _ in encoded), default=2)
+        width = max(width, 2)
+        for lo in range(0, len(encoded), batch_size):
+            chunk = encoded[lo : lo + batch_size]
+            ids = np.full((batch_size, width), PAD_ID, np.int32)
+            nbytes = np.zeros((batch_size, width - 1), np.int32)
+            for r, (row_ids, row_nbytes) in enumerate(chunk):
+                ids[r, : len(row_ids)] = row_ids
+                nbytes[r, : len(row_ids) - 1] = 1 if row_nbytes is None else row_nbytes
+            batch = {"ids": ids}
+            if self.uses_nbytes:
+                batch["nbytes"] = nbytes
+            yield self.decorate(batch), len(chunk)
+
+    uses_nbytes = False
+
+    # accounting
+    def positions_per_step(self) -> int:
+        return self.cfg.train.batch_size * self.cfg.train.seq_len
+
+    def bytes_per_position(self) -> float:
+        return 1.0
+
+    def train_flops_per_position(self) -> float:
+        raise NotImplementedError
+
+    def train_flops_per_byte(self) -> float:
+        return self.train_flops_per_position() / self.bytes_per_position()
+
+    def run_info(self) -> dict:
+        """Extra facts recorded in the run (e.g. the tokenizer fingerprint)."""
+        return {}
+
+
+class ByteTask(Task):
+    """ByT5-style byte LM: the corpus's train stream as is; segments as ``[BOS, b+4, ...]``."""
+
+    family = "byte"
+
+    def build_model(self, rngs: nnx.Rngs) -> nnx.Module:
+        from bytelm.models.byte_lm import ByteLM  # noqa: PLC0415
+
+        return ByteLM(self.cfg.model, rngs=rngs)
+
+    def train_stream(self) -> np.ndarray:
+        return self.corpus.train_stream
+
+    def encode_segment(self, data: bytes):
+        ids = np.empty(len(data) + 1, np.int32)
+        ids[0] = BOS_ID
+        ids[1:] = np.frombuffer(data, np.uint8).astype(np.int32) + BYTE_OFFSET
+        return ids, None
+
+    def train_flops_per_position(self) -> float:
+        return 3.0 * flops.decoder_lm_forward_flops_per_position(self.cfg.model, NUM_BYTE_IDS, self.cfg.train.seq_len)
+
+
+_TASKS: dict[str, type[Task]] = {"byte": ByteTask}
+
+
+def register_task(family: str, cls: type[Task]) -> None:
+    _TASKS[family] = cls
+
+
+def make_task(cfg, corpus: Corpus, run_dir: Path | None = None) -> Task:
+    if cfg.model is None:
+        raise UserError("the config has no [model] section: set model.family (e.g. --set model.family=byte)")
+    family = cfg.model.family
+    if family not in _TASKS:
+        raise UserError(f"model.family {family!r} has no trainer task; known: {', '.join(sorted(_TASKS))}")
+    return _TASKS[family](cfg, corpus, run_dir)

@@ -1,0 +1,449 @@
+"""The one trainer (DESIGN.md section 6): every family, one loop.
+
+Shape-first initialisation on a mesh (``eval_shape`` -> shardings -> ``jit(init,
+out_shardings=...)``), a jitted step with donated state and gradient accumulation, metrics to
+``metrics.jsonl``, periodic held-out BPB, orbax checkpoints (periodic, on SIGTERM/SIGINT, keep
+last N) and exact resumption: batches are a pure function of ``(seed, step)`` and the state is
+restored bit for bit, so a resumed run reproduces the uninterrupted one on CPU.
+
+Run directory layout::
+
+    config.toml      the resolved config
+    run.json         family, corpus fingerprint, parameter counts, FLOPs per byte, status
+    metrics.jsonl    one JSON object per log/eval event ("kind": "train" | "eval")
+    checkpoints/     orbax checkpoints (step numbers)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+import signal
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from bytelm.atomic import atomic_write_text
+from bytelm.config import Config, config_to_dict, load_config, save_config
+from bytelm.data import load_corpus
+from bytelm.errors import UserError
+from bytelm.evaluation.bpb import LN2, score_segments
+from bytelm.training.checkpoint import Checkpointer
+from bytelm.training.flops import measure_matmul_peak
+from bytelm.training.optim import learning_rate_schedule, make_optimizer
+from bytelm.training.sharding import batch_sharding, make_mesh, param_shardings
+from bytelm.training.tasks import Task, make_task
+
+log = logging.getLogger(__name__)
+
+# Keys that may differ between a run directory's config and a resumed invocation.
+RESUMABLE_CHANGES = {
+    ("train", "log_every"),
+    ("train", "checkpoint_every"),
+    ("train", "keep_checkpoints"),
+    ("train", "peak_flops"),
+    ("eval", "every"),
+    ("data", "cache_dir"),
+}
+
+
+class TrainingDiverged(RuntimeError):
+    """The loss became NaN or infinite; the last good checkpoint is kept."""
+
+
+@dataclasses.dataclass
+class TrainResult:
+    run_dir: Path
+    step: int
+    loss: float
+    eval_bpb: float | None
+    stopped_by_signal: bool = False
+
+
+def load_corpus_for(cfg: Config, progress=None):
+    d = cfg.data
+    return load_corpus(
+        d.source,
+        split_seed=d.split_seed,
+        heldout_fraction=d.heldout_fraction,
+        segment_bytes=d.segment_bytes,
+        max_eval_bytes=d.max_eval_bytes,
+        cache_dir=d.cache_dir or None,
+        progress=progress,
+    )
+
+
+def count_params(state: nnx.State) -> dict:
+    total = embedding = 0
+    for path, leaf in jax.tree_util.tree_leaves_with_path(state):
+        n = int(np.prod(leaf.shape))
+        total += n
+        keys = [str(getattr(k, "key", getattr(k, "name", k))) for k in path]
+        if any("embed" in k or "ngram" in k for k in keys[:-1]) and keys[-1] in ("table", "value"):
+            embedding += n
+    return {"total": total, "embedding": embedding, "non_embedding": total - embedding}
+
+
+def check_run_config(run_dir: Path, cfg: Config) -> None:
+    """Refuse to resume a run directory whose recorded config disagrees with ``cfg``."""
+    path = run_dir / "config.toml"
+    if not path.is_file():
+        return
+    try:
+        old = config_to_dict(load_config(path))
+    except UserError as e:
+        raise UserError(f"the run directory {run_dir} has an unreadable config.toml ({e}); use a new --out") from None
+    new = config_to_dict(cfg)
+    diffs = []
+    for section in sorted(set(old) | set(new)):
+        a, b = old.get(section, {}), new.get(section, {})
+        for key in sorted(set(a) | set(b)):
+            if (section, key) in RESUMABLE_CHANGES:
+                continue
+            if a.get(key) != b.get(key):
+                diffs.append(f"{section}.{key}: checkpoint has {a.get(key)!r}, now {b.get(key)!r}")
+    if diffs:
+        raise UserError(
+            f"the run directory {run_dir} holds a run with a different config, so it cannot be resumed: "
+            + "; ".join(diffs)
+            + ". Use a new --out directory, or the original config."
+        )
+
+
+class _SignalFlag:
+    """Set by SIGTERM/SIGINT; the loop saves a checkpoint and stops at the end of the step."""
+
+    def __init__(self):
+        self.signum: int | None = None
+        self._old = {}
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                self._old[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum, frame):
+        self.signum = signum
+
+    def __exit__(self, *exc):
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
+
+
+class _Metrics:
+    """Appends JSON lines to ``metrics.jsonl``; on resume, drops lines past the restored step."""
+
+    def __init__(self, path: Path, resume_step: int):
+        self.path = path
+        if path.exists():
+            kept = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line)["step"] <= resume_step]
+            atomic_write_text(path, "".join(k + "\n" for k in kept))
+        self.file = open(path, "a")
+
+    def write(self, record: dict) -> None:
+        self.file.write(json.dumps(record) + "\n")
+        self.file.flush()
+
+    def close(self) -> None:
+        self.file.close()
+
+
+class Trainer:
+    """Holds the compiled step and state for one run; :func:`train` drives it."""
+
+    def __init__(self, cfg: Config, task: Task, mesh=None):
+        self.cfg = cfg
+        self.task = task
+        self.mesh = mesh if mesh is not None else make_mesh(cfg.train)
+        n_batch_shards = self.mesh.shape["data"] * self.mesh.shape["fsdp"]
+        micro = cfg.train.batch_size // cfg.train.grad_accum
+        if micro % n_batch_shards:
+            raise UserError(
+                f"the micro-batch train.batch_size/train.grad_accum = {micro} is not divisible by the "
+                f"data-parallel mesh size (data x fsdp = {n_batch_shards}); change train.batch_size or the mesh"
+            )
+        if cfg.eval.batch_size % n_batch_shards:
+            raise UserError(
+                f"eval.batch_size {cfg.eval.batch_size} is not divisible by the data-parallel mesh size {n_batch_shards}"
+            )
+        seed = cfg.train.seed
+
+        def init_state():
+            return nnx.state(task.build_model(nnx.Rngs(seed)), nnx.Param)
+
+        abstract_model = nnx.eval_shape(lambda: task.build_model(nnx.Rngs(seed)))
+        self.graphdef, abstract_state = nnx.split(abstract_model, nnx.Param)
+        self.param_shardings = param_shardings(abstract_state, self.mesh)
+        self.params = jax.jit(init_state, out_shardings=self.param_shardings)()
+        self.tx = make_optimizer(cfg.train)
+        self.schedule = learning_rate_schedule(cfg.train)
+        self.opt_state = jax.jit(self.tx.init)(self.params)
+        self.step = 0
+        self._train_step = jax.jit(self._step_fn, donate_argnums=(0, 1))
+        self._score_rows = jax.jit(self._score_rows_fn)
+        self.param_counts = count_params(self.params)
+
+    # -- pure functions -------------------------------------------------------------------
+    def _scores(self, params, batch):
+        return nnx.merge(self.graphdef, params).score(batch)
+
+    def _sums(self, params, batch):
+        s = self._scores(params, batch)
+        return jnp.sum(s.nll_BxT), (jnp.sum(s.mask_BxT), jnp.sum(s.nbytes_BxT))
+
+    def _step_fn(self, params, opt_state, batch):
+        accum = self.cfg.train.grad_accum
+        grad_fn = jax.value_and_grad(self._sums, has_aux=True)
+        if accum == 1:
+            (nll, (count, nbytes)), grads = grad_fn(params, batch)
+        else:
+            micro = jax.tree.map(lambda x: x.reshape(accum, x.shape[0] // accum, *x.shape[1:]), batch)
+
+            def body(carry, mb):
+                g_acc, nll_acc, c_acc, b_acc = carry
+                (nll, (c, b)), g = grad_fn(params, mb)
+                return (jax.tree.map(jnp.add, g_acc, g), nll_acc + nll, c_acc + c, b_acc + b), None
+
+            zeros = jax.tree.map(jnp.zeros_like, params)
+            (grads, nll, count, nbytes), _ = jax.lax.scan(body, (zeros, 0.0, 0.0, 0.0), micro)
+        count = jnp.maximum(count, 1.0)
+        grads = jax.tree.map(lambda g: g / count, grads)
+        updates, opt_state = self.tx.update(grads, opt_state, params)
+        params = jax.tree.map(jnp.add, params, updates)
+        metrics = {
+            "loss": nll / count,
+            "bpb": nll / (jnp.maximum(nbytes, 1.0) * LN2),
+            "grad_norm": jnp.sqrt(sum(jnp.sum(g * g) for g in jax.tree.leaves(grads))),
+            "positions": count,
+            "bytes": nbytes,
+        }
+        return params, opt_state, metrics
+
+    def _score_rows_fn(self, params, batch):
+        s = self._scores(params, batch)
+        return jnp.sum(s.nll_BxT, axis=1), jnp.sum(s.nbytes_BxT, axis=1)
+
+    # -- host side ------------------------------------------------------------------------
+    def device_batch(self, batch: dict) -> dict:
+        return {
+            k: jax.make_array_from_process_local_data(batch_sharding(self.mesh, v.ndim), v) for k, v in batch.items()
+        }
+
+    def train_step(self, batch: dict) -> dict:
+        self.params, self.opt_state, metrics = self._train_step(self.params, self.opt_state, self.device_batch(batch))
+        self.step += 1
+        return metrics
+
+    def evaluate(self, segments: list[bytes]):
+        """Score ``segments`` with the current params (the evaluation protocol)."""
+
+        def rows(batch):
+            nats, nbytes = self._score_rows(self.params, self.device_batch(batch))
+            return np.asarray(jax.device_get(nats)), np.asarray(jax.device_get(nbytes))
+
+        batches = self.task.eval_batches(segments, self.cfg.eval.batch_size)
+        return score_segments(rows, batches, [len(s) for s in segments])
+
+    def state_tree(self) -> dict:
+        return {"params": self.params, "opt_state": self.opt_state}
+
+    def load_state_tree(self, tree: dict) -> None:
+        self.params, self.opt_state = tree["params"], tree["opt_state"]
+
+
+def restore_trainer(run_dir: str | Path, *, corpus=None, step: int | None = None) -> Trainer:
+    """Rebuild the trainer of ``run_dir`` from its config and load its latest (or ``step``) checkpoint."""
+    run_dir = Path(run_dir)
+    if not (run_dir / "config.toml").is_file():
+        raise UserError(f"{run_dir} is not a run directory (no config.toml); train one with 'bytelm train CONFIG --out {run_dir}'")
+    cfg = load_config(run_dir / "config.toml")
+    corpus = corpus if corpus is not None else load_corpus_for(cfg)
+    trainer = Trainer(cfg, make_task(cfg, corpus, run_dir))
+    ckpt = Checkpointer(run_dir / "checkpoints", keep=cfg.train.keep_checkpoints)
+    try:
+        step = ckpt.latest_step() if step is None else step
+        if step is None:
+            raise UserError(f"the run directory {run_dir} has no checkpoint yet")
+        tree, meta = ckpt.restore(step, trainer.state_tree())
+    finally:
+        ckpt.close()
+    trainer.load_state_tree(tree)
+    trainer.step = int(meta["step"])
+    return trainer
+
+
+def eval_slice(corpus, eval_bytes: int) -> list[bytes]:
+    """The first segments of the evaluation set, up to ``eval_bytes`` bytes (periodic evals)."""
+    out, total = [], 0
+    for seg in corpus.segments:
+        if total >= eval_bytes:
+            break
+        out.append(corpus.segment_bytes_of(seg))
+        total += seg.length
+    return out
+
+
+def train(
+    cfg: Config,
+    run_dir: str | Path,
+    *,
+    progress: Callable[[int, int, str], None] | None = None,
+    corpus=None,
+    stop_after: int | None = None,
+) -> TrainResult:
+    """Train (or resume) the run in ``run_dir``. ``stop_after`` ends early after that many steps
+    of this invocation (tests use it to simulate an interruption)."""
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    check_run_config(run_dir, cfg)
+    save_config(cfg, run_dir)
+    corpus = corpus if corpus is not None else load_corpus_for(cfg)
+    task = make_task(cfg, corpus, run_dir)
+    trainer = Trainer(cfg, task)
+    tcfg = cfg.train
+
+    ckpt = Checkpointer(run_dir / "checkpoints", keep=tcfg.keep_checkpoints)
+    meta = {"step": 0, "wall_s": 0.0, "data": {"step": 0, "seed": tcfg.seed}}
+    latest = ckpt.latest_step()
+    if latest is not None:
+        tree, meta = ckpt.restore(latest, trainer.state_tree())
+        trainer.load_state_tree(tree)
+        trainer.step = int(meta["step"])
+        if meta["data"]["seed"] != tcfg.seed or meta["data"]["step"] != trainer.step:
+            raise UserError(f"checkpoint {latest} in {run_dir} has an inconsistent data-iterator state {meta['data']}")
+        log.info("resumed %s at step %d", run_dir, trainer.step)
+
+    n_devices = trainer.mesh.devices.size
+    if tcfg.peak_flops > 0:
+        peak_total = tcfg.peak_flops * n_devices
+    else:  # measured: on CPU all virtual devices share one set of cores, so the peak is the machine's
+        peak = measure_matmul_peak()
+        peak_total = peak if jax.default_backend() == "cpu" else peak * n_devices
+    flops_per_step = task.train_flops_per_position() * task.positions_per_step()
+    run_info = {
+        "family": cfg.model.family,
+        "fingerprint": corpus.fingerprint,
+        "data": corpus.summary(),
+        "params": trainer.param_counts,
+        "train_flops_per_byte": task.train_flops_per_byte(),
+        "train_flops_per_position": task.train_flops_per_position(),
+        "bytes_per_position": task.bytes_per_position(),
+        "positions_per_step": task.positions_per_step(),
+        "peak_flops": peak_total,
+        "devices": n_devices,
+        "backend": jax.default_backend(),
+        **task.run_info(),
+    }
+
+    def write_run(status: str, **extra) -> None:
+        atomic_write_text(run_dir / "run.json", json.dumps({**run_info, "status": status, "step": trainer.step, **extra}, indent=1))
+
+    write_run("running")
+    metrics = _Metrics(run_dir / "metrics.jsonl", trainer.step)
+    segments = eval_slice(corpus, cfg.eval.eval_bytes) if cfg.eval.every else []
+    batches = task.train_batches(trainer.step, jax.process_index(), jax.process_count())
+    wall0 = float(meta.get("wall_s", 0.0))
+    t_start = time.perf_counter()
+    t_log = t_start
+    steps_since_log = 0
+    last_good_step = latest
+    last_loss = float("nan")
+    last_eval = None
+    stopped_by_signal = False
+
+    def save(step: int) -> None:
+        nonlocal last_good_step
+        ckpt.save(
+            step,
+            trainer.state_tree(),
+            {"step": step, "wall_s": wall0 + time.perf_counter() - t_start, "data": {"step": step, "seed": tcfg.seed}},
+        )
+        last_good_step = step
+
+    def run_eval() -> float:
+        scores = trainer.evaluate(segments)
+        rec = {
+            "kind": "eval",
+            "step": trainer.step,
+            "bpb": scores.bpb,
+            "nats": scores.total_nats,
+            "bytes": scores.total_bytes,
+            "flops": flops_per_step * trainer.step,
+            "bytes_seen": trainer.step * task.positions_per_step() * task.bytes_per_position(),
+        }
+        metrics.write(rec)
+        return scores.bpb
+
+    steps_this_run = 0
+    try:
+        with _SignalFlag() as flag:
+            while trainer.step < tcfg.steps:
+                batch = next(batches)
+                m = trainer.train_step(batch)
+                loss = float(m["loss"])
+                steps_since_log += 1
+                steps_this_run += 1
+                if not math.isfinite(loss):
+                    write_run("diverged", diverged_at_step=trainer.step, last_good_checkpoint=last_good_step)
+                    raise TrainingDiverged(
+                        f"loss became {loss} at step {trainer.step}; the last good checkpoint "
+                        f"(step {last_good_step}) is kept in {run_dir / 'checkpoints'}. Lower train.learning_rate or "
+                        "raise train.warmup_steps, then resume or start a new run."
+                    )
+                last_loss = loss
+                if trainer.step % tcfg.log_every == 0 or trainer.step == tcfg.steps:
+                    now = time.perf_counter()
+                    dt = (now - t_log) / steps_since_log
+                    t_log, steps_since_log = now, 0
+                    positions = float(m["positions"])
+                    nbytes = float(m["bytes"])
+                    rec = {
+                        "kind": "train",
+                        "step": trainer.step,
+                        "loss": loss,
+                        "bpb": float(m["bpb"]),
+                        "grad_norm": float(m["grad_norm"]),
+                        "lr": float(trainer.schedule(trainer.step - 1)),
+                        "step_s": dt,
+                        "bytes_s": nbytes / dt,
+                        "tokens_s": positions / dt,
+                        "mfu": flops_per_step / dt / peak_total,
+                        "flops": flops_per_step * trainer.step,
+                        "bytes_seen": trainer.step * task.positions_per_step() * task.bytes_per_position(),
+                    }
+                    metrics.write(rec)
+                    if progress:
+                        progress(trainer.step, tcfg.steps, f"loss {loss:.3f} bpb {rec['bpb']:.3f} {rec['bytes_s']:,.0f} B/s mfu {rec['mfu']:.2f}")
+                if cfg.eval.every and (trainer.step % cfg.eval.every == 0 or trainer.step == tcfg.steps):
+                    last_eval = run_eval()
+                if trainer.step % tcfg.checkpoint_every == 0:
+                    save(trainer.step)
+                if flag.signum is not None:
+                    save(trainer.step)
+                    stopped_by_signal = True
+                    log.warning("signal %d: saved checkpoint at step %d and stopped", flag.signum, trainer.step)
+                    break
+                if stop_after is not None and steps_this_run >= stop_after:
+                    break
+            if trainer.step >= tcfg.steps and last_good_step != trainer.step:
+                save(trainer.step)
+    finally:
+        ckpt.close()
+        metrics.close()
+    done = trainer.step >= tcfg.steps
+    write_run(
+        "finished" if done else "stopped",
+        wall_s=wall0 + time.perf_counter() - t_start,
+        final_loss=last_loss,
+        final_eval_bpb=last_eval,
+    )
+    return TrainResult(run_dir, trainer.step, last_loss, last_eval, stopped_by_signal)

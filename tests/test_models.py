@@ -1,0 +1,173 @@
+"""The shared core and the byte LM: attention vs a numpy reference, causality, jit parity, FLOPs."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from bytelm.config import load_config
+from bytelm.constants import BYTE_OFFSET
+from bytelm.models.byte_lm import ByteLM
+from bytelm.models.core import Attention, rotary
+from bytelm.training import flops
+
+jax.config.update("jax_numpy_rank_promotion", "raise")
+
+
+def np_attention(q, k, v, mask):
+    """q (B,T,H,K), k/v (B,S,H,K), mask (B,T,S) bool -> (B,T,H,K), plain numpy."""
+    scores = np.einsum("bthk,bshk->bhts", q, k) / np.sqrt(q.shape[-1])
+    scores = np.where(mask[:, None], scores, -np.inf)
+    scores = scores - scores.max(-1, keepdims=True)
+    w = np.exp(scores)
+    w /= w.sum(-1, keepdims=True)
+    return np.einsum("bhts,bshk->bthk", w, v)
+
+
+def np_rotary(x, pos, base):
+    half = x.shape[-1] // 2
+    inv = base ** (-np.arange(half) / half)
+    ang = pos[..., None] * inv
+    sin, cos = np.sin(ang)[:, :, None], np.cos(ang)[:, :, None]
+    x1, x2 = x[..., :half], x[..., half:]
+    return np.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], -1)
+
+
+def run_attention(attn, x, **kw):
+    return np.asarray(attn(jnp.asarray(x), **kw))
+
+
+def reference_self_attention(attn, x, mask):
+    wq, wk, wv, wo = (np.asarray(getattr(attn, n)[...]) for n in ("wq", "wk", "wv", "wo"))
+    pos = np.broadcast_to(np.arange(x.shape[1]), x.shape[:2]).astype(np.float64)
+    q = np_rotary(np.einsum("btd,dhk->bthk", x, wq), pos, attn.rope_base)
+    k = np_rotary(np.einsum("btd,dhk->bthk", x, wk), pos, attn.rope_base)
+    v = np.einsum("btd,dhk->bthk", x, wv)
+    return np.einsum("bthk,hkd->btd", np_attention(q, k, v, mask), wo)
+
+
+@pytest.fixture(scope="module")
+def attn():
+    return Attention(32, 4, rngs=nnx.Rngs(0))
+
+
+def test_causal_attention_matches_numpy(attn):
+    x = np.random.default_rng(0).normal(size=(2, 9, 32)).astype(np.float32)
+    mask = np.broadcast_to(np.tril(np.ones((9, 9), bool)), (2, 9, 9))
+    np.testing.assert_allclose(run_attention(attn, x), reference_self_attention(attn, x, mask), rtol=2e-4, atol=2e-5)
+
+
+@pytest.mark.parametrize("window", [1, 3, 5])
+def test_sliding_window_attention_matches_numpy(attn, window):
+    x = np.random.default_rng(1).normal(size=(2, 11, 32)).astype(np.float32)
+    i, j = np.indices((11, 11))
+    mask = np.broadcast_to((j <= i) & (i - j < window), (2, 11, 11))
+    np.testing.assert_allclose(
+        run_attention(attn, x, window=window), reference_self_attention(attn, x, mask), rtol=2e-4, atol=2e-5
+    )
+
+
+def test_cross_attention_with_mask_matches_numpy():
+    attn = Attention(32, 4, d_kv=24, rngs=nnx.Rngs(1))
+    rng = np.random.default_rng(2)
+    x = rng.normal(size=(2, 5, 32)).astype(np.float32)
+    kv = rng.normal(size=(2, 7, 24)).astype(np.float32)
+    mask = rng.random((2, 5, 7)) < 0.5
+    mask[:, :, 0] = True  # every query sees something
+    out = run_attention(attn, x, kv_BxSxD=jnp.asarray(kv), mask_BxTxS=jnp.asarray(mask))
+    wq, wk, wv, wo = (np.asarray(getattr(attn, n)[...]) for n in ("wq", "wk", "wv", "wo"))
+    q = np.einsum("btd,dhk->bthk", x, wq)
+    k = np.einsum("bsd,dhk->bshk", kv, wk)
+    v = np.einsum("bsd,dhk->bshk", kv, wv)
+    ref = np.einsum("bthk,hkd->btd", np_attention(q, k, v, mask), wo)
+    np.testing.assert_allclose(out, ref, rtol=2e-4, atol=2e-5)
+
+
+def test_rotary_is_relative():
+    """<rot(q, i), rot(k, j)> depends only on i - j."""
+    rng = np.random.default_rng(3)
+    q = jnp.asarray(rng.normal(size=(1, 1, 1, 8)), jnp.float32)
+    k = jnp.asarray(rng.normal(size=(1, 1, 1, 8)), jnp.float32)
+    dot = lambda i, j: float(jnp.sum(rotary(q, jnp.array([[i]]), 10000.0) * rotary(k, jnp.array([[j]]), 10000.0)))  # noqa: E731
+    assert dot(5, 2) == pytest.approx(dot(13, 10), rel=1e-5)
+    assert dot(5, 2) != pytest.approx(dot(5, 3), rel=1e-3)
+
+
+def tiny_cfg(**kw):
+    overrides = ["model.family=byte", "model.d_model=32", "model.n_layers=2", "model.n_heads=2", "model.mlp_dim=64"]
+    return load_config(None, overrides + [f"model.{k}={v}" for k, v in kw.items()]).model
+
+
+@pytest.fixture(scope="module")
+def byte_model():
+    return ByteLM(tiny_cfg(), rngs=nnx.Rngs(0))
+
+
+def random_ids(b, t, seed=0):
+    return jnp.asarray(np.random.default_rng(seed).integers(BYTE_OFFSET, 260, size=(b, t)), jnp.int32)
+
+
+@pytest.mark.parametrize("window", [0, 4])
+def test_byte_lm_causality_by_gradient(window):
+    model = ByteLM(tiny_cfg(window=window), rngs=nnx.Rngs(0))
+    ids = random_ids(1, 12)
+    emb = model.embed(ids)
+
+    def nll_at(e, t):
+        h = model.norm(model.stack(e))
+        logits = h @ model.head[...]
+        return jax.nn.log_softmax(logits)[0, t, 7]
+
+    grad = jax.jit(jax.grad(nll_at), static_argnums=1)
+    for t in (0, 5, 11):
+        g = np.asarray(grad(emb, t))
+        assert np.all(g[0, t + 1 :] == 0), f"position {t} depends on the future"
+        assert np.any(g[0, t] != 0)
+        if window:  # two windowed layers see back 2 * (window - 1) positions, no further
+            reach = 2 * (window - 1)
+            assert np.all(g[0, : max(0, t - reach)] == 0), "position sees past its receptive field"
+            if t - reach >= 0:
+                assert np.any(g[0, t - reach] != 0)
+
+
+def test_padding_vocab_is_masked(byte_model):
+    logits = byte_model(random_ids(2, 5))
+    assert logits.shape == (2, 5, 384)
+    probs = jax.nn.softmax(logits)
+    assert float(probs[..., 260:].max()) < 1e-30
+    assert np.isfinite(np.asarray(logits)).all()
+
+
+def test_jit_and_no_jit_agree(byte_model):
+    batch = {"ids": random_ids(2, 17, seed=4)}
+    eager = byte_model.score(batch)
+    graphdef, state = nnx.split(byte_model)
+    jitted = jax.jit(lambda s, b: nnx.merge(graphdef, s).score(b))(state, batch)
+    np.testing.assert_allclose(np.asarray(eager.nll_BxT), np.asarray(jitted.nll_BxT), rtol=1e-5, atol=1e-5)
+
+
+def test_scores_mask_control_targets(byte_model):
+    ids = np.array(random_ids(1, 8))
+    ids[0, 0] = 1  # BOS input
+    ids[0, 4] = 2  # EOS as a target (position 3) is not scored
+    ids[0, 6:] = 0  # padding
+    s = byte_model.score({"ids": jnp.asarray(ids)})
+    np.testing.assert_array_equal(np.asarray(s.mask_BxT)[0], [1, 1, 1, 0, 1, 0, 0])
+    assert float(s.nll_BxT[0, 3]) == 0.0 and float(s.nbytes_BxT.sum()) == 4.0
+
+
+@pytest.mark.parametrize("seq_len", [64, 256])
+def test_flops_formula_matches_xla_cost_analysis(seq_len):
+    cfg = load_config(
+        None, ["model.family=byte", "model.d_model=128", "model.n_layers=2", "model.n_heads=4", "model.mlp_dim=384"]
+    ).model
+    model = ByteLM(cfg, rngs=nnx.Rngs(0))
+    graphdef, state = nnx.split(model)
+    ids = jnp.zeros((2, seq_len), jnp.int32)
+    compiled = jax.jit(lambda s, x: nnx.merge(graphdef, s)(x)).lower(state, ids).compile()
+    cost = compiled.cost_analysis()
+    cost = cost[0] if isinstance(cost, list) else cost
+    xla_per_position = cost["flops"] / (2 * seq_len)
+    analytic = flops.decoder_lm_forward_flops_per_position(cfg, 260, seq_len)
+    assert analytic == pytest.approx(xla_per_position, rel=0.10)

@@ -1,0 +1,232 @@
+"""The trainer: golden step, resume after SIGKILL, data parallelism, bad input, divergence."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from bytelm.config import load_config
+from bytelm.errors import UserError
+from bytelm.training.trainer import TrainingDiverged, restore_trainer, train
+
+from conftest import write_files
+
+WORDS = "the of and to in is that for it as with was on be by this are from at or an which not".split()
+
+
+@pytest.fixture(scope="module")
+def corpus_dir(tmp_path_factory):
+    rng = np.random.default_rng(0)
+    files = {}
+    for i in range(60):
+        words = rng.choice(WORDS, size=300)
+        files[f"d{i:02d}.txt"] = (" ".join(words) + ".\n").encode()
+    return write_files(tmp_path_factory.mktemp("train_corpus"), files)
+
+
+def tiny_overrides(corpus_dir, **extra):
+    base = {
+        "data.source": f"files:{corpus_dir}",
+        "data.segment_bytes": 64,
+        "data.max_eval_bytes": 4096,
+        "model.family": "byte",
+        "model.d_model": 32,
+        "model.n_layers": 2,
+        "model.n_heads": 2,
+        "model.mlp_dim": 64,
+        "train.steps": 12,
+        "train.batch_size": 8,
+        "train.seq_len": 64,
+        "train.learning_rate": 3e-3,
+        "train.warmup_steps": 2,
+        "train.log_every": 1,
+        "train.checkpoint_every": 4,
+        "train.peak_flops": 1e11,
+        "eval.every": 6,
+        "eval.eval_bytes": 512,
+        "eval.batch_size": 8,
+    }
+    base.update(extra)
+    return [f"{k}={v}" for k, v in base.items()]
+
+
+def metrics(run_dir, kind="train"):
+    rows = [json.loads(line) for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
+    return [r for r in rows if r["kind"] == kind]
+
+
+def test_golden_one_step_loss(corpus_dir, tmp_path):
+    """Golden values for seed 0 on the fixed corpus. Update them only when a change is *meant* to alter
+    initialisation, the data order or the numerics (and say so in the commit message)."""
+    cfg = load_config(None, tiny_overrides(corpus_dir, **{"train.steps": 2, "eval.every": 0}))
+    train(cfg, tmp_path / "run")
+    losses = [m["loss"] for m in metrics(tmp_path / "run")]
+    assert losses[0] == pytest.approx(6.23182, abs=1e-3), losses
+    assert losses[1] == pytest.approx(5.72748, abs=1e-3), losses
+    assert losses[0] > np.log(260) - 1  # near-uniform start over 260 ids
+
+
+def test_training_reduces_loss_and_records_run(corpus_dir, tmp_path):
+    cfg = load_config(None, tiny_overrides(corpus_dir, **{"train.steps": 30, "eval.every": 30}))
+    result = train(cfg, tmp_path / "run")
+    rows = metrics(tmp_path / "run")
+    assert rows[-1]["loss"] < rows[0]["loss"] - 1.0
+    run = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert run["status"] == "finished" and run["step"] == 30 and len(run["fingerprint"]) == 64
+    assert result.eval_bpb == metrics(tmp_path / "run", "eval")[-1]["bpb"] < 8.0
+    assert (tmp_path / "run" / "config.toml").read_text().startswith("[data]")
+    for key in ("loss", "bpb", "bytes_s", "tokens_s", "mfu", "lr", "grad_norm"):
+        assert np.isfinite(rows[-1][key])
+
+
+def test_grad_accumulation_matches_full_batch(corpus_dir, tmp_path):
+    a = load_config(None, tiny_overrides(corpus_dir, **{"train.steps": 3, "eval.every": 0}))
+    b = load_config(None, tiny_overrides(corpus_dir, **{"train.steps": 3, "eval.every": 0, "train.grad_accum": 4}))
+    train(a, tmp_path / "a")
+    train(b, tmp_path / "b")
+    la = [m["loss"] for m in metrics(tmp_path / "a")]
+    lb = [m["loss"] for m in metrics(tmp_path / "b")]
+    np.testing.assert_allclose(la, lb, rtol=2e-5)
+
+
+def _read_final_params(run_dir):
+    trainer = restore_trainer(run_dir)
+    import jax
+
+    return trainer.step, [np.asarray(x) for x in jax.tree.leaves(trainer.params)]
+
+
+def test_resume_after_sigkill_equals_uninterrupted(corpus_dir, tmp_path):
+    overrides = tiny_overrides(corpus_dir, **{"train.steps": 16})
+    config = tmp_path / "c.toml"
+    config.write_text("")
+    cmd = [sys.executable, "-m", "bytelm", "train", str(config), "--out", str(tmp_path / "killed")]
+    for o in overrides:
+        cmd += ["--set", o]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    metrics_file = tmp_path / "killed" / "metrics.jsonl"
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and proc.poll() is None:
+        if metrics_file.exists() and any(json.loads(x)["step"] >= 10 for x in metrics_file.read_text().splitlines()):
+            break
+        time.sleep(0.05)
+    assert proc.poll() is None, f"trainer ended before it could be killed: {proc.stderr.read().decode()[-2000:]}"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert max(json.loads(x)["step"] for x in metrics_file.read_text().splitlines()) < 16
+    # resume to the end in this process, then run the same config uninterrupted
+    cfg = load_config(config, overrides)
+    train(cfg, tmp_path / "killed")
+    train(cfg, tmp_path / "straight")
+    step_a, params_a = _read_final_params(tmp_path / "killed")
+    step_b, params_b = _read_final_params(tmp_path / "straight")
+    assert step_a == step_b == 16
+    for x, y in zip(params_a, params_b):
+        np.testing.assert_array_equal(x, y)
+    strip = lambda rows: [(r["step"], r["loss"], r["bpb"], r["grad_norm"]) for r in rows]  # noqa: E731
+    assert strip(metrics(tmp_path / "killed")) == strip(metrics(tmp_path / "straight"))
+    assert [(r["step"], r["bpb"]) for r in metrics(tmp_path / "killed", "eval")] == [
+        (r["step"], r["bpb"]) for r in metrics(tmp_path / "straight", "eval")
+    ]
+
+
+def test_data_parallel_step_equals_single_device(corpus_dir, tmp_path):
+    code = textwrap.dedent(
+        f"""
+        import jax, numpy as np
+        from bytelm.config import load_config
+        from bytelm.data import load_corpus
+        from bytelm.training.sharding import make_mesh
+        from bytelm.training.tasks import make_task
+        from bytelm.training.trainer import Trainer
+        assert jax.device_count() == 8
+        cfg = load_config(None, {tiny_overrides(corpus_dir)!r})
+        corpus = load_corpus(cfg.data.source, segment_bytes=64, max_eval_bytes=4096)
+        task = make_task(cfg, corpus)
+        batch = next(task.train_batches(0))
+        multi = Trainer(cfg, task, mesh=make_mesh(cfg.train))
+        single = Trainer(cfg, task, mesh=make_mesh(cfg.train, devices=jax.devices()[:1]))
+        assert multi.mesh.shape["data"] == 8 and single.mesh.shape["data"] == 1
+        for _ in range(2):
+            lm = float(multi.train_step(batch)["loss"]); ls = float(single.train_step(batch)["loss"])
+        assert abs(lm - ls) < 1e-5, (lm, ls)
+        worst = max(float(np.max(np.abs(np.asarray(a) - np.asarray(b))))
+                    for a, b in zip(jax.tree.leaves(multi.params), jax.tree.leaves(single.params)))
+        print("max param diff", worst)
+        assert worst < 1e-5, worst
+        """
+    )
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8", "JAX_PLATFORMS": "cpu"}
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "max param diff" in r.stdout
+
+
+def test_nan_loss_stops_with_step_and_keeps_last_good_checkpoint(corpus_dir, tmp_path):
+    cfg = load_config(
+        None,
+        tiny_overrides(
+            corpus_dir,
+            **{"train.steps": 50, "train.learning_rate": 1e9, "train.grad_clip": 0.0, "train.warmup_steps": 0,
+               "train.checkpoint_every": 1, "eval.every": 0},
+        ),
+    )
+    with pytest.raises(TrainingDiverged, match=r"at step (\d+); the last good checkpoint \(step (\d+)\)") as e:
+        train(cfg, tmp_path / "run")
+    run = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert run["status"] == "diverged" and run["last_good_checkpoint"] == run["diverged_at_step"] - 1
+    trainer = restore_trainer(tmp_path / "run")
+    import jax
+
+    assert trainer.step == run["last_good_checkpoint"]
+    assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(trainer.params))
+    assert "Lower train.learning_rate" in str(e.value)
+
+
+def test_resume_refuses_a_different_config(corpus_dir, tmp_path):
+    cfg = load_config(None, tiny_overrides(corpus_dir, **{"train.steps": 2, "eval.every": 0}))
+    train(cfg, tmp_path / "run")
+    other = load_config(None, tiny_overrides(corpus_dir, **{"train.steps": 2, "eval.every": 0, "model.d_model": 64}))
+    with pytest.raises(UserError, match=r"model.d_model: checkpoint has 32, now 64.*new --out"):
+        train(other, tmp_path / "run")
+    # a config.toml edited behind the checkpoint's back is caught when restoring
+    text = (tmp_path / "run" / "config.toml").read_text().replace("d_model = 32", "d_model = 64")
+    (tmp_path / "run" / "config.toml").write_text(text)
+    with pytest.raises(UserError, match="does not match the model built from the run's config"):
+        restore_trainer(tmp_path / "run")
+
+
+def test_batch_not_divisible_by_data_axis(corpus_dir, tmp_path):
+    code = textwrap.dedent(
+        f"""
+        from bytelm.config import load_config
+        from bytelm.errors import UserError
+        from bytelm.training.trainer import train
+        cfg = load_config(None, {tiny_overrides(corpus_dir, **{"train.batch_size": 6})!r})
+        try:
+            train(cfg, {str(tmp_path / "run")!r})
+        except UserError as e:
+            print("ERR", e)
+        """
+    )
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4", "JAX_PLATFORMS": "cpu"}
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert "ERR" in r.stdout, r.stderr[-2000:]
+    assert "micro-batch train.batch_size/train.grad_accum = 6 is not divisible by the data-parallel mesh size" in r.stdout
+
+
+def test_cli_train_bad_config_exit_2(tmp_path, capsys):
+    from bytelm import cli
+
+    cfg = tmp_path / "c.toml"
+    cfg.write_text('[model]\nfamily = "byte"\nd_modle = 3\n')
+    assert cli.main(["train", str(cfg), "--out", str(tmp_path / "r")]) == 2
+    assert "did you mean 'model.d_model'" in capsys.readouterr().err
