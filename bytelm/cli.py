@@ -120,6 +120,131 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
+# -- tokenizer ----------------------------------------------------------------------------
+def _add_tokenizer_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--tokenizer",
+        required=True,
+        metavar="DIR",
+        help="tokenizer directory written by 'bytelm tokenizer train' (holds bytelm_bpe.json)",
+    )
+
+
+def _add_workers_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--workers", type=int, metavar="N", help="worker processes (default: all available CPUs)"
+    )
+
+
+def cmd_tokenizer_train(args: argparse.Namespace) -> int:
+    from bytelm.baselines.bpe import train_bpe  # noqa: PLC0415
+    from bytelm.progress import ProgressBar  # noqa: PLC0415
+
+    cfg = _resolve_config(args)
+    corpus = _load_corpus(cfg.data)
+    count_bar = ProgressBar("pre-tokenizing", unit=" MB")
+    merge_bar = ProgressBar("merging", unit=" merges")
+    bars_open = [count_bar]
+
+    def on_merge(done: int, total: int) -> None:
+        if count_bar in bars_open:
+            count_bar.close()
+            bars_open.remove(count_bar)
+            bars_open.append(merge_bar)
+        merge_bar.update(done, total)
+
+    try:
+        tok = train_bpe(
+            corpus.documents("train"),
+            vocab_size=args.vocab_size,
+            pattern=args.pattern,
+            special_tokens=args.special,
+            num_workers=args.workers,
+            progress=on_merge,
+            count_progress=lambda done, total: count_bar.update(done >> 20, (total or 0) >> 20 or None),
+            total_bytes=corpus.split_bytes("train"),
+        )
+    finally:
+        for bar in bars_open:
+            bar.close()
+    tok.save(args.out)
+    rows = [
+        ("tokenizer", args.out),
+        ("data", f"{corpus.spec} (train split: {corpus.split_bytes('train'):,} bytes)"),
+        ("pattern", args.pattern),
+        ("ids", f"{tok.n_vocab:,} = 256 bytes + {len(tok.merges):,} merges + {len(tok.special_tokens)} special"),
+        ("fingerprint", tok.fingerprint),
+    ]
+    width = max(len(k) for k, _ in rows)
+    for key, value in rows:
+        print(f"{key:<{width}}  {value}")
+    return 0
+
+
+def cmd_tokenizer_encode(args: argparse.Namespace) -> int:
+    from bytelm.baselines.bpe import load_tokenizer  # noqa: PLC0415
+
+    tok = load_tokenizer(args.tokenizer)
+    data = sys.stdin.buffer.read()
+    if args.allow_special:
+        kwargs = {"allowed_special": "all"}
+    elif args.special_as_text:
+        kwargs = {"disallowed_special": ()}
+    else:
+        kwargs = {}
+    try:
+        ids = tok.encode(data, **kwargs)
+    except ValueError as e:
+        raise UserError(f"{e} (on the command line: --allow-special or --special-as-text)") from None
+    print(" ".join(map(str, ids)))
+    return 0
+
+
+def cmd_tokenizer_decode(args: argparse.Namespace) -> int:
+    from bytelm.baselines.bpe import load_tokenizer  # noqa: PLC0415
+
+    tok = load_tokenizer(args.tokenizer)
+    ids = []
+    for field in sys.stdin.buffer.read().split():
+        try:
+            ids.append(int(field))
+        except ValueError:
+            raise UserError(
+                f"decode reads whitespace-separated integer token ids on stdin, got {field.decode(errors='replace')!r}"
+            ) from None
+    try:
+        data = tok.decode_bytes(ids)
+    except ValueError as e:
+        raise UserError(str(e)) from None
+    sys.stdout.flush()
+    sys.stdout.buffer.write(data)
+    sys.stdout.buffer.flush()
+    return 0
+
+
+def cmd_tokenizer_stats(args: argparse.Namespace) -> int:
+    import json  # noqa: PLC0415
+
+    from bytelm.atomic import atomic_write_text  # noqa: PLC0415
+    from bytelm.baselines.bpe import load_tokenizer, tokenizer_stats  # noqa: PLC0415
+    from bytelm.progress import ProgressBar  # noqa: PLC0415
+
+    tok = load_tokenizer(args.tokenizer)
+    cfg = _resolve_config(args)
+    corpus = _load_corpus(cfg.data)
+    bar = ProgressBar("encoding", unit=" docs")
+    try:
+        stats = tokenizer_stats(
+            tok, corpus, split=args.split, group_by=args.group_by, num_workers=args.workers, progress=bar.update
+        )
+    finally:
+        bar.close()
+    print(stats.format_table())
+    if args.json:
+        atomic_write_text(args.json, json.dumps(stats.to_dict(), indent=1) + "\n")
+    return 0
+
+
 # -- parser -------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
@@ -153,7 +278,110 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--out", metavar="RUN_DIR", help="run directory (default: runs/<config name>)")
     _add_config_options(tr, with_config=False)
     tr.set_defaults(func=cmd_train)
+    tok = sub.add_parser(
+        "tokenizer",
+        help="train and use the byte-level BPE baseline tokenizer",
+        description="Train, apply and measure the byte-level BPE tokenizer of the subword baseline.",
+    )
+    tok_sub = tok.add_subparsers(dest="tokenizer_command", metavar="SUBCOMMAND", required=True, help="tokenizer command")
+    tt = tok_sub.add_parser(
+        "train",
+        help="train a byte-level BPE tokenizer on the train split of a corpus",
+        description="Learn a byte-level BPE merge list on the train documents of --data and write the "
+        "tokenizer directory: bytelm_bpe.json (native, versioned), tokenizer.json (HF tokenizers), "
+        "ranks.tiktoken (tiktoken) and vocab.txt (human-readable). The merge list is identical to HF "
+        "tokenizers' BpeTrainer with the same pattern.",
+    )
+    _add_data_option(tt)
+    _add_config_options(tt)
+    tt.add_argument(
+        "--vocab-size",
+        type=int,
+        required=True,
+        metavar="N",
+        help="number of ids: 256 bytes + learned merges + special tokens (as HF counts it)",
+    )
+    tt.add_argument(
+        "--pattern",
+        default="cl100k",
+        metavar="gpt2|cl100k|REGEX",
+        help="pre-tokenization pattern: 'cl100k' (default; digits in runs of 1-3), 'gpt2', or a regex",
+    )
+    tt.add_argument(
+        "--special",
+        action="append",
+        default=[],
+        metavar="TOKEN",
+        help="reserve a special token, e.g. --special '<|endoftext|>' (repeatable; ids after the merges)",
+    )
+    _add_workers_option(tt)
+    tt.add_argument("--out", required=True, metavar="DIR", help="directory to write the tokenizer files into")
+    tt.set_defaults(func=cmd_tokenizer_train)
+
+    te = tok_sub.add_parser(
+        "encode",
+        help="encode stdin (raw bytes) to token ids on stdout",
+        description="Read raw bytes on stdin (any bytes) and print their token ids, space-separated, on "
+        "one line. A special token's spelling in the input is an error unless --allow-special or "
+        "--special-as-text is given.",
+    )
+    _add_tokenizer_option(te)
+    special = te.add_mutually_exclusive_group()
+    special.add_argument(
+        "--allow-special", action="store_true", help="encode special tokens' spellings as the special tokens"
+    )
+    special.add_argument(
+        "--special-as-text", action="store_true", help="encode special tokens' spellings as ordinary text"
+    )
+    te.set_defaults(func=cmd_tokenizer_encode)
+
+    td = tok_sub.add_parser(
+        "decode",
+        help="decode token ids on stdin to raw bytes on stdout",
+        description="Read whitespace-separated token ids on stdin and write the exact bytes they stand for.",
+    )
+    _add_tokenizer_option(td)
+    td.set_defaults(func=cmd_tokenizer_decode)
+
+    ts = tok_sub.add_parser(
+        "stats",
+        help="print bytes per token overall and per document group (the token tax table)",
+        description="Encode the documents of --data and print bytes per token overall and per document "
+        "group (directory), with each group's token tax: its tokens per byte relative to the whole corpus.",
+    )
+    _add_tokenizer_option(ts)
+    _add_data_option(ts)
+    _add_config_options(ts)
+    ts.add_argument(
+        "--split",
+        choices=["all", "train", "heldout"],
+        default="all",
+        help="which documents to measure (default: all)",
+    )
+    ts.add_argument(
+        "--group-by",
+        choices=["group", "dir"],
+        default="group",
+        help="'group': the corpus's document groups (stdlib: top-level package; files: each file); "
+        "'dir': the first directory of each document's path, e.g. one per language (default: group)",
+    )
+    _add_workers_option(ts)
+    ts.add_argument("--json", metavar="FILE", help="also write the numbers as JSON to FILE")
+    ts.set_defaults(func=cmd_tokenizer_stats)
     return parser
+
+
+def _enable_compilation_cache() -> None:
+    """Reuse compiled XLA programs across runs (resumes, evals, compare stages) unless the user
+    configured JAX's cache themselves."""
+    import os  # noqa: PLC0415
+
+    if "JAX_COMPILATION_CACHE_DIR" in os.environ:
+        return
+    from bytelm.data import default_cache_dir  # noqa: PLC0415
+
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = str(default_cache_dir() / "jax")
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "1")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -167,6 +395,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.verbose:
         for noisy in ("absl", "jax", "orbax"):
             logging.getLogger(noisy).setLevel(logging.WARNING)
+    _enable_compilation_cache()
     func: Callable[[argparse.Namespace], int] = args.func
     try:
         return func(args)

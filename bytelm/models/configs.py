@@ -49,3 +49,48 @@ class ByteLMConfig:
             raise ValueError(f"model.window must be >= 0 (0 = full attention), got {self.window}")
         if self.vocab_multiple < 1:
             raise ValueError(f"model.vocab_multiple must be >= 1, got {self.vocab_multiple}")
+
+
+@register_model("bpe")
+@dataclasses.dataclass(frozen=True)
+class TokenLMConfig(ByteLMConfig):
+    """The subword baseline: the same decoder over the ids of a BPE tokenizer directory."""
+
+    family: str = "bpe"
+    tokenizer: str = ""  # tokenizer directory (bytelm tokenizer train --out DIR)
+
+
+@register_model("megabyte")
+@dataclasses.dataclass(frozen=True)
+class MegaByteConfig:
+    """MegaByte (Yu et al. 2023): a global transformer over patches of ``patch_size`` bytes and a
+    local transformer within each patch. ``global_d_model`` must equal ``patch_size * embed_dim``."""
+
+    family: str = "megabyte"
+    patch_size: int = 8  # P
+    embed_dim: int = 32  # d_G: per-byte global embedding width
+    global_d_model: int = 256  # P * d_G
+    global_layers: int = 4
+    global_heads: int = 4
+    global_mlp_dim: int = 704
+    local_d_model: int = 128  # d_L
+    local_layers: int = 2
+    local_heads: int = 2
+    local_mlp_dim: int = 352
+    pad_to_patch: bool = True  # pad sequences to a multiple of P (masked); False = require T % P == 0
+    rope_base: float = 10000.0
+    dtype: str = "float32"
+    vocab_multiple: int = 128
+
+    def __post_init__(self) -> None:
+        if self.patch_size < 1:
+            raise ValueError(f"model.patch_size must be >= 1, got {self.patch_size}")
+        if self.embed_dim * self.patch_size != self.global_d_model:
+            raise ValueError(
+                f"model.global_d_model {self.global_d_model} must equal model.patch_size {self.patch_size} x "
+                f"model.embed_dim {self.embed_dim} = {self.patch_size * self.embed_dim} (the concatenated patch width)"
+            )
+        _check_transformer("model.global_", self.global_d_model, self.global_heads, self.global_layers, self.global_mlp_dim)
+        _check_transformer("model.local_", self.local_d_model, self.local_heads, self.local_layers, self.local_mlp_dim)
+        if self.dtype not in _DTYPES:
+            raise ValueError(f"model.dtype {self.dtype!r} is not one of {_DTYPES}")

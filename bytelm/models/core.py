@@ -163,6 +163,10 @@ class Embed(nnx.Module):
         self.table = param(rngs, (n_rows, dim), axes, std=1.0)
 
     def __call__(self, ids) -> jax.Array:
+        """Rows for integer ``ids``; a floating ``ids`` array is read as one-hot weights over rows
+        (``ids @ table``), which lets causality tests take gradients with respect to the inputs."""
+        if jnp.issubdtype(ids.dtype, jnp.floating):
+            return ids @ self.table[...]
         return jnp.take(self.table[...], ids, axis=0)
 
 

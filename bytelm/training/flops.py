@@ -66,3 +66,22 @@ def measure_matmul_peak(n: int = 2048, repeats: int = 5, dtype=None) -> float:
         f(a, b).block_until_ready()
         best = min(best, time.perf_counter() - t0)
     return 2.0 * n**3 / best
+
+
+def megabyte_train_flops_per_byte(mcfg, seq_len: int) -> float:
+    """MegaByte: global cost per patch / P + projection d_G -> d_L + local cost per byte.
+
+    - global: one position per patch of P bytes over a context of ``K = ceil(T/P)`` patches,
+      ``stack_forward(D_G, K)`` per patch, hence divided by P per byte;
+    - projection: ``2 * d_G * d_L`` per byte;
+    - local: ``stack_forward(d_L, context P)`` per byte plus the head ``2 * d_L * V_rows``.
+    Training = 3 x forward. Padding positions are computed too; this counts per *position* of the
+    padded sequence, which equals per byte when T is a multiple of P.
+    """
+    P = mcfg.patch_size
+    K = -(-seq_len // P)
+    global_fwd = stack_forward_flops_per_position(mcfg.global_d_model, mcfg.global_layers, mcfg.global_mlp_dim, K) / P
+    projection = 2.0 * mcfg.embed_dim * mcfg.local_d_model
+    local_fwd = stack_forward_flops_per_position(mcfg.local_d_model, mcfg.local_layers, mcfg.local_mlp_dim, P)
+    head = 2.0 * mcfg.local_d_model * pad_vocab(NUM_BYTE_IDS, mcfg.vocab_multiple)
+    return 3.0 * (global_fwd + projection + local_fwd + head)

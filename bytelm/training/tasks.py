@@ -119,7 +119,33 @@ class ByteTask(Task):
         return 3.0 * flops.decoder_lm_forward_flops_per_position(self.cfg.model, NUM_BYTE_IDS, self.cfg.train.seq_len)
 
 
-_TASKS: dict[str, type[Task]] = {"byte": ByteTask}
+class MegaByteTask(ByteTask):
+    """MegaByte: the same byte windows and segments as the byte LM (its pads replace the BOS input)."""
+
+    family = "megabyte"
+
+    def __init__(self, cfg, corpus, run_dir=None):
+        super().__init__(cfg, corpus, run_dir)
+        P = cfg.model.patch_size
+        if cfg.train.seq_len % P and not cfg.model.pad_to_patch:
+            raise UserError(
+                f"train.seq_len {cfg.train.seq_len} is not a multiple of model.patch_size {P} and "
+                "model.pad_to_patch is false: change one of them or set model.pad_to_patch = true"
+            )
+
+    def build_model(self, rngs: nnx.Rngs) -> nnx.Module:
+        from bytelm.models.megabyte import MegaByte  # noqa: PLC0415
+
+        return MegaByte(self.cfg.model, rngs=rngs)
+
+    def train_flops_per_position(self) -> float:
+        return flops.megabyte_train_flops_per_byte(self.cfg.model, self.cfg.train.seq_len)
+
+    def run_info(self) -> dict:
+        return {"mean_bytes_per_global_step": float(self.cfg.model.patch_size)}
+
+
+_TASKS: dict[str, type[Task]] = {"byte": ByteTask, "megabyte": MegaByteTask}
 
 
 def register_task(family: str, cls: type[Task]) -> None:
