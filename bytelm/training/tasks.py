@@ -7,13 +7,14 @@ evaluator only talk to tasks, so adding a family means adding a task here (and i
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 from flax import nnx
 
-from bytelm.constants import BOS_ID, BYTE_OFFSET, NUM_BYTE_IDS, PAD_ID
+from bytelm.constants import BOS_ID, BYTE_OFFSET, EOS_ID, NUM_BYTE_IDS, PAD_ID
 from bytelm.data import Corpus, WindowBatches
 from bytelm.errors import UserError
 from bytelm.training import flops
@@ -64,6 +65,12 @@ class Task:
         encoded = [self.encode_segment(s) for s in segments]
         width = max((len(ids) for ids, _ in encoded), default=2)
         width = max(width, 2)
+        if width - 1 > self.cfg.train.seq_len:
+            raise UserError(
+                f"an evaluation segment needs {width - 1} positions but the model trains on train.seq_len = "
+                f"{self.cfg.train.seq_len}: set data.segment_bytes so segments fit the training context "
+                "(scores past it would measure length extrapolation, not the model)"
+            )
         for lo in range(0, len(encoded), batch_size):
             chunk = encoded[lo : lo + batch_size]
             ids = np.full((batch_size, width), PAD_ID, np.int32)
@@ -93,7 +100,7 @@ class Task:
 
     def run_info(self) -> dict:
         """Extra facts recorded in the run (e.g. the tokenizer fingerprint)."""
-        return {}
+        return {"mean_bytes_per_global_step": self.bytes_per_position()}
 
 
 class ByteTask(Task):
@@ -145,7 +152,92 @@ class MegaByteTask(ByteTask):
         return {"mean_bytes_per_global_step": float(self.cfg.model.patch_size)}
 
 
-_TASKS: dict[str, type[Task]] = {"byte": ByteTask, "megabyte": MegaByteTask}
+class TokenTask(Task):
+    """The BPE-token LM: the corpus encoded once into a cached token stream; segments encoded
+    each on its own (tokens never cross a segment boundary), with every token's byte length."""
+
+    family = "bpe"
+    uses_nbytes = True
+
+    def __init__(self, cfg, corpus, run_dir=None):
+        super().__init__(cfg, corpus, run_dir)
+        from bytelm.baselines.bpe import load_tokenizer  # noqa: PLC0415
+
+        if not cfg.model.tokenizer:
+            raise UserError(
+                "model.tokenizer is empty: point it at a tokenizer directory (bytelm tokenizer train --out DIR)"
+            )
+        self.tokenizer = load_tokenizer(cfg.model.tokenizer)
+        n = self.tokenizer.n_vocab
+        lengths = [len(self.tokenizer.token_bytes(i)) for i in range(n)]
+        self.id_bytes = np.asarray([0] * BYTE_OFFSET + lengths, np.int32)  # bytes per model id
+        self._stream = None
+        self._bytes_per_token = None
+
+    def build_model(self, rngs: nnx.Rngs) -> nnx.Module:
+        from bytelm.models.token_lm import TokenLM  # noqa: PLC0415
+
+        return TokenLM(self.cfg.model, self.tokenizer.n_vocab, rngs=rngs)
+
+    def _load_stream(self) -> None:
+        from bytelm.atomic import atomic_directory  # noqa: PLC0415
+
+        corpus = self.corpus
+        path = corpus.path.parent.parent / "tokens" / f"{corpus.path.name}-{self.tokenizer.fingerprint[:24]}"
+        if not (path / "manifest.json").is_file():
+            with atomic_directory(path) as tmp:
+                ids, counts = self.tokenizer.encode_documents(corpus.documents("train"), dtype=np.int64)
+                n_docs = len(counts)
+                stream = np.empty(len(ids) + 2 * n_docs, np.uint32)
+                starts = np.concatenate([[0], np.cumsum(counts + 2)])[:-1]
+                stream[starts] = BOS_ID
+                stream[starts + counts + 1] = EOS_ID
+                body = np.ones(len(stream), bool)
+                body[starts] = False
+                body[starts + counts + 1] = False
+                stream[body] = ids + BYTE_OFFSET
+                stream.tofile(tmp / "train.u32")
+                (tmp / "manifest.json").write_text(
+                    json.dumps({"tokens": int(len(ids)), "bytes": corpus.split_bytes("train"), "length": int(len(stream))})
+                )
+        manifest = json.loads((path / "manifest.json").read_text())
+        self._stream = np.memmap(path / "train.u32", dtype=np.uint32, mode="r", shape=(manifest["length"],))
+        self._bytes_per_token = manifest["bytes"] / max(manifest["tokens"], 1)
+
+    def train_stream(self) -> np.ndarray:
+        if self._stream is None:
+            self._load_stream()
+        return self._stream
+
+    def decorate(self, batch: dict) -> dict:
+        if "nbytes" not in batch:
+            batch["nbytes"] = self.id_bytes[batch["ids"][:, 1:]]
+        return batch
+
+    def encode_segment(self, data: bytes):
+        tokens = np.asarray(self.tokenizer.encode_ordinary(data), np.int64)
+        ids = np.concatenate([[BOS_ID], tokens + BYTE_OFFSET]).astype(np.int32)
+        return ids, self.id_bytes[ids[1:]]
+
+    def bytes_per_position(self) -> float:
+        if self._bytes_per_token is None:
+            self._load_stream()
+        return self._bytes_per_token
+
+    def train_flops_per_position(self) -> float:
+        n_valid = self.tokenizer.n_vocab + BYTE_OFFSET
+        return 3.0 * flops.decoder_lm_forward_flops_per_position(self.cfg.model, n_valid, self.cfg.train.seq_len)
+
+    def run_info(self) -> dict:
+        return {
+            "tokenizer": str(Path(self.cfg.model.tokenizer).absolute()),
+            "tokenizer_fingerprint": self.tokenizer.fingerprint,
+            "tokenizer_n_vocab": self.tokenizer.n_vocab,
+            "mean_bytes_per_global_step": self.bytes_per_position(),
+        }
+
+
+_TASKS: dict[str, type[Task]] = {"byte": ByteTask, "megabyte": MegaByteTask, "bpe": TokenTask}
 
 
 def register_task(family: str, cls: type[Task]) -> None:

@@ -118,6 +118,21 @@ def check_run_config(run_dir: Path, cfg: Config) -> None:
         )
 
 
+def check_fingerprints(run_dir: Path, task: Task) -> None:
+    """The artefacts a run depends on (tokenizer, entropy model) must be the ones it was trained with."""
+    path = run_dir / "run.json"
+    if not path.is_file():
+        return
+    recorded = json.loads(path.read_text())
+    for key, value in task.run_info().items():
+        if key.endswith("_fingerprint") and key in recorded and recorded[key] != value:
+            what = key.removesuffix("_fingerprint")
+            raise UserError(
+                f"the {what} now at {task.run_info().get(what, '?')} has fingerprint {value[:16]}..., but the run "
+                f"{run_dir} was trained with {recorded[key][:16]}...: restore the original {what} or retrain"
+            )
+
+
 class _SignalFlag:
     """Set by SIGTERM/SIGINT; the loop saves a checkpoint and stops at the end of the step."""
 
@@ -267,7 +282,9 @@ def restore_trainer(run_dir: str | Path, *, corpus=None, step: int | None = None
         raise UserError(f"{run_dir} is not a run directory (no config.toml); train one with 'bytelm train CONFIG --out {run_dir}'")
     cfg = load_config(run_dir / "config.toml")
     corpus = corpus if corpus is not None else load_corpus_for(cfg)
-    trainer = Trainer(cfg, make_task(cfg, corpus, run_dir))
+    task = make_task(cfg, corpus, run_dir)
+    check_fingerprints(run_dir, task)
+    trainer = Trainer(cfg, task)
     ckpt = Checkpointer(run_dir / "checkpoints", keep=cfg.train.keep_checkpoints)
     try:
         step = ckpt.latest_step() if step is None else step
@@ -308,6 +325,7 @@ def train(
     save_config(cfg, run_dir)
     corpus = corpus if corpus is not None else load_corpus_for(cfg)
     task = make_task(cfg, corpus, run_dir)
+    check_fingerprints(run_dir, task)
     trainer = Trainer(cfg, task)
     tcfg = cfg.train
 

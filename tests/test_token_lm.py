@@ -1,0 +1,82 @@
+"""The BPE-token LM: token cache, byte counts under the loss mask, tokenizer fingerprint checks."""
+
+import json
+
+import numpy as np
+import pytest
+
+from bytelm.baselines.bpe import train_bpe
+from bytelm.config import load_config
+from bytelm.data import load_corpus
+from bytelm.errors import UserError
+from bytelm.training.tasks import make_task
+from bytelm.training.trainer import restore_trainer, train
+
+from test_training import corpus_dir, tiny_overrides  # noqa: F401  (module fixture)
+
+
+@pytest.fixture(scope="module")
+def tokenizer_dir(corpus_dir, tmp_path_factory):  # noqa: F811
+    corpus = load_corpus(f"files:{corpus_dir}", cache_dir=tmp_path_factory.mktemp("tc"))
+    tok = train_bpe(corpus.documents("train"), vocab_size=320, pattern="gpt2", num_workers=1)
+    out = tmp_path_factory.mktemp("tok") / "tok"
+    tok.save(out)
+    return out
+
+
+def bpe_cfg(corpus_dir, tokenizer_dir, **extra):  # noqa: F811
+    return load_config(
+        None,
+        tiny_overrides(
+            corpus_dir, **{"model.family": "bpe", "model.tokenizer": str(tokenizer_dir), "train.seq_len": 32, **extra}
+        ),
+    )
+
+
+def test_token_stream_matches_tokenizer(corpus_dir, tokenizer_dir):  # noqa: F811
+    cfg = bpe_cfg(corpus_dir, tokenizer_dir)
+    corpus = load_corpus(cfg.data.source, segment_bytes=64, max_eval_bytes=4096)
+    task = make_task(cfg, corpus)
+    stream = np.asarray(task.train_stream()).astype(np.int64)
+    first = next(corpus.documents("train"))
+    expected = [1, *(t + 4 for t in task.tokenizer.encode_ordinary(first)), 2]
+    assert stream[: len(expected)].tolist() == expected
+    # bytes per position: each target's token length, control ids count 0
+    batch = next(task.train_batches(0))
+    ids = batch["ids"][:, 1:]
+    lens = np.where(ids >= 4, [[len(task.tokenizer.token_bytes(int(i) - 4)) if i >= 4 else 0 for i in row] for row in ids], 0)
+    np.testing.assert_array_equal(batch["nbytes"], lens)
+    assert task.bytes_per_position() == pytest.approx(corpus.split_bytes("train") / (len(stream) - 2 * len(list(corpus.documents("train")))))
+
+
+def test_bpe_eval_counts_segment_bytes_not_tokens(corpus_dir, tokenizer_dir, tmp_path):  # noqa: F811
+    cfg = bpe_cfg(corpus_dir, tokenizer_dir, **{"train.steps": 4, "eval.every": 0})
+    train(cfg, tmp_path / "run")
+    trainer = restore_trainer(tmp_path / "run")
+    segments = trainer.task.corpus.segment_data()
+    scores = trainer.evaluate(segments)
+    assert scores.total_bytes == sum(len(s) for s in segments)
+    assert np.array_equal(scores.nbytes, [len(s) for s in segments])
+    n_tokens = sum(len(trainer.task.tokenizer.encode_ordinary(s)) for s in segments)
+    assert n_tokens < scores.total_bytes  # so a token count would have been the wrong denominator
+    run = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert run["tokenizer_fingerprint"] == trainer.task.tokenizer.fingerprint
+
+
+def test_missing_tokenizer_dir(corpus_dir, tmp_path):  # noqa: F811
+    cfg = bpe_cfg(corpus_dir, tmp_path / "nope")
+    with pytest.raises(UserError, match=r"tokenizer directory .*nope does not exist"):
+        make_task(cfg, load_corpus(cfg.data.source))
+
+
+def test_run_refuses_another_tokenizer(corpus_dir, tokenizer_dir, tmp_path):  # noqa: F811
+    cfg = bpe_cfg(corpus_dir, tokenizer_dir, **{"train.steps": 2, "eval.every": 0})
+    train(cfg, tmp_path / "run")
+    # replace the tokenizer behind the run's back with a different one at the same path
+    corpus = load_corpus(cfg.data.source)
+    other = train_bpe(corpus.documents("train"), vocab_size=300, pattern="gpt2", num_workers=1)
+    other.save(tokenizer_dir.parent / "swapped")
+    text = (tmp_path / "run" / "config.toml").read_text().replace(str(tokenizer_dir), str(tokenizer_dir.parent / "swapped"))
+    (tmp_path / "run" / "config.toml").write_text(text)
+    with pytest.raises(UserError, match="was trained with"):
+        restore_trainer(tmp_path / "run")
