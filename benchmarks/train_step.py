@@ -9,7 +9,10 @@ Sections (``--only`` picks some):
 ``megabyte``  MegaByte P=4 and P=8 against a flat byte LM of similar parameter count at T=2048.
 
 MFU = analytic training FLOPs of the step (``bytelm.training.flops``) / step time / matmul peak.
-The last line is one JSON object with the headline figures.
+Each measurement runs in its own process, one after the other, so no peer's threads linger in
+another's timing. JAX runs as ``bytelm train`` does on a CPU host: one virtual device per core,
+data-parallel (``bytelm.training.host``). The last line is one JSON object with the headline
+figures.
 
     python benchmarks/train_step.py [--only byte,megabyte] [--steps 4]
 """
@@ -18,8 +21,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
+import subprocess
+import sys
 import time
 
 import numpy as np
@@ -140,6 +144,30 @@ def torch_step_time(d: int, layers: int, heads: int, mlp: int, vocab: int, batch
     return _timeit(step, 2, n_steps)
 
 
+def _in_subprocess(kind: str, **kwargs):
+    """Run one measurement in a fresh interpreter (CPU devices configured as the CLI does)."""
+    code = (
+        "import json, sys; sys.path.insert(0, sys.argv[1]); import train_step as b; "
+        "from bytelm.training.host import configure_cpu_devices; configure_cpu_devices(); "
+        "print('RESULT ' + json.dumps(getattr(b, sys.argv[2])(**json.loads(sys.argv[3]))))"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", code, os.path.dirname(os.path.abspath(__file__)), kind, json.dumps(kwargs)],
+        capture_output=True,
+        text=True,
+    )
+    lines = [x for x in r.stdout.splitlines() if x.startswith("RESULT ")]
+    if r.returncode or not lines:
+        raise RuntimeError(f"{kind} failed:\n{r.stderr[-3000:]}")
+    return json.loads(lines[-1][len("RESULT ") :])
+
+
+def matmul_peak() -> float:
+    from bytelm.training.flops import measure_matmul_peak
+
+    return measure_matmul_peak()
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--only", default="byte,megabyte", help="comma-separated sections: byte, megabyte")
@@ -148,20 +176,20 @@ def main() -> None:
     args = p.parse_args()
     sections = set(args.only.split(","))
 
-    from bytelm.training.flops import measure_matmul_peak
-
-    peak = measure_matmul_peak()
+    peak = _in_subprocess("matmul_peak")
     print(f"fp32 matmul peak (2048^3, best of 5): {peak / 1e9:,.1f} GFLOP/s")
     result: dict = {"matmul_peak_gflops": round(peak / 1e9, 1)}
 
     if "byte" in sections:
         d, L, H, F, B, T = 256, 6, 4, 704, 16, 512
         model = ["model.family=byte", f"model.d_model={d}", f"model.n_layers={L}", f"model.n_heads={H}", f"model.mlp_dim={F}"]
-        dt, flops_step, n_params = jax_step_time(model, B, T, args.steps)
+        dt, flops_step, n_params = _in_subprocess("jax_step_time", model_overrides=model, batch=B, seq_len=T, n_steps=args.steps)
         mfu = flops_step / dt / peak
         print(f"byte LM (JAX)  L={L} d={d} H={H} T={T} B={B} params={n_params:,}: {1 / dt:.3f} steps/s, {B * T / dt:,.0f} bytes/s, MFU {mfu:.2f}")
         result.update(byte_lm_steps_s=round(1 / dt, 4), byte_lm_bytes_s=round(B * T / dt), byte_lm_mfu=round(mfu, 3))
-        tdt = torch_step_time(d, L, H, F, 384, B, T, args.steps, args.threads)
+        tdt = _in_subprocess(
+            "torch_step_time", d=d, layers=L, heads=H, mlp=F, vocab=384, batch=B, seq_len=T, n_steps=args.steps, threads=args.threads
+        )
         if tdt is None:
             print("torch not installed: pip install -e '.[bench]' for the PyTorch peer")
             result.update(torch_steps_s=None, ratio_vs_torch=None)
@@ -173,7 +201,7 @@ def main() -> None:
     if "megabyte" in sections:
         T, B = 2048, 4
         flat = ["model.family=byte", "model.d_model=256", "model.n_layers=6", "model.n_heads=4", "model.mlp_dim=704"]
-        dt_flat, f_flat, n_flat = jax_step_time(flat, B, T, max(2, args.steps // 2))
+        dt_flat, f_flat, n_flat = _in_subprocess("jax_step_time", model_overrides=flat, batch=B, seq_len=T, n_steps=max(2, args.steps // 2))
         print(f"flat byte LM  T={T} B={B} params={n_flat:,}: {B * T / dt_flat:,.0f} bytes/s, {f_flat / (B * T) / 1e6:.1f} MFLOP/byte")
         result.update(flat_t2048_bytes_s=round(B * T / dt_flat), flat_t2048_flops_per_byte=round(f_flat / (B * T)))
         for P in (4, 8):
@@ -183,7 +211,7 @@ def main() -> None:
                 "model.global_layers=6", "model.global_heads=4", "model.global_mlp_dim=704",
                 "model.local_d_model=128", "model.local_layers=2", "model.local_heads=2", "model.local_mlp_dim=352",
             ]
-            dt_mb, f_mb, n_mb = jax_step_time(mb, B, T, args.steps)
+            dt_mb, f_mb, n_mb = _in_subprocess("jax_step_time", model_overrides=mb, batch=B, seq_len=T, n_steps=args.steps)
             print(f"MegaByte P={P}  T={T} B={B} params={n_mb:,}: {B * T / dt_mb:,.0f} bytes/s, {f_mb / (B * T) / 1e6:.1f} MFLOP/byte, {dt_flat / dt_mb:.2f}x flat")
             result[f"megabyte_p{P}_bytes_s"] = round(B * T / dt_mb)
             result[f"megabyte_p{P}_flops_per_byte"] = round(f_mb / (B * T))

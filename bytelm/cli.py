@@ -396,6 +396,9 @@ def main(argv: list[str] | None = None) -> int:
         for noisy in ("absl", "jax", "orbax"):
             logging.getLogger(noisy).setLevel(logging.WARNING)
     _enable_compilation_cache()
+    from bytelm.training.host import configure_cpu_devices  # noqa: PLC0415
+
+    configure_cpu_devices()
     func: Callable[[argparse.Namespace], int] = args.func
     try:
         return func(args)

@@ -110,7 +110,8 @@ def test_resume_after_sigkill_equals_uninterrupted(corpus_dir, tmp_path):
     cmd = [sys.executable, "-m", "bytelm", "train", str(config), "--out", str(tmp_path / "killed")]
     for o in overrides:
         cmd += ["--set", o]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    # one device, like this process, so the two halves of the run reduce in the same order
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     metrics_file = tmp_path / "killed" / "metrics.jsonl"
     deadline = time.monotonic() + 300
@@ -210,7 +211,7 @@ def test_batch_not_divisible_by_data_axis(corpus_dir, tmp_path):
         from bytelm.config import load_config
         from bytelm.errors import UserError
         from bytelm.training.trainer import train
-        cfg = load_config(None, {tiny_overrides(corpus_dir, **{"train.batch_size": 6})!r})
+        cfg = load_config(None, {tiny_overrides(corpus_dir, **{"train.batch_size": 6, "train.mesh_data": 4})!r})
         try:
             train(cfg, {str(tmp_path / "run")!r})
         except UserError as e:
@@ -221,6 +222,22 @@ def test_batch_not_divisible_by_data_axis(corpus_dir, tmp_path):
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert "ERR" in r.stdout, r.stderr[-2000:]
     assert "micro-batch train.batch_size/train.grad_accum = 6 is not divisible by the data-parallel mesh size" in r.stdout
+
+
+def test_default_cpu_mesh_fits_the_batch(corpus_dir):
+    code = textwrap.dedent(
+        f"""
+        from bytelm.config import load_config
+        from bytelm.training.trainer import default_mesh
+        for bs, ebs, want in [(8, 8, 4), (6, 8, 2), (5, 8, 1), (16, 12, 4)]:
+            cfg = load_config(None, {tiny_overrides(corpus_dir)!r} + [f"train.batch_size={{bs}}", f"eval.batch_size={{ebs}}"])
+            assert default_mesh(cfg).shape["data"] == want, (bs, ebs, default_mesh(cfg).shape)
+        print("OK")
+        """
+    )
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4", "JAX_PLATFORMS": "cpu"}
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert "OK" in r.stdout, r.stderr[-2000:]
 
 
 def test_cli_train_bad_config_exit_2(tmp_path, capsys):

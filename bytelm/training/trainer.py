@@ -118,6 +118,19 @@ def check_run_config(run_dir: Path, cfg: Config) -> None:
         )
 
 
+def default_mesh(cfg: Config):
+    """The config's mesh; on a CPU host with the default layout (data=-1, fsdp=tensor=1), the
+    largest number of (virtual) devices that divides both the micro-batch and the eval batch, so
+    any batch size works (see :mod:`bytelm.training.host`)."""
+    t = cfg.train
+    devices = jax.devices()
+    if jax.default_backend() == "cpu" and (t.mesh_data, t.mesh_fsdp, t.mesh_tensor) == (-1, 1, 1):
+        micro = t.batch_size // t.grad_accum
+        n = max(k for k in range(1, len(devices) + 1) if micro % k == 0 and cfg.eval.batch_size % k == 0)
+        devices = devices[:n]
+    return make_mesh(t, devices)
+
+
 def check_fingerprints(run_dir: Path, task: Task) -> None:
     """The artefacts a run depends on (tokenizer, entropy model) must be the ones it was trained with."""
     path = run_dir / "run.json"
@@ -178,7 +191,7 @@ class Trainer:
     def __init__(self, cfg: Config, task: Task, mesh=None):
         self.cfg = cfg
         self.task = task
-        self.mesh = mesh if mesh is not None else make_mesh(cfg.train)
+        self.mesh = mesh if mesh is not None else default_mesh(cfg)
         n_batch_shards = self.mesh.shape["data"] * self.mesh.shape["fsdp"]
         micro = cfg.train.batch_size // cfg.train.grad_accum
         if micro % n_batch_shards:
