@@ -1,0 +1,208 @@
+"""Tokenizer files: a versioned native file plus exports that the reference libraries load.
+
+A tokenizer directory holds:
+
+- ``bytelm_bpe.json``: the native, versioned file that :func:`load_tokenizer` reads:
+  ``{"format": "bytelm-bpe", "version": 1, "pattern", "merges", "special_tokens",
+  "added_tokens", "n_vocab", "fingerprint"}``. ``merges`` is the ordered merge list as id pairs;
+  special and added tokens are ``[{"id", "content"}, ...]``. The fingerprint is checked on load.
+- ``tokenizer.json``: HF ``tokenizers`` format (``Tokenizer.from_file``): a BPE model over GPT-2's
+  byte characters, a ``Split`` pre-tokenizer with the same pattern followed by
+  ``ByteLevel(use_regex=False)``, and the special/added tokens. Same ids.
+- ``ranks.tiktoken``: ``base64(token bytes) rank`` per line, for
+  ``tiktoken.load.load_tiktoken_bpe``; the rank of a mergeable token is its id. With
+  ``tiktoken.Encoding(pat_str=tokenizer.pattern, mergeable_ranks=..., special_tokens=...)`` it
+  gives the same ids (a custom pattern that leaves gaps is the exception: tiktoken drops text
+  the pattern does not match, this tokenizer keeps it as chunks).
+- ``vocab.txt``: a human-readable dump (id, kind, bytes, and for merged tokens the merge that
+  made them). Written for people; never loaded back.
+
+Every file is written atomically; ``bytelm_bpe.json`` last, so a directory with it is complete.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+from pathlib import Path
+
+from bytelm.atomic import atomic_write_text
+from bytelm.baselines.bpe.bytelevel import bytes_to_chars
+from bytelm.baselines.bpe.tokenizer import FORMAT_NAME, Tokenizer
+from bytelm.errors import UserError
+
+FORMAT_VERSION = 1
+NATIVE_FILE = "bytelm_bpe.json"
+HF_FILE = "tokenizer.json"
+TIKTOKEN_FILE = "ranks.tiktoken"
+VOCAB_DUMP_FILE = "vocab.txt"
+
+
+# -- writing ------------------------------------------------------------------------------------
+def native_json(tok: Tokenizer) -> str:
+    """The versioned native file's text."""
+    doc = {
+        "format": FORMAT_NAME,
+        "version": FORMAT_VERSION,
+        "pattern": tok.pattern,
+        "n_vocab": tok.n_vocab,
+        "n_mergeable": tok.n_mergeable,
+        "special_tokens": [{"id": i, "content": s} for s, i in tok.special_tokens.items()],
+        "added_tokens": [{"id": i, "content": s} for s, i in tok.added_tokens.items()],
+        "fingerprint": tok.fingerprint,
+        "merges": [list(m) for m in tok.merges],
+    }
+    head = json.dumps({k: v for k, v in doc.items() if k != "merges"}, indent=1, ensure_ascii=False)
+    # one merge per line keeps the file diffable and short
+    merges = ",\n".join(f"  [{a}, {b}]" for a, b in tok.merges)
+    return head[:-2] + ',\n "merges": [\n' + merges + "\n ]\n}\n"
+
+
+def hf_tokenizer_json(tok: Tokenizer) -> str:
+    """``tokenizer.json`` text for HF ``tokenizers`` (same ids as ``tok``)."""
+    vocab = {bytes_to_chars(tok.token_bytes(i)): i for i in range(tok.n_mergeable)}
+    added = [
+        {
+            "id": i,
+            "content": s,
+            "single_word": False,
+            "lstrip": False,
+            "rstrip": False,
+            "normalized": False,
+            "special": True,
+        }
+        for s, i in tok.special_tokens.items()
+    ] + [
+        {
+            "id": i,
+            "content": s,
+            "single_word": False,
+            "lstrip": False,
+            "rstrip": False,
+            "normalized": False,
+            "special": False,
+        }
+        for s, i in tok.added_tokens.items()
+    ]
+    doc = {
+        "version": "1.0",
+        "truncation": None,
+        "padding": None,
+        "added_tokens": added,
+        "normalizer": None,
+        "pre_tokenizer": {
+            "type": "Sequence",
+            "pretokenizers": [
+                {"type": "Split", "pattern": {"Regex": tok.pattern}, "behavior": "Isolated", "invert": False},
+                {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False},
+            ],
+        },
+        "post_processor": None,
+        "decoder": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False},
+        "model": {
+            "type": "BPE",
+            "dropout": None,
+            "unk_token": None,
+            "continuing_subword_prefix": None,
+            "end_of_word_suffix": None,
+            "fuse_unk": False,
+            "byte_fallback": False,
+            "ignore_merges": False,
+            "vocab": vocab,
+            "merges": [[bytes_to_chars(tok.token_bytes(a)), bytes_to_chars(tok.token_bytes(b))] for a, b in tok.merges],
+        },
+    }
+    return json.dumps(doc, ensure_ascii=False, indent=1) + "\n"
+
+
+def tiktoken_ranks(tok: Tokenizer) -> str:
+    """``ranks.tiktoken`` text: ``base64(bytes) rank`` per mergeable token, in rank order."""
+    return "".join(
+        f"{base64.b64encode(tok.token_bytes(i)).decode('ascii')} {i}\n" for i in range(tok.n_mergeable)
+    )
+
+
+def vocab_dump(tok: Tokenizer) -> str:
+    """The human-readable vocabulary (never loaded back)."""
+    made_by: dict[int, tuple[int, int, int]] = {}
+    for rank, (a, b) in enumerate(tok.merges):
+        made_by.setdefault(tok._results[rank], (rank, a, b))
+    lines = [
+        f"# bytelm byte-level BPE vocabulary: {tok.n_vocab} ids ({tok.n_mergeable} mergeable = 256 bytes + "
+        f"{tok.n_mergeable - 256} learned, {len(tok.special_tokens)} special, "
+        f"{tok.n_vocab - tok.n_mergeable - len(tok.special_tokens)} added)",
+        f"# pattern: {tok.pattern}",
+        f"# fingerprint: {tok.fingerprint}",
+        "# id\tkind\tbytes (Python literal)\tmade by merge rank: left + right",
+    ]
+    kinds = {i: "special" for i in tok.special_tokens.values()}
+    kinds.update({i: "added" for i in tok.added_tokens.values() if i >= tok.n_mergeable})
+    for i in range(tok.n_vocab):
+        kind = kinds.get(i, "byte" if i < 256 else "merged")
+        line = f"{i}\t{kind}\t{tok.token_bytes(i)!r}"
+        if i in made_by:
+            rank, a, b = made_by[i]
+            line += f"\t{rank}: {a} + {b}"
+        lines.append(line)
+    return "\n".join(lines) + "\n"
+
+
+def save_tokenizer(tok: Tokenizer, directory: str | os.PathLike) -> Path:
+    """Write all tokenizer files into ``directory`` (created if needed); return its path."""
+    d = Path(directory)
+    if d.exists() and not d.is_dir():
+        raise UserError(f"cannot save the tokenizer to {d}: it exists and is not a directory")
+    atomic_write_text(d / HF_FILE, hf_tokenizer_json(tok))
+    atomic_write_text(d / TIKTOKEN_FILE, tiktoken_ranks(tok))
+    atomic_write_text(d / VOCAB_DUMP_FILE, vocab_dump(tok))
+    atomic_write_text(d / NATIVE_FILE, native_json(tok))
+    return d
+
+
+# -- reading ------------------------------------------------------------------------------------
+def load_tokenizer(directory: str | os.PathLike) -> Tokenizer:
+    """Read the tokenizer saved in ``directory`` by :func:`save_tokenizer`.
+
+    Raises :class:`~bytelm.errors.UserError` (a ``ValueError``) naming the file when the
+    directory or file is missing, truncated, corrupted or of an unknown version.
+    """
+    d = Path(directory)
+    if not d.is_dir():
+        raise UserError(f"tokenizer directory {d} does not exist; train one with 'bytelm tokenizer train'")
+    path = d / NATIVE_FILE
+    if not path.is_file():
+        raise UserError(f"{path} is missing: {d} is not a bytelm tokenizer directory (or its save did not finish)")
+
+    def bad(why: str) -> UserError:
+        return UserError(f"{path} is not a valid bytelm tokenizer file ({why}); re-save or re-train the tokenizer")
+
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as e:
+        raise bad(f"not UTF-8: {e}") from None
+    except json.JSONDecodeError as e:
+        raise bad(f"truncated or corrupted JSON: {e}") from None
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT_NAME:
+        raise bad(f"the 'format' field is not {FORMAT_NAME!r}")
+    version = doc.get("version")
+    if version != FORMAT_VERSION:
+        raise bad(f"format version {version!r}; this bytelm reads version {FORMAT_VERSION}")
+    try:
+        specials = list(doc["special_tokens"])
+        added = list(doc["added_tokens"])
+        tok = Tokenizer(
+            [tuple(m) for m in doc["merges"]],
+            pattern=doc["pattern"],
+            special_tokens=[e["content"] for e in specials],
+            added_tokens=[e["content"] for e in added],
+        )
+        expected_ids = {e["content"]: e["id"] for e in specials + added}
+    except (KeyError, TypeError, ValueError) as e:
+        raise bad(f"{type(e).__name__}: {e}") from None
+    actual_ids = {**tok.special_tokens, **tok.added_tokens}
+    if actual_ids != expected_ids or tok.n_vocab != doc.get("n_vocab"):
+        raise bad("the token ids do not match the merges and token lists")
+    if tok.fingerprint != doc.get("fingerprint"):
+        raise bad(f"fingerprint mismatch: the file says {doc.get('fingerprint')}, its contents hash to {tok.fingerprint}")
+    return tok
