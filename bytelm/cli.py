@@ -245,6 +245,70 @@ def cmd_tokenizer_stats(args: argparse.Namespace) -> int:
     return 0
 
 
+# -- patch --------------------------------------------------------------------------------
+def cmd_patch(args: argparse.Namespace) -> int:
+    import os  # noqa: PLC0415
+    from pathlib import Path  # noqa: PLC0415
+
+    from flax import nnx  # noqa: PLC0415
+
+    from bytelm.patching import EntropyModel, format_patches, patch_text, read_patch_source  # noqa: PLC0415
+    from bytelm.patching.plot import plot_entropies  # noqa: PLC0415
+    from bytelm.training.trainer import restore_trainer  # noqa: PLC0415
+
+    source = read_patch_source(args.run_dir)
+    if args.file is not None:
+        try:
+            data = Path(args.file).read_bytes()
+        except OSError as e:
+            raise UserError(f"cannot read --file {args.file}: {e.strerror}; give a readable file") from None
+    else:
+        data = os.fsencode(args.text)
+    kwargs = source.patch_kwargs(threshold=args.threshold, target_len=args.target_len)
+    if not data:
+        raise UserError("the text to patch is empty; give some text (--text or --file)")
+    trainer = restore_trainer(source.entropy_run)
+    model = EntropyModel(nnx.merge(trainer.graphdef, trainer.params))
+    source.check_fingerprint(model.fingerprint)
+    result = patch_text(model, data, **kwargs)
+    print(format_patches(result.patches()))
+    if result.calibrated:
+        how = f"calibrated on this text for a target mean patch length of {result.target_len:g}"
+    elif args.threshold is not None:
+        how = "given with --threshold"
+    else:
+        how = f"from the BLT run {source.run_dir}"
+    rows = [("entropy model", f"{source.entropy_run} (fingerprint {model.fingerprint[:16]})")]
+    if result.threshold is not None:
+        rows.append(("threshold", f"{result.threshold:.6g} nats ({how})"))
+    if result.monotonic_threshold is not None:
+        rows.append(("monotonic", f"{result.monotonic_threshold:.6g} nats (from the BLT run)"))
+    if result.max_patch_len is not None:
+        rows.append(("max patch len", str(result.max_patch_len)))
+    rows.append(
+        (
+            "mean patch len",
+            f"{result.text_mean_patch_len:.3f} bytes ({len(data)} bytes in {result.n_patches} patches; "
+            f"{result.mean_patch_len:.3f} counting the BOS patch, as calibration does)",
+        )
+    )
+    if args.png:
+        plot_entropies(
+            args.png,
+            data,
+            result.entropies,
+            result.starts,
+            threshold=result.threshold,
+            monotonic_threshold=result.monotonic_threshold,
+            title=f"entropy patching, {source.entropy_run.name}",
+        )
+        rows.append(("png", args.png))
+    width = max(len(k) for k, _ in rows)
+    for key, value in rows:
+        print(f"{key:<{width}}  {value}")
+    return 0
+
+
 # -- parser -------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
@@ -278,6 +342,35 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--out", metavar="RUN_DIR", help="run directory (default: runs/<config name>)")
     _add_config_options(tr, with_config=False)
     tr.set_defaults(func=cmd_train)
+
+    pa = sub.add_parser(
+        "patch",
+        help="show the entropy patches of a text (and the BLT-paper entropy figure)",
+        description="Run an entropy model on a text and print the text with '|' between patches (bytes that "
+        "are not printable, or UTF-8 split across patches, shown escaped) and the mean patch length. RUN_DIR is "
+        "a BLT run (its entropy model and recorded patching settings are used) or an entropy-model run (family "
+        "'byte'; give --threshold or --target-len).",
+    )
+    pa.add_argument("run_dir", metavar="RUN_DIR", help="a BLT run directory, or an entropy-model (byte LM) run directory")
+    text = pa.add_mutually_exclusive_group(required=True)
+    text.add_argument("--text", metavar="TEXT", help="the text to patch")
+    text.add_argument("--file", metavar="PATH", help="patch the bytes of this file")
+    thr = pa.add_mutually_exclusive_group()
+    thr.add_argument(
+        "--threshold",
+        type=float,
+        metavar="T",
+        help="global entropy threshold in nats: a patch starts after a byte whose next-byte entropy exceeds T "
+        "(overrides a BLT run's threshold)",
+    )
+    thr.add_argument(
+        "--target-len",
+        type=float,
+        metavar="L",
+        help="calibrate the threshold on this text itself to give a mean patch length of L bytes",
+    )
+    pa.add_argument("--png", metavar="PATH", help="also draw per-byte entropy, the threshold and the boundaries to PATH")
+    pa.set_defaults(func=cmd_patch)
     tok = sub.add_parser(
         "tokenizer",
         help="train and use the byte-level BPE baseline tokenizer",

@@ -94,3 +94,65 @@ class MegaByteConfig:
         _check_transformer("model.local_", self.local_d_model, self.local_heads, self.local_layers, self.local_mlp_dim)
         if self.dtype not in _DTYPES:
             raise ValueError(f"model.dtype {self.dtype!r} is not one of {_DTYPES}")
+
+
+@register_model("blt")
+@dataclasses.dataclass(frozen=True)
+class BLTConfig:
+    """BLT (Pagnoni et al. 2024): entropy patches, a local encoder with hashed n-grams and
+    cross-attention pooling, a latent global transformer over patches, a local decoder."""
+
+    family: str = "blt"
+    entropy_run: str = ""  # run directory of the entropy model (bytelm train configs/tiny/entropy.toml)
+    target_patch_len: float = 4.0  # theta is calibrated on training data to hit this mean patch length
+    threshold: float = 0.0  # > 0: use this global entropy threshold (nats) instead of calibrating
+    monotonic_threshold: float = 0.0  # > 0: also start a patch where H_t - H_{t-1} exceeds this
+    max_patch_len: int = 16  # longer patches are split
+    max_patches: int = 0  # patches per sequence (static shape); 0 = 2 x seq_len / target_patch_len + 2
+    local_d_model: int = 128
+    encoder_layers: int = 1
+    decoder_layers: int = 2
+    local_heads: int = 2
+    local_mlp_dim: int = 352
+    local_window: int = 64  # sliding-window attention span of the local layers
+    global_d_model: int = 256
+    global_layers: int = 4
+    global_heads: int = 4
+    global_mlp_dim: int = 704
+    ngram_sizes: tuple[int, ...] = (3, 4, 5, 6, 7, 8)  # hashed n-grams ending at each byte
+    hash_table_size: int = 16384  # rows per n-gram hash table (one table per n)
+    queries_per_patch: int = 2  # k
+    cross_heads: int = 2
+    cross_attention: bool = True  # False: pooled patch states / global states enter by projection
+    rope_base: float = 10000.0
+    dtype: str = "float32"
+    vocab_multiple: int = 128
+
+    def __post_init__(self) -> None:
+        if not self.target_patch_len >= 1.0:
+            raise ValueError(f"model.target_patch_len must be >= 1 byte, got {self.target_patch_len}")
+        if self.max_patch_len < 1 or self.max_patches < 0:
+            raise ValueError(
+                f"model.max_patch_len ({self.max_patch_len}) must be >= 1 and model.max_patches ({self.max_patches}) >= 0"
+            )
+        if self.threshold < 0 or self.monotonic_threshold < 0:
+            raise ValueError("model.threshold and model.monotonic_threshold must be >= 0 (0 = off / calibrate)")
+        _check_transformer("model.local_", self.local_d_model, self.local_heads, max(self.encoder_layers, self.decoder_layers), self.local_mlp_dim)
+        _check_transformer("model.global_", self.global_d_model, self.global_heads, self.global_layers, self.global_mlp_dim)
+        if self.local_d_model % self.cross_heads or (self.local_d_model // self.cross_heads) % 2:
+            raise ValueError(f"model.local_d_model {self.local_d_model} must split into model.cross_heads {self.cross_heads} even-sized heads")
+        if any(n < 1 for n in self.ngram_sizes) or self.hash_table_size < 1 or self.queries_per_patch < 1:
+            raise ValueError(
+                f"model.ngram_sizes {self.ngram_sizes} must be >= 1, model.hash_table_size ({self.hash_table_size}) "
+                f"and model.queries_per_patch ({self.queries_per_patch}) >= 1"
+            )
+        if self.local_window < 0:
+            raise ValueError(f"model.local_window must be >= 0 (0 = full), got {self.local_window}")
+        if self.dtype not in _DTYPES:
+            raise ValueError(f"model.dtype {self.dtype!r} is not one of {_DTYPES}")
+
+    def patches_for(self, seq_len: int) -> int:
+        """Static number of patch slots for windows of ``seq_len + 1`` ids."""
+        if self.max_patches:
+            return self.max_patches
+        return int(2 * (seq_len + 1) / self.target_patch_len) + 2

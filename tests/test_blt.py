@@ -1,0 +1,146 @@
+"""BLT: causality across patches (hash n-grams and both cross-attentions included), the one-byte-
+per-patch reduction to a flat byte transformer, padding safety, jit parity."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from bytelm.config import load_config
+from bytelm.constants import BOS_ID, BYTE_OFFSET, PAD_ID
+from bytelm.errors import UserError
+from bytelm.models.blt import BLT, ngram_hashes, patch_ids_from_lengths
+from bytelm.models.byte_lm import ByteLM
+
+jax.config.update("jax_numpy_rank_promotion", "raise")
+
+
+def blt_cfg(**kw):
+    base = {
+        "model.family": "blt",
+        "model.local_d_model": 32,
+        "model.local_heads": 2,
+        "model.local_mlp_dim": 64,
+        "model.local_window": 8,
+        "model.global_d_model": 48,
+        "model.global_heads": 2,
+        "model.global_mlp_dim": 96,
+        "model.global_layers": 1,
+        "model.hash_table_size": 101,
+        "model.ngram_sizes": "3,4,5",
+    }
+    base.update({f"model.{k}": v for k, v in kw.items()})
+    return load_config(None, [f"{k}={v}" for k, v in base.items()]).model
+
+
+def random_lengths(rng, total, max_patches, max_len=6):
+    """Patch lengths covering ``total`` positions, the first patch one position (BOS) alone."""
+    lengths = [1]
+    while sum(lengths) < total:
+        lengths.append(int(min(rng.integers(1, max_len + 1), total - sum(lengths))))
+    assert len(lengths) <= max_patches
+    return lengths + [0] * (max_patches - len(lengths))
+
+
+@pytest.mark.parametrize("cross_attention", [True, False])
+def test_causality_by_gradient_across_patches(cross_attention):
+    model = BLT(blt_cfg(cross_attention=cross_attention), rngs=nnx.Rngs(0))
+    rng = np.random.default_rng(1)
+    T = 20
+    ids = rng.integers(BYTE_OFFSET, 260, size=(1, T + 1))
+    ids[0, 0] = BOS_ID
+    lengths = jnp.asarray([random_lengths(rng, T + 1, 12)])
+    inputs = jnp.asarray(ids[:, :T])
+    emb = model.embed(inputs)  # byte + hashed n-gram embeddings of every position
+    targets = ids[0, 1:]
+
+    def nll(e):
+        logp = jax.nn.log_softmax(model(inputs, lengths, embeddings_BxTxD=e))
+        return -jnp.take_along_axis(logp[0], jnp.asarray(targets)[:, None], axis=1)[:, 0]
+
+    dep = np.abs(np.asarray(jax.jit(jax.jacrev(nll))(emb))).sum(-1)[:, 0, :]  # dep[t, s]
+    for t in range(T):
+        assert np.all(dep[t, t + 1 :] == 0), f"NLL at {t} depends on later positions {np.flatnonzero(dep[t, t + 1:]) + t + 1}"
+        assert dep[t, t] > 0
+
+
+def test_ngram_hashes_look_only_backwards():
+    rng = np.random.default_rng(2)
+    ids = jnp.asarray(rng.integers(0, 260, size=(2, 30)))
+    for n in (3, 8):
+        base = np.asarray(ngram_hashes(ids, n, 1000))
+        for k in (0, 7, 29):
+            changed = np.asarray(ngram_hashes(ids.at[:, k].set((ids[:, k] + 1) % 260), n, 1000))
+            assert np.array_equal(changed[:, :k], base[:, :k]), "a hash looked at a later id"
+            assert not np.array_equal(changed[:, k : k + n], base[:, k : k + n])
+    # n-grams that differ only in their oldest id hash differently (it is part of the n-gram)
+    a = np.asarray(ngram_hashes(jnp.asarray([[10, 20, 30]]), 3, 10**6))[0, 2]
+    b = np.asarray(ngram_hashes(jnp.asarray([[11, 20, 30]]), 3, 10**6))[0, 2]
+    assert a != b
+
+
+def test_patch_ids_from_lengths():
+    lengths = jnp.asarray([[1, 3, 2, 0], [2, 2, 0, 0]])
+    np.testing.assert_array_equal(
+        np.asarray(patch_ids_from_lengths(lengths, 7)), [[0, 1, 1, 1, 2, 2, 4], [0, 0, 1, 1, 4, 4, 4]]
+    )
+
+
+def test_one_byte_per_patch_reduces_to_flat_byte_transformer():
+    """Documented reduction: cross_attention=False, one byte per patch, no encoder/decoder layers, no
+    n-grams, identity projections (k=1): logits_i = head(norm(e_i + G(e)_i)) with G the flat byte
+    transformer (the byte LM's stack + final norm) over the embeddings e. Reading G at i (not i+1 or
+    i-1) is exactly the decoder's "patch before the target's patch" alignment."""
+    d = 32
+    lm = ByteLM(load_config(None, ["model.family=byte", f"model.d_model={d}", "model.n_layers=2", "model.n_heads=2", "model.mlp_dim=64"]).model, rngs=nnx.Rngs(0))
+    cfg = blt_cfg(cross_attention=False, encoder_layers=0, decoder_layers=0, global_layers=2, global_d_model=d, local_d_model=d, global_mlp_dim=64, queries_per_patch=1, ngram_sizes="")
+    blt = BLT(cfg, rngs=nnx.Rngs(1))
+    blt.byte_embed = lm.embed
+    blt.global_stack = lm.stack
+    blt.head = lm.head
+    for name in ("to_queries", "to_global", "from_global"):
+        getattr(blt, name).set_value(jnp.eye(d))
+    T = 12
+    ids = jnp.asarray(np.random.default_rng(3).integers(BYTE_OFFSET, 260, size=(2, T))).at[:, 0].set(BOS_ID)
+    lengths = jnp.ones((2, T + 1), jnp.int32)
+    e = lm.embed(ids)
+    flat = lm.norm(lm.stack(e))
+    h = e + flat
+    h = h * jax.lax.rsqrt(jnp.mean(h * h, axis=-1, keepdims=True) + 1e-6)  # unit-scale RMSNorm
+    expected = np.asarray(h @ lm.head[...])[..., :260]
+    np.testing.assert_allclose(np.asarray(blt(ids, lengths))[..., :260], expected, rtol=2e-4, atol=2e-4)
+    # and shifting the alignment by one patch breaks the equality (the test can fail)
+    shifted = np.asarray(jnp.concatenate([flat[:, :1], flat[:, :-1]], axis=1) + e)
+    assert not np.allclose(np.asarray(blt(ids, lengths))[..., :260], (shifted / np.sqrt((shifted**2).mean(-1, keepdims=True))) @ np.asarray(lm.head[...])[:, :260], atol=1e-2)
+
+
+def test_padding_rows_and_empty_patches_are_finite():
+    model = BLT(blt_cfg(), rngs=nnx.Rngs(0))
+    ids = np.full((2, 17), PAD_ID, np.int32)
+    ids[0, :9] = np.r_[BOS_ID, np.arange(8) + 40]
+    lengths = np.zeros((2, 8), np.int32)
+    lengths[0, :4] = [1, 3, 4, 1]  # row 1: all padding, no patches at all
+    batch = {"ids": jnp.asarray(ids), "patch_lengths": jnp.asarray(lengths)}
+    s = model.score(batch)
+    assert np.isfinite(np.asarray(s.nll_BxT)).all() and float(s.mask_BxT[1].sum()) == 0
+    graphdef, state = nnx.split(model)
+    grads = jax.grad(lambda st: nnx.merge(graphdef, st).score(batch).nll_BxT.sum())(state)
+    assert all(np.isfinite(np.asarray(g)).all() for g in jax.tree.leaves(grads))
+
+
+def test_jit_and_no_jit_agree():
+    model = BLT(blt_cfg(), rngs=nnx.Rngs(0))
+    rng = np.random.default_rng(4)
+    ids = jnp.asarray(rng.integers(BYTE_OFFSET, 260, size=(2, 16))).at[:, 0].set(BOS_ID)
+    lengths = jnp.asarray([random_lengths(rng, 16, 10), random_lengths(rng, 16, 10)])
+    batch = {"ids": ids, "patch_lengths": lengths}
+    eager = model.score(batch).nll_BxT
+    g, s = nnx.split(model)
+    jitted = jax.jit(lambda s, b: nnx.merge(g, s).score(b).nll_BxT)(s, batch)
+    np.testing.assert_allclose(np.asarray(eager), np.asarray(jitted), rtol=1e-5, atol=1e-5)
+
+
+def test_bad_config():
+    with pytest.raises(UserError, match="target_patch_len must be >= 1 byte, got 0.5"):
+        blt_cfg(target_patch_len=0.5)
