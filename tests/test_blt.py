@@ -144,3 +144,67 @@ def test_jit_and_no_jit_agree():
 def test_bad_config():
     with pytest.raises(UserError, match="target_patch_len must be >= 1 byte, got 0.5"):
         blt_cfg(target_patch_len=0.5)
+
+
+# -- training task ------------------------------------------------------------------------
+from test_training import corpus_dir, metrics, tiny_overrides  # noqa: E402, F401  (module fixture)
+
+from bytelm.training.trainer import train  # noqa: E402
+
+_LM_KEYS = ("model.d_model", "model.n_layers", "model.n_heads", "model.mlp_dim", "model.window")
+
+
+@pytest.fixture(scope="module")
+def entropy_run(corpus_dir, tmp_path_factory):  # noqa: F811
+    out = tmp_path_factory.mktemp("entropy") / "run"
+    train(load_config(None, tiny_overrides(corpus_dir, **{"model.window": 16, "train.steps": 20, "eval.every": 0})), out)
+    return out
+
+
+def blt_train_cfg(corpus_dir, entropy_run, **extra):  # noqa: F811
+    over = {
+        "model.family": "blt", "model.entropy_run": str(entropy_run), "model.target_patch_len": 3.0,
+        "model.local_d_model": 32, "model.local_heads": 2, "model.local_mlp_dim": 64, "model.local_window": 16,
+        "model.global_d_model": 64, "model.global_heads": 2, "model.global_mlp_dim": 128, "model.global_layers": 1,
+        "model.hash_table_size": 512, "train.steps": 2, "eval.every": 0, **extra,
+    }
+    return load_config(None, [o for o in tiny_overrides(corpus_dir, **over) if o.split("=")[0] not in _LM_KEYS])
+
+
+def test_golden_one_step_loss_and_calibration(corpus_dir, entropy_run, tmp_path):  # noqa: F811
+    """Golden values for seed 0 on the fixed corpus and entropy run. Update only for an intended change
+    of initialisation, data order, patching or numerics (and say so in the commit message)."""
+    train(blt_train_cfg(corpus_dir, entropy_run), tmp_path / "run")
+    losses = [m["loss"] for m in metrics(tmp_path / "run")]
+    run = __import__("json").loads((tmp_path / "run" / "run.json").read_text())
+    patching = run["patching"]
+    assert abs(patching["achieved_mean_patch_len"] / 3.0 - 1) <= 0.02
+    assert run["mean_bytes_per_global_step"] == patching["achieved_mean_patch_len"]
+    assert patching["entropy_fingerprint"] == run["entropy_fingerprint"]
+    assert losses == pytest.approx(GOLDEN_BLT_LOSSES, abs=2e-3), losses
+
+
+GOLDEN_BLT_LOSSES = [6.06792, 5.71039]
+
+
+def test_missing_and_mismatched_entropy_run(corpus_dir, entropy_run, tmp_path):  # noqa: F811
+    from bytelm.data import load_corpus
+    from bytelm.training.tasks import make_task
+
+    corpus = load_corpus(f"files:{corpus_dir}")
+    with pytest.raises(UserError, match="model.entropy_run is empty"):
+        make_task(blt_train_cfg(corpus_dir, ""), corpus)
+    with pytest.raises(UserError, match="is not a finished run directory"):
+        make_task(blt_train_cfg(corpus_dir, tmp_path / "nothing"), corpus)
+    blt_run = tmp_path / "blt"
+    train(blt_train_cfg(corpus_dir, entropy_run), blt_run)
+    with pytest.raises(UserError, match="is a 'blt' run; the entropy model must be a byte LM"):
+        make_task(blt_train_cfg(corpus_dir, blt_run), corpus)
+
+
+def test_patch_overflow_is_an_error_not_a_truncation(corpus_dir, entropy_run, tmp_path):  # noqa: F811
+    from bytelm.patching import PatchOverflowError
+
+    cfg = blt_train_cfg(corpus_dir, entropy_run, **{"model.threshold": 1e-6, "model.max_patches": 8})
+    with pytest.raises(PatchOverflowError, match="max_patches"):
+        train(cfg, tmp_path / "run")

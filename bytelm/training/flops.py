@@ -85,3 +85,32 @@ def megabyte_train_flops_per_byte(mcfg, seq_len: int) -> float:
     local_fwd = stack_forward_flops_per_position(mcfg.local_d_model, mcfg.local_layers, mcfg.local_mlp_dim, P)
     head = 2.0 * mcfg.local_d_model * pad_vocab(NUM_BYTE_IDS, mcfg.vocab_multiple)
     return 3.0 * (global_fwd + projection + local_fwd + head)
+
+
+def blt_train_flops_per_byte(mcfg, seq_len: int, mean_patch_len: float) -> float:
+    """BLT: local encoder + decoder per byte, cross-attentions, global cost per patch / mean patch length.
+
+    Per byte (forward): encoder and decoder stacks ``stack_forward(d_L, layers, span)`` with
+    ``span = min(local_window, T)``; the head ``2 d_L V``; the encoder cross-attention's key/value
+    projections ``4 d_L^2`` and its scores over the patch queries, and the decoder cross-attention's
+    query/output projections ``4 d_L^2`` and scores over the ``k P`` global slots (both computed
+    densely with a mask: ``4 * d_L * (k P)`` per byte each, ``P`` = patch slots). Per patch: the
+    pooled-state projections ``2 d_L k d_L + 2 k d_L d_G``, the encoder cross-attention's
+    query/output projections ``4 k d_L^2``, the global-to-local projection ``2 d_G k d_L``, and the
+    global stack ``stack_forward(d_G, L_G, P)``; per-patch terms are divided by the mean patch length.
+    Hash n-gram embeddings are gathers (0 FLOPs). Training = 3 x forward.
+    """
+    dl, dg, k = mcfg.local_d_model, mcfg.global_d_model, mcfg.queries_per_patch
+    slots = mcfg.patches_for(seq_len)
+    span = min(mcfg.local_window, seq_len) if mcfg.local_window else seq_len
+    per_byte = (
+        stack_forward_flops_per_position(dl, mcfg.encoder_layers, mcfg.local_mlp_dim, span)
+        + stack_forward_flops_per_position(dl, mcfg.decoder_layers, mcfg.local_mlp_dim, span)
+        + 2.0 * dl * pad_vocab(NUM_BYTE_IDS, mcfg.vocab_multiple)
+    )
+    per_patch = 2.0 * dl * k * dl + 2.0 * k * dl * dg + 2.0 * dg * k * dl
+    per_patch += stack_forward_flops_per_position(dg, mcfg.global_layers, mcfg.global_mlp_dim, slots)
+    if mcfg.cross_attention:
+        per_byte += 4.0 * dl * dl + 4.0 * dl * (k * slots) + 4.0 * dl * dl + 4.0 * dl * (k * slots)
+        per_patch += 4.0 * k * dl * dl
+    return 3.0 * (per_byte + per_patch / mean_patch_len)

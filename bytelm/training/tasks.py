@@ -186,7 +186,8 @@ class TokenTask(Task):
         path = corpus.path.parent.parent / "tokens" / f"{corpus.path.name}-{self.tokenizer.fingerprint[:24]}"
         if not (path / "manifest.json").is_file():
             with atomic_directory(path) as tmp:
-                ids, counts = self.tokenizer.encode_documents(corpus.documents("train"), dtype=np.int64)
+                # one process: forking a process that already runs JAX threads risks deadlocks; cached once
+                ids, counts = self.tokenizer.encode_documents(corpus.documents("train"), dtype=np.int64, num_workers=1)
                 n_docs = len(counts)
                 stream = np.empty(len(ids) + 2 * n_docs, np.uint32)
                 starts = np.concatenate([[0], np.cumsum(counts + 2)])[:-1]
@@ -237,7 +238,82 @@ class TokenTask(Task):
         }
 
 
-_TASKS: dict[str, type[Task]] = {"byte": ByteTask, "megabyte": MegaByteTask, "bpe": TokenTask}
+class BLTTask(ByteTask):
+    """BLT: byte windows and segments as for the byte LM, plus patch lengths from the entropy model
+    (computed in the input pipeline, no gradient through it) with a calibrated threshold."""
+
+    family = "blt"
+    calibration_rows = 64
+
+    def __init__(self, cfg, corpus, run_dir=None):
+        super().__init__(cfg, corpus, run_dir)
+        from bytelm.patching import EntropyModel, EntropyPatcher  # noqa: PLC0415
+
+        m = cfg.model
+        if not m.entropy_run:
+            raise UserError("model.entropy_run is empty: train an entropy model (bytelm train configs/tiny/entropy.toml) and point to its run directory")
+        entropy_dir = Path(m.entropy_run)
+        run_json = entropy_dir / "run.json"
+        if not run_json.is_file():
+            raise UserError(f"model.entropy_run {entropy_dir} is not a finished run directory (no run.json); train the entropy model first")
+        family = json.loads(run_json.read_text()).get("family")
+        if family != "byte":
+            raise UserError(f"model.entropy_run {entropy_dir} is a {family!r} run; the entropy model must be a byte LM (family 'byte')")
+        from bytelm.training.trainer import restore_trainer  # noqa: PLC0415  (cycle: trainer imports tasks)
+
+        entropy_trainer = restore_trainer(entropy_dir)
+        self.entropy_model = EntropyModel(nnx.merge(entropy_trainer.graphdef, entropy_trainer.params), batch_size=cfg.train.batch_size)
+        self.max_patches = m.patches_for(cfg.train.seq_len)
+        mono = m.monotonic_threshold or None
+        recorded = {}
+        if run_dir is not None and (Path(run_dir) / "run.json").is_file():
+            recorded = json.loads((Path(run_dir) / "run.json").read_text()).get("patching") or {}
+        if recorded.get("threshold") is not None:  # a run keeps the threshold it was trained with
+            self.patcher = EntropyPatcher.from_settings(self.entropy_model, recorded)
+            self.achieved = recorded.get("achieved_mean_patch_len")
+        elif m.threshold > 0:
+            self.patcher = EntropyPatcher(self.entropy_model, m.threshold, mono, m.max_patch_len)
+            self.achieved = None
+        else:
+            sample = WindowBatches(
+                self.corpus.train_stream, batch_size=self.calibration_rows, window=cfg.train.seq_len + 1,
+                seed=cfg.train.seed + 7919, process_index=0, process_count=1,
+            ).batch(0)
+            self.patcher, self.achieved = EntropyPatcher.calibrated(
+                self.entropy_model, sample, m.target_patch_len, monotonic_threshold=mono, max_patch_len=m.max_patch_len
+            )
+
+    def build_model(self, rngs: nnx.Rngs) -> nnx.Module:
+        from bytelm.models.blt import BLT  # noqa: PLC0415
+
+        return BLT(self.cfg.model, rngs=rngs)
+
+    def decorate(self, batch: dict) -> dict:
+        batch["patch_lengths"] = self.patcher.lengths(batch["ids"], self.max_patches)
+        return batch
+
+    def mean_patch_len(self) -> float:
+        return self.achieved or self.cfg.model.target_patch_len
+
+    def train_flops_per_position(self) -> float:
+        return flops.blt_train_flops_per_byte(self.cfg.model, self.cfg.train.seq_len, self.mean_patch_len())
+
+    def run_info(self) -> dict:
+        return {
+            "mean_bytes_per_global_step": self.mean_patch_len(),
+            "entropy_run": str(Path(self.cfg.model.entropy_run).absolute()),
+            "entropy_fingerprint": self.entropy_model.fingerprint,
+            "patching": {
+                **self.patcher.record(),
+                "target_mean_patch_len": self.cfg.model.target_patch_len,
+                "achieved_mean_patch_len": self.achieved,
+                "calibration_rows": self.calibration_rows if self.achieved is not None else 0,
+                "max_patches": self.max_patches,
+            },
+        }
+
+
+_TASKS: dict[str, type[Task]] = {"byte": ByteTask, "megabyte": MegaByteTask, "bpe": TokenTask, "blt": BLTTask}
 
 
 def register_task(family: str, cls: type[Task]) -> None:

@@ -140,8 +140,9 @@ def check_fingerprints(run_dir: Path, task: Task) -> None:
     for key, value in task.run_info().items():
         if key.endswith("_fingerprint") and key in recorded and recorded[key] != value:
             what = key.removesuffix("_fingerprint")
+            where = task.run_info().get(what) or task.run_info().get(f"{what}_run", "?")
             raise UserError(
-                f"the {what} now at {task.run_info().get(what, '?')} has fingerprint {value[:16]}..., but the run "
+                f"the {what} model/files now at {where} have fingerprint {value[:16]}..., but the run "
                 f"{run_dir} was trained with {recorded[key][:16]}...: restore the original {what} or retrain"
             )
 
