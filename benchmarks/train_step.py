@@ -7,6 +7,10 @@ Sections (``--only`` picks some):
               (eager, ``scaled_dot_product_attention``, same threads) when torch is installed
               (``pip install -e '.[bench]'``).
 ``megabyte``  MegaByte P=4 and P=8 against a flat byte LM of similar parameter count at T=2048.
+``blt``       BLT at mean patch length 4 and 6 (threshold calibrated on stdlib windows with a freshly
+              initialised tiny entropy model: its cost, not its quality, matters here) against the
+              same flat byte LM, with the entropy model's share of the step time (patching runs in
+              the input pipeline).
 
 MFU = analytic training FLOPs of the step (``bytelm.training.flops``) / step time / matmul peak.
 Each measurement runs in its own process, one after the other, so no peer's threads linger in
@@ -67,6 +71,64 @@ def jax_step_time(model_overrides: list[str], batch: int, seq_len: int, n_steps:
     dt = _timeit(step, 2, n_steps)
     flops_per_step = task.train_flops_per_position() * batch * seq_len
     return dt, flops_per_step, trainer.param_counts["total"]
+
+
+def blt_step_time(model_overrides: list[str], entropy_overrides: list[str], batch: int, seq_len: int, n_steps: int) -> tuple:
+    """(seconds per train step, seconds of patching per batch, FLOPs per step, params, achieved mean
+    patch length) for a BLT whose patches come from a byte-LM entropy model."""
+    import jax
+    from flax import nnx
+
+    from bytelm.config import load_config
+    from bytelm.data import WindowBatches, load_corpus
+    from bytelm.models.byte_lm import ByteLM
+    from bytelm.patching import EntropyModel, EntropyPatcher
+    from bytelm.training import flops
+    from bytelm.training.tasks import ByteTask
+    from bytelm.training.trainer import Trainer
+
+    cfg = load_config(None, [*model_overrides, f"train.batch_size={batch}", f"train.seq_len={seq_len}", "train.steps=1000", "train.warmup_steps=10"])
+    ent_cfg = load_config(None, entropy_overrides).model
+    corpus = load_corpus("stdlib")
+    windows = WindowBatches(corpus.train_stream, batch_size=batch, window=seq_len + 1, seed=0, process_index=0, process_count=1)
+    entropy = EntropyModel(ByteLM(ent_cfg, rngs=nnx.Rngs(0)), batch_size=batch)
+    patcher, achieved = EntropyPatcher.calibrated(
+        entropy, WindowBatches(corpus.train_stream, batch_size=32, window=seq_len + 1, seed=1, process_index=0, process_count=1).batch(0),
+        cfg.model.target_patch_len, max_patch_len=cfg.model.max_patch_len,
+    )
+
+    class Task(ByteTask):
+        family = "blt"
+
+        def build_model(self, rngs):
+            from bytelm.models.blt import BLT
+
+            return BLT(self.cfg.model, rngs=rngs)
+
+        def train_flops_per_position(self):
+            return flops.blt_train_flops_per_byte(self.cfg.model, seq_len, achieved)
+
+    task = Task(cfg, corpus)
+    trainer = Trainer(cfg, task)
+    max_patches = cfg.model.patches_for(seq_len)
+    batches = [windows.batch(i) for i in range(n_steps + 2)]
+
+    def patch(ids):
+        return {"ids": ids, "patch_lengths": patcher.lengths(ids, max_patches)}
+
+    patch(batches[0])  # compile the entropy model
+    t0 = time.perf_counter()
+    prepared = [patch(b) for b in batches]
+    patch_s = (time.perf_counter() - t0) / len(batches)
+    device_batches = [trainer.device_batch(b) for b in prepared]
+    it = iter(device_batches)
+
+    def step():
+        trainer.params, trainer.opt_state, m = trainer._train_step(trainer.params, trainer.opt_state, next(it))
+        jax.block_until_ready(m["loss"])
+
+    dt = _timeit(step, 2, n_steps)
+    return dt, patch_s, task.train_flops_per_position() * batch * seq_len, trainer.param_counts["total"], achieved
 
 
 # -- PyTorch peer ---------------------------------------------------------------------------
@@ -170,7 +232,7 @@ def matmul_peak() -> float:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--only", default="byte,megabyte", help="comma-separated sections: byte, megabyte")
+    p.add_argument("--only", default="byte,megabyte,blt", help="comma-separated sections: byte, megabyte, blt")
     p.add_argument("--steps", type=int, default=4, help="timed steps per model (after 2 warm-up steps)")
     p.add_argument("--threads", type=int, default=os.cpu_count(), help="PyTorch intra-op threads")
     args = p.parse_args()
@@ -218,6 +280,36 @@ def main() -> None:
             result[f"megabyte_p{P}_params"] = n_mb
         result["flat_params"] = n_flat
         result["megabyte_p8_vs_flat"] = round(result["megabyte_p8_bytes_s"] / result["flat_t2048_bytes_s"], 3)
+
+    if "blt" in sections:
+        T, B = 2048, 4
+        if "flat_t2048_bytes_s" not in result:
+            flat = ["model.family=byte", "model.d_model=256", "model.n_layers=6", "model.n_heads=4", "model.mlp_dim=704"]
+            dt_flat, f_flat, n_flat = _in_subprocess("jax_step_time", model_overrides=flat, batch=B, seq_len=T, n_steps=2)
+            result.update(flat_t2048_bytes_s=round(B * T / dt_flat), flat_params=n_flat)
+        entropy = ["model.family=byte", "model.d_model=128", "model.n_layers=2", "model.n_heads=2", "model.mlp_dim=352", "model.window=64"]
+        for target in (4, 6):
+            blt = [
+                "model.family=blt", f"model.target_patch_len={target}", "model.max_patch_len=16",
+                "model.local_d_model=128", "model.encoder_layers=1", "model.decoder_layers=2", "model.local_heads=2",
+                "model.local_mlp_dim=352", "model.local_window=64", "model.global_d_model=256", "model.global_layers=6",
+                "model.global_heads=4", "model.global_mlp_dim=704", "model.hash_table_size=4096",
+            ]
+            dt, patch_s, f, n, achieved = _in_subprocess(
+                "blt_step_time", model_overrides=blt, entropy_overrides=entropy, batch=B, seq_len=T, n_steps=args.steps
+            )
+            share = patch_s / (patch_s + dt)
+            bytes_s = B * T / (dt + patch_s)
+            print(
+                f"BLT target {target} (achieved {achieved:.2f})  T={T} B={B} params={n:,}: {bytes_s:,.0f} bytes/s "
+                f"(step {dt:.2f} s + patching {patch_s:.2f} s), {f / (B * T) / 1e6:.1f} MFLOP/byte, entropy share {share:.1%}, "
+                f"{bytes_s / result['flat_t2048_bytes_s']:.2f}x flat"
+            )
+            result[f"blt_p{target}_bytes_s"] = round(bytes_s)
+            result[f"blt_p{target}_flops_per_byte"] = round(f / (B * T))
+            result[f"blt_p{target}_params"] = n
+            result[f"blt_p{target}_entropy_share"] = round(share, 4)
+        result["blt_entropy_share"] = max(result["blt_p4_entropy_share"], result["blt_p6_entropy_share"])
 
     print(json.dumps(result))
 
