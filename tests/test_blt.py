@@ -43,14 +43,28 @@ def random_lengths(rng, total, max_patches, max_len=6):
     return lengths + [0] * (max_patches - len(lengths))
 
 
+@pytest.fixture(scope="module")
+def entropy_patcher():
+    """Entropy patching with a (freshly initialised) small windowed byte LM, threshold at the median."""
+    from bytelm.patching import EntropyModel, EntropyPatcher
+
+    lm_cfg = load_config(None, ["model.family=byte", "model.d_model=16", "model.n_layers=1", "model.n_heads=2", "model.mlp_dim=32", "model.window=8"]).model
+    model = EntropyModel(ByteLM(lm_cfg, rngs=nnx.Rngs(5)))
+    return model, lambda ids, theta: EntropyPatcher(model, theta, None, 6).lengths(ids, 16)
+
+
 @pytest.mark.parametrize("cross_attention", [True, False])
-def test_causality_by_gradient_across_patches(cross_attention):
+def test_causality_by_gradient_across_patches(cross_attention, entropy_patcher):
     model = BLT(blt_cfg(cross_attention=cross_attention), rngs=nnx.Rngs(0))
     rng = np.random.default_rng(1)
     T = 20
-    ids = rng.integers(BYTE_OFFSET, 260, size=(1, T + 1))
+    ids = rng.integers(BYTE_OFFSET, 260, size=(1, T + 1))  # random text
     ids[0, 0] = BOS_ID
-    lengths = jnp.asarray([random_lengths(rng, T + 1, 12)])
+    entropy_model, lengths_of = entropy_patcher
+    theta = float(np.median(entropy_model.entropies(ids)[0, 1:]))
+    lengths = jnp.asarray(lengths_of(ids, theta))
+    n_patches = int((lengths > 0).sum())
+    assert 4 <= n_patches < T, f"entropy patching should give several multi-byte patches: {lengths}"
     inputs = jnp.asarray(ids[:, :T])
     emb = model.embed(inputs)  # byte + hashed n-gram embeddings of every position
     targets = ids[0, 1:]

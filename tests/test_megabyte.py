@@ -125,3 +125,29 @@ def test_task_rejects_indivisible_context_without_padding(tmp_path):
         "model.global_heads": 2, "model.pad_to_patch": "false"}.items())])
     with pytest.raises(UserError, match="train.seq_len 30 is not a multiple of model.patch_size 4"):
         make_task(cfg, corpus=None)
+
+
+def test_golden_one_step_loss(tmp_path):
+    """Golden values for seed 0 on a fixed generated corpus through the trainer. Update them only when
+    a change is *meant* to alter initialisation, the data order or the numerics (say so in the commit)."""
+    import json
+
+    from bytelm.training.trainer import train
+    from test_training import WORDS, tiny_overrides
+
+    from conftest import write_files
+
+    rng = np.random.default_rng(0)
+    root = write_files(tmp_path / "c", {f"d{i:02d}.txt": (" ".join(rng.choice(WORDS, size=300)) + ".\n").encode() for i in range(60)})
+    mb = {"model.family": "megabyte", "model.patch_size": 4, "model.embed_dim": 8, "model.global_d_model": 32,
+          "model.global_heads": 2, "model.global_mlp_dim": 64, "model.global_layers": 1, "model.local_d_model": 16,
+          "model.local_heads": 2, "model.local_mlp_dim": 32, "model.local_layers": 1, "train.steps": 2, "eval.every": 0}
+    lm_keys = ("model.d_model", "model.n_layers", "model.n_heads", "model.mlp_dim")
+    cfg = load_config(None, [o for o in tiny_overrides(root, **mb) if o.split("=")[0] not in lm_keys])
+    train(cfg, tmp_path / "run")
+    rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    losses = [r["loss"] for r in rows if r["kind"] == "train"]
+    assert losses == pytest.approx(GOLDEN_MEGABYTE_LOSSES, abs=2e-3), losses
+
+
+GOLDEN_MEGABYTE_LOSSES = [5.92408, 5.72763]
