@@ -290,7 +290,10 @@ def main() -> None:
         entropy = ["model.family=byte", "model.d_model=128", "model.n_layers=2", "model.n_heads=2", "model.mlp_dim=352", "model.window=64"]
         for target in (4, 6):
             blt = [
+                # 2x the expected patch count as slots (the config default, one slot per byte, never
+                # overflows but runs the global model over T+1 slots)
                 "model.family=blt", f"model.target_patch_len={target}", "model.max_patch_len=16",
+                f"model.max_patches={2 * (T + 1) // target + 2}",
                 "model.local_d_model=128", "model.encoder_layers=1", "model.decoder_layers=2", "model.local_heads=2",
                 "model.local_mlp_dim=352", "model.local_window=64", "model.global_d_model=256", "model.global_layers=6",
                 "model.global_heads=4", "model.global_mlp_dim=704", "model.hash_table_size=4096",

@@ -108,7 +108,7 @@ class BLTConfig:
     threshold: float = 0.0  # > 0: use this global entropy threshold (nats) instead of calibrating
     monotonic_threshold: float = 0.0  # > 0: also start a patch where H_t - H_{t-1} exceeds this
     max_patch_len: int = 16  # longer patches are split
-    max_patches: int = 0  # patches per sequence (static shape); 0 = 2 x seq_len / target_patch_len + 2
+    max_patches: int = 0  # patch slots per sequence (static shape); 0 = seq_len + 1 (can never overflow)
     local_d_model: int = 128
     encoder_layers: int = 1
     decoder_layers: int = 2
@@ -152,7 +152,7 @@ class BLTConfig:
             raise ValueError(f"model.dtype {self.dtype!r} is not one of {_DTYPES}")
 
     def patches_for(self, seq_len: int) -> int:
-        """Static number of patch slots for windows of ``seq_len + 1`` ids."""
-        if self.max_patches:
-            return self.max_patches
-        return int(2 * (seq_len + 1) / self.target_patch_len) + 2
+        """Static number of patch slots for windows of ``seq_len + 1`` ids. The default (one slot per
+        position) can never overflow; a smaller ``max_patches`` saves global compute, and a window
+        that needs more patches than that stops the run with a clear error (bytes are never dropped)."""
+        return self.max_patches or seq_len + 1
