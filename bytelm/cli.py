@@ -309,6 +309,75 @@ def cmd_patch(args: argparse.Namespace) -> int:
     return 0
 
 
+# -- eval / compare / export ------------------------------------------------------------------
+def _stage_bars():
+    """``progress(stage, done, total, suffix)`` for the library, one bar per stage; ``close()``."""
+    from bytelm.progress import ProgressBar  # noqa: PLC0415
+
+    current: dict = {}
+
+    def progress(stage: str, done: int, total: int | None, suffix: str = "") -> None:
+        if current.get("stage") != stage:
+            close()
+            current["stage"], current["bar"] = stage, ProgressBar(stage)
+        current["bar"].update(done, total, suffix)
+
+    def close() -> None:
+        if current.get("bar") is not None:
+            current["bar"].close()
+        current.clear()
+
+    return progress, close
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from bytelm.evaluation.evaluator import evaluate_runs  # noqa: PLC0415
+    from bytelm.evaluation.report import terminal_report  # noqa: PLC0415
+
+    progress, close = _stage_bars()
+    try:
+        report = evaluate_runs(args.run_dirs, data_spec=args.data, externals=args.external, json_path=args.json, progress=progress)
+    finally:
+        close()
+
+    print(terminal_report(report))
+    print(f"report: {args.json}")
+    return 0
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from bytelm.evaluation.compare import CompareStopped, compare  # noqa: PLC0415
+    from bytelm.evaluation.report import seconds, terminal_report  # noqa: PLC0415
+
+    progress, close = _stage_bars()
+
+    def note(message: str) -> None:
+        close()
+        print(message, file=sys.stderr, flush=True)
+
+    try:
+        result = compare(args.preset, args.out, data_spec=args.data, progress=progress, note=note)
+    except CompareStopped as e:
+        close()
+        print(f"bytelm: {e}", file=sys.stderr)
+        return 130
+    finally:
+        close()
+    print(terminal_report(result.report))
+    print(f"wall time {seconds(result.report['compare']['wall_s'])}; wrote {result.report_md}, {result.report_json}, {result.plot}")
+    return 0
+
+
+def cmd_data_export_heldout(args: argparse.Namespace) -> int:
+    from bytelm.evaluation.evaluator import EvalSet  # noqa: PLC0415
+    from bytelm.evaluation.external import export_heldout  # noqa: PLC0415
+
+    cfg = _resolve_config(args)
+    header = export_heldout(EvalSet.from_corpus(_load_corpus(cfg.data)), args.out)
+    print(f"wrote {args.out}: {header['segments']:,} segments, {header['bytes']:,} bytes, fingerprint {header['fingerprint']}")
+    return 0
+
+
 # -- parser -------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
@@ -331,6 +400,18 @@ def build_parser() -> argparse.ArgumentParser:
     _add_data_option(info)
     _add_config_options(info)
     info.set_defaults(func=cmd_data_info)
+    exp = data_sub.add_parser(
+        "export-heldout",
+        help="write the exact scored held-out segments as JSON Lines (to score outside models)",
+        description="Write the evaluation segments (id, group, length, base64 bytes), after a header line with "
+        "the fingerprint, to --out. Score them with any model and add the result to 'bytelm eval --external "
+        "NAME=SCORES.jsonl' (header {format: bytelm-scores, version: 1, fingerprint}, then one {id, nats} per "
+        "segment; see bytelm/evaluation/external.py).",
+    )
+    _add_data_option(exp)
+    _add_config_options(exp)
+    exp.add_argument("--out", required=True, metavar="FILE.jsonl", help="the JSON Lines file to write")
+    exp.set_defaults(func=cmd_data_export_heldout)
 
     tr = sub.add_parser(
         "train",
@@ -461,6 +542,39 @@ def build_parser() -> argparse.ArgumentParser:
     _add_workers_option(ts)
     ts.add_argument("--json", metavar="FILE", help="also write the numbers as JSON to FILE")
     ts.set_defaults(func=cmd_tokenizer_stats)
+    ev = sub.add_parser(
+        "eval",
+        help="score trained runs (and outside scores) on the identical held-out bytes",
+        description="Restore the latest checkpoint of each RUN_DIR (any family), score every held-out segment "
+        "from BOS, print the BPB table (with per-directory breakdown) and write the report JSON. Runs must share "
+        "one fingerprint (the same held-out bytes); a BPE run whose tokenizer changed is refused.",
+    )
+    ev.add_argument("run_dirs", nargs="*", metavar="RUN_DIR", help="run directories written by 'bytelm train' or 'bytelm compare'")
+    _add_data_option(ev)
+    ev.add_argument("--json", default="report.json", metavar="PATH", help="where to write the report JSON (default: report.json)")
+    ev.add_argument(
+        "--external",
+        action="append",
+        default=[],
+        metavar="NAME=SCORES.jsonl",
+        help="add a model scored elsewhere: per-segment nats for the segments of 'bytelm data export-heldout' "
+        "(format: bytelm/evaluation/external.py); checked against the segment ids and fingerprint (repeatable)",
+    )
+    ev.set_defaults(func=cmd_eval)
+
+    cmp_ = sub.add_parser(
+        "compare",
+        help="the main job: train every family at a matched FLOP budget and compare them in BPB",
+        description="Prepare the corpus, train the BPE tokenizer and BPE-token LM, the byte LM, MegaByte, the "
+        "entropy model and BLT with a preset's configs at a matched training-FLOP budget, score all on the same "
+        "held-out segments and write report.md, report.json and bpb.png. Re-running with the same --out skips "
+        "finished stages and resumes an interrupted training.",
+    )
+    cmp_.add_argument("--preset", default="tiny", metavar="NAME|FILE", help="a preset in configs/compare/ (tiny, test) or a preset TOML file (default: tiny)")
+    _add_data_option(cmp_)
+    cmp_.add_argument("--out", default="runs/compare", metavar="DIR", help="output directory (default: runs/compare)")
+    cmp_.set_defaults(func=cmd_compare)
+
     return parser
 
 

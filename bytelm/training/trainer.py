@@ -272,20 +272,40 @@ class Trainer:
         self.step += 1
         return metrics
 
-    def evaluate(self, segments: list[bytes]):
-        """Score ``segments`` with the current params (the evaluation protocol)."""
+    def evaluate(self, segments: list[bytes], *, on_batch: Callable[[dict, int], None] | None = None):
+        """Score ``segments`` with the current params (the evaluation protocol).
+
+        ``on_batch(batch, n_real_rows)`` sees every host-side eval batch (with its family-specific
+        arrays, e.g. BLT patch lengths) before it is scored; the evaluator counts global steps and
+        reports progress with it."""
 
         def rows(batch):
             nats, nbytes = self._score_rows(self.params, self.device_batch(batch))
             return np.asarray(jax.device_get(nats)), np.asarray(jax.device_get(nbytes))
 
+        def observed(batches):
+            for batch, n_real in batches:
+                on_batch(batch, n_real)
+                yield batch, n_real
+
         batches = self.task.eval_batches(segments, self.cfg.eval.batch_size)
+        if on_batch is not None:
+            batches = observed(batches)
         return score_segments(rows, batches, [len(s) for s in segments])
 
     def state_tree(self) -> dict:
         return {"params": self.params, "opt_state": self.opt_state}
 
     def load_state_tree(self, tree: dict) -> None:
+        # onto the live state's shardings: orbax may restore scalars (the optimizer's step count) onto a
+        # single device, which a step jitted over several devices then refuses
+        mesh_devices = set(self.mesh.devices.flat)
+        replicated = jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec())
+
+        def place(new, old):
+            return jax.device_put(new, old.sharding if set(old.sharding.device_set) == mesh_devices else replicated)
+
+        tree = jax.tree.map(place, tree, self.state_tree())
         self.params, self.opt_state = tree["params"], tree["opt_state"]
 
 

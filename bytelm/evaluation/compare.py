@@ -1,0 +1,464 @@
+"""``bytelm compare``, the main job: every family at a matched training-FLOP budget, scored on
+the identical held-out bytes, with a report (``report.md``, ``report.json``, ``bpb.png``).
+
+Stages, in order (each one's output lives under ``--out`` and a finished stage is skipped when
+the same command runs again; an interrupted training resumes from its last checkpoint):
+
+1. the corpus (split, segments, fingerprint; cached by :mod:`bytelm.data`);
+2. the BPE tokenizer of the subword baseline (``OUT/tokenizer``), trained on the train split;
+3. the entropy model of BLT (``OUT/runs/<name>``, its own small budget);
+4. each compared model (``OUT/runs/<name>``) with ``train.steps = budget / train FLOPs per step``,
+   where FLOPs per step is the family's analytic training FLOPs per position x positions per
+   step (:mod:`bytelm.training.flops`), so every family spends the same compute;
+5. evaluation of every run on every held-out segment (``OUT/evals/<name>.json``);
+6. the report.
+
+A **preset** (``configs/compare/NAME.toml``) names the budget, the model configs and overrides::
+
+    [compare]
+    flop_budget = 3e12          # training FLOPs per compared model
+    eval_points = 8             # periodic evaluations per run (the curves of bpb.png)
+    set = ["data.segment_bytes=256"]   # overrides for every model (data settings, batch...)
+
+    [tokenizer]
+    vocab_size = 4096
+    pattern = "cl100k"
+
+    [[model]]
+    name = "entropy"            # the run directory name and the report's row name
+    config = "../tiny/entropy.toml"   # relative to the preset file
+    role = "entropy"            # trained first; BLT models use it (default role: "compared")
+    flop_budget = 5e11          # optional: this model's own budget
+    set = ["model.d_model=96"]  # optional: overrides for this model
+
+The compare stage sets ``model.tokenizer`` of ``bpe`` models and ``model.entropy_run`` of ``blt``
+models itself.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+import time
+import tomllib
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from bytelm.atomic import atomic_directory, atomic_write_text
+from bytelm.errors import UserError
+from bytelm.evaluation.bpb import SegmentScores
+
+log = logging.getLogger(__name__)
+
+PRESET_DIR = Path(__file__).resolve().parents[2] / "configs" / "compare"
+ROLES = ("compared", "entropy")
+
+# progress(stage, done, total, suffix) and note(message): the CLI turns them into bars and lines
+StageProgress = Callable[[str, int, "int | None", str], None]
+Note = Callable[[str], None]
+
+
+class CompareStopped(RuntimeError):
+    """A training stage stopped before its last step (SIGINT/SIGTERM); its checkpoint is saved and
+    running the same compare again resumes it."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSpec:
+    name: str
+    config: Path
+    role: str = "compared"
+    flop_budget: float | None = None
+    overrides: tuple[str, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class Preset:
+    name: str
+    path: Path
+    flop_budget: float
+    models: tuple[ModelSpec, ...]
+    overrides: tuple[str, ...] = ()
+    eval_points: int = 8
+    vocab_size: int = 4096
+    pattern: str = "cl100k"
+
+    @property
+    def entropy_model(self) -> ModelSpec | None:
+        return next((m for m in self.models if m.role == "entropy"), None)
+
+
+def _strings(value, where: str) -> tuple[str, ...]:
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise UserError(f"{where} must be a list of 'key=value' strings, got {value!r}")
+    return tuple(value)
+
+
+def _number(value, where: str, *, positive: bool = True) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or (positive and not value > 0):
+        raise UserError(f"{where} must be a positive number, got {value!r}")
+    return float(value)
+
+
+def find_preset(name_or_path: str) -> Path:
+    """A preset file path, or the name of a file in ``configs/compare/``."""
+    p = Path(name_or_path)
+    if p.suffix == ".toml" or p.is_file():
+        if not p.is_file():
+            raise UserError(f"preset file {p} not found; give a TOML file or a name from {PRESET_DIR}")
+        return p
+    path = PRESET_DIR / f"{name_or_path}.toml"
+    if not path.is_file():
+        known = sorted(q.stem for q in PRESET_DIR.glob("*.toml")) if PRESET_DIR.is_dir() else []
+        raise UserError(f"no compare preset {name_or_path!r} (known: {', '.join(known) or 'none'}); or give a TOML file path")
+    return path
+
+
+def load_preset(name_or_path: str) -> Preset:
+    path = find_preset(name_or_path)
+    try:
+        raw = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as e:
+        raise UserError(f"cannot parse preset {path}: {e}") from None
+    unknown = set(raw) - {"compare", "tokenizer", "model"}
+    if unknown:
+        raise UserError(f"preset {path}: unknown section(s) {sorted(unknown)}; valid: compare, tokenizer, model")
+    comp, tok = raw.get("compare", {}), raw.get("tokenizer", {})
+    for table, valid, label in ((comp, {"flop_budget", "eval_points", "set"}, "compare"), (tok, {"vocab_size", "pattern"}, "tokenizer")):
+        bad = set(table) - valid
+        if bad:
+            raise UserError(f"preset {path}: unknown key(s) {sorted(bad)} in [{label}]; valid: {', '.join(sorted(valid))}")
+    if "flop_budget" not in comp:
+        raise UserError(f"preset {path}: [compare] needs flop_budget (training FLOPs per compared model)")
+    models = []
+    for i, m in enumerate(raw.get("model", [])):
+        where = f"preset {path} [[model]] #{i + 1}"
+        bad = set(m) - {"name", "config", "role", "flop_budget", "set"}
+        if bad:
+            raise UserError(f"{where}: unknown key(s) {sorted(bad)}; valid: name, config, role, flop_budget, set")
+        if not isinstance(m.get("name"), str) or not m["name"] or "/" in m["name"]:
+            raise UserError(f"{where}: name must be a non-empty string without '/', got {m.get('name')!r}")
+        if not isinstance(m.get("config"), str):
+            raise UserError(f"{where}: config must name a config file (relative to the preset), got {m.get('config')!r}")
+        role = m.get("role", "compared")
+        if role not in ROLES:
+            raise UserError(f"{where}: role must be one of {ROLES}, got {role!r}")
+        config = (path.parent / m["config"]).resolve()
+        if not config.is_file():
+            raise UserError(f"{where}: config file {config} not found")
+        budget = _number(m["flop_budget"], f"{where} flop_budget") if "flop_budget" in m else None
+        models.append(ModelSpec(m["name"], config, role, budget, _strings(m.get("set", []), f"{where} set")))
+    names = [m.name for m in models]
+    if not models or len(set(names)) != len(names):
+        raise UserError(f"preset {path}: needs [[model]] tables with distinct names, got {names}")
+    if sum(m.role == "entropy" for m in models) > 1:
+        raise UserError(f"preset {path}: at most one model may have role = 'entropy'")
+    return Preset(
+        name=path.stem,
+        path=path,
+        flop_budget=_number(comp["flop_budget"], f"preset {path} flop_budget"),
+        models=tuple(models),
+        overrides=_strings(comp.get("set", []), f"preset {path} [compare] set"),
+        eval_points=int(_number(comp.get("eval_points", 8), f"preset {path} eval_points")),
+        vocab_size=int(_number(tok.get("vocab_size", 4096), f"preset {path} vocab_size")),
+        pattern=str(tok.get("pattern", "cl100k")),
+    )
+
+
+# -- result cache (the evaluation stage's output) ----------------------------------------------
+def _result_to_json(r) -> dict:
+    d = {k: v for k, v in dataclasses.asdict(r).items() if k not in ("scores", "global_steps")}
+    d["nats"] = r.scores.nats.tolist()
+    d["nbytes"] = r.scores.nbytes.tolist()
+    d["global_steps"] = None if r.global_steps is None else r.global_steps.tolist()
+    return d
+
+
+def _result_from_json(d: dict):
+    from bytelm.evaluation.evaluator import ModelResult  # noqa: PLC0415
+
+    d = dict(d)
+    scores = SegmentScores(np.asarray(d.pop("nats"), np.float64), np.asarray(d.pop("nbytes"), np.int64))
+    gs = d.pop("global_steps")
+    return ModelResult(scores=scores, global_steps=None if gs is None else np.asarray(gs, np.float64), **d)
+
+
+# -- the job -----------------------------------------------------------------------------------
+@dataclasses.dataclass
+class CompareResult:
+    out: Path
+    report: dict
+    report_md: Path
+    report_json: Path
+    plot: Path
+
+
+class _Stages:
+    """Wall time per stage, kept in ``OUT/stages.json`` across resumed invocations."""
+
+    def __init__(self, out: Path):
+        self.path = out / "stages.json"
+        self.times: dict[str, float] = json.loads(self.path.read_text()) if self.path.is_file() else {}
+
+    def record(self, name: str, seconds: float) -> None:
+        self.times[name] = self.times.get(name, 0.0) + seconds
+        atomic_write_text(self.path, json.dumps(self.times, indent=1))
+
+
+def model_config(spec: ModelSpec, preset: Preset, *, data_spec: str | None, tokenizer_dir: Path, entropy_dir: Path | None, extra=()):
+    from bytelm.config import load_config, load_raw  # noqa: PLC0415
+
+    family = (load_raw(spec.config).get("model") or {}).get("family")
+    overrides = [*preset.overrides, *spec.overrides]
+    if data_spec:
+        overrides.append(f"data.source={data_spec}")
+    if family == "bpe":
+        overrides.append(f"model.tokenizer={tokenizer_dir.absolute()}")
+    if family == "blt":
+        if entropy_dir is None:
+            raise UserError(f"preset {preset.path}: model {spec.name!r} is a BLT model but no [[model]] has role = 'entropy'")
+        overrides.append(f"model.entropy_run={entropy_dir.absolute()}")
+    return load_config(spec.config, [*overrides, *extra])
+
+
+def derived_schedule(cfg, task, budget: float, eval_points: int) -> tuple[list[str], int, float]:
+    """Overrides giving ``budget`` training FLOPs: ``(overrides, steps, flops_per_step)``."""
+    flops_per_step = task.train_flops_per_position() * task.positions_per_step()
+    steps = max(1, int(round(budget / flops_per_step)))
+    warmup = min(cfg.train.warmup_steps, max(1, steps // 10))
+    every = max(1, math.ceil(steps / max(1, eval_points)))
+    return [f"train.steps={steps}", f"train.warmup_steps={warmup}", f"eval.every={every}"], steps, flops_per_step
+
+
+class _PlannedTask:
+    """The FLOP accounting of a run: recorded in its ``run.json`` when it started, else from its task
+    (building a BLT task restores the entropy model and calibrates, so a re-run reads the record)."""
+
+    def __init__(self, per_position: float, positions: int):
+        self.per_position, self.positions = per_position, positions
+
+    def train_flops_per_position(self) -> float:
+        return self.per_position
+
+    def positions_per_step(self) -> int:
+        return self.positions
+
+    @classmethod
+    def of(cls, cfg, corpus, run_dir: Path, make_task):
+        path = run_dir / "run.json"
+        if path.is_file():
+            info = json.loads(path.read_text())
+            if info.get("train_flops_per_position") and info.get("positions_per_step"):
+                return cls(float(info["train_flops_per_position"]), int(info["positions_per_step"]))
+        return make_task(cfg, corpus, run_dir)
+
+
+def _run_finished(run_dir: Path, steps: int) -> bool:
+    path = run_dir / "run.json"
+    if not path.is_file():
+        return False
+    info = json.loads(path.read_text())
+    return info.get("status") == "finished" and info.get("step") == steps
+
+
+def compare(
+    preset: str | Preset = "tiny",
+    out: str | Path = "compare",
+    *,
+    data_spec: str | None = None,
+    progress: StageProgress | None = None,
+    note: Note | None = None,
+) -> CompareResult:
+    """Run (or resume) the comparison described by ``preset`` into ``out``; see the module docstring."""
+    from bytelm.evaluation.evaluator import CorpusCache, EvalSet, check_same_fingerprint, evaluate_run, unigram_baselines  # noqa: PLC0415
+    from bytelm.evaluation.plots import eval_curve, plot_bpb_vs_flops  # noqa: PLC0415
+    from bytelm.evaluation.report import build_report, write_report_json  # noqa: PLC0415
+    from bytelm.training.tasks import make_task  # noqa: PLC0415
+    from bytelm.training.trainer import check_run_config, train  # noqa: PLC0415
+
+    preset = preset if isinstance(preset, Preset) else load_preset(preset)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    stages = _Stages(out)
+    say = note or (lambda msg: log.info("%s", msg))
+
+    def bar(stage):
+        return (lambda done, total=None, suffix="": progress(stage, done, total, suffix)) if progress else None
+
+    tokenizer_dir = out / "tokenizer"
+    entropy = preset.entropy_model
+    entropy_dir = out / "runs" / entropy.name if entropy else None
+    ordered = sorted(preset.models, key=lambda m: m.role != "entropy")  # the entropy model first
+
+    # 1. corpus: one [data] section for every model (checked below through the fingerprints)
+    t0 = time.perf_counter()
+    configs = {m.name: model_config(m, preset, data_spec=data_spec, tokenizer_dir=tokenizer_dir, entropy_dir=entropy_dir) for m in ordered}
+    corpora = CorpusCache(progress=bar("corpus"))
+    corpus = {name: corpora.get(cfg) for name, cfg in configs.items()}
+    check_same_fingerprint({name: c.fingerprint for name, c in corpus.items()}, corpus)
+    main_corpus = corpus[ordered[0].name]
+    eval_set = EvalSet.from_corpus(main_corpus)
+    say(f"corpus {main_corpus.spec}: {eval_set.n_bytes:,} held-out bytes in {len(eval_set.data):,} segments, fingerprint {eval_set.fingerprint[:16]}...")
+    stages.record("corpus", time.perf_counter() - t0)
+
+    # 2. tokenizer
+    if any(cfg.model.family == "bpe" for cfg in configs.values()):
+        if (tokenizer_dir / "bytelm_bpe.json").is_file():
+            say(f"tokenizer: {tokenizer_dir} exists, skipped")
+        else:
+            from bytelm.baselines.bpe import train_bpe_on_corpus  # noqa: PLC0415
+
+            t0 = time.perf_counter()
+            tok = train_bpe_on_corpus(
+                main_corpus, vocab_size=preset.vocab_size, pattern=preset.pattern, progress=bar("tokenizer (merges)")
+            )
+            with atomic_directory(tokenizer_dir) as tmp:
+                tok.save(tmp)
+            stages.record("tokenizer", time.perf_counter() - t0)
+            say(f"tokenizer: {tok.n_vocab} ids ({preset.pattern}) in {time.perf_counter() - t0:.1f}s -> {tokenizer_dir}")
+
+    # 3-4. training, the entropy model first
+    plan: dict[str, dict] = {}
+    for spec in ordered:
+        run_dir = out / "runs" / spec.name
+        cfg = configs[spec.name]
+        budget = spec.flop_budget or preset.flop_budget
+        extra, steps, per_step = derived_schedule(cfg, _PlannedTask.of(cfg, corpus[spec.name], run_dir, make_task), budget, preset.eval_points)
+        cfg = model_config(spec, preset, data_spec=data_spec, tokenizer_dir=tokenizer_dir, entropy_dir=entropy_dir, extra=extra)
+        plan[spec.name] = {
+            "family": cfg.model.family,
+            "role": spec.role,
+            "config": str(spec.config),
+            "overrides": list(spec.overrides),
+            "flop_budget": budget,
+            "flops_per_step": per_step,
+            "steps": steps,
+            "run_dir": str(run_dir),
+        }
+        check_run_config(run_dir, cfg)
+        if _run_finished(run_dir, steps):
+            say(f"train {spec.name}: finished earlier ({steps} steps), skipped")
+            continue
+        say(f"train {spec.name} ({cfg.model.family}): {steps} steps x {per_step:.3g} FLOPs = {steps * per_step:.3g} FLOPs")
+        t0 = time.perf_counter()
+        label = f"train {spec.name}"
+        result = train(cfg, run_dir, corpus=corpus[spec.name], progress=bar(label))
+        stages.record(label, time.perf_counter() - t0)
+        if result.stopped_by_signal or result.step < steps:
+            raise CompareStopped(
+                f"training {spec.name} stopped at step {result.step} of {steps} (checkpoint saved in {run_dir}); "
+                f"run the same compare again (same --out {out}) to resume"
+            )
+
+    # 5. evaluation
+    results = []
+    for spec in ordered:
+        run_dir = out / "runs" / spec.name
+        cache = out / "evals" / f"{spec.name}.json"
+        step = plan[spec.name]["steps"]
+        if cache.is_file():
+            cached = json.loads(cache.read_text())
+            if cached.get("fingerprint") == eval_set.fingerprint and cached.get("step") == step:
+                results.append(_result_from_json(cached))
+                say(f"eval {spec.name}: done earlier, BPB {results[-1].bpb:.4f}")
+                continue
+        t0 = time.perf_counter()
+        label = f"eval {spec.name}"
+        r = evaluate_run(run_dir, eval_set, name=spec.name, corpus=corpus[spec.name], progress=bar(label))
+        if spec.role == "entropy":
+            r.note = (r.note + "; " if r.note else "") + f"BLT entropy model (own budget {plan[spec.name]['flop_budget']:.3g} FLOPs)"
+        atomic_write_text(cache, json.dumps(_result_to_json(r)))
+        stages.record(label, time.perf_counter() - t0)
+        say(f"eval {spec.name}: BPB {r.bpb:.4f} in {time.perf_counter() - t0:.1f}s")
+        results.append(r)
+
+    # 6. report
+    t0 = time.perf_counter()
+    compared = [r for r in results if plan[r.name]["role"] == "compared"] + [r for r in results if plan[r.name]["role"] == "entropy"]
+    baselines = unigram_baselines(eval_set)
+    info = {
+        "preset": preset.name,
+        "preset_path": str(preset.path),
+        "flop_budget": preset.flop_budget,
+        "tokenizer": {"vocab_size": preset.vocab_size, "pattern": preset.pattern, "dir": str(tokenizer_dir)},
+        "models": plan,
+        "stages_s": dict(stages.times),
+        "wall_s": sum(stages.times.values()),
+    }
+    report = build_report(eval_set, compared, baselines, compare=info)
+    plot = out / "bpb.png"
+    plot_bpb_vs_flops(
+        plot,
+        {r.name: eval_curve(r.run_dir) for r in compared},
+        finals={r.name: (r.flops, r.bpb) for r in compared},
+        baselines={baselines[0].name: baselines[0].bpb},
+        subtitle=f"preset {preset.name}, fingerprint {eval_set.fingerprint[:16]}\nlines: periodic evals (first "
+        f"{configs[ordered[0].name].eval.eval_bytes:,} held-out bytes); stars: all {eval_set.n_bytes:,} bytes",
+    )
+    stages.record("report", time.perf_counter() - t0)
+    report["compare"]["stages_s"] = dict(stages.times)
+    report["compare"]["wall_s"] = sum(stages.times.values())
+    report_json = out / "report.json"
+    write_report_json(report, report_json)
+    report_md = out / "report.md"
+    atomic_write_text(report_md, markdown_report(report))
+    return CompareResult(out, report, report_md, report_json, plot)
+
+
+def markdown_report(report: dict) -> str:
+    """``report.md`` of a comparison: the BPB table, the reference rows, per-directory tables,
+    the schedule of every run and the stage wall times."""
+    from bytelm.evaluation.report import breakdown_table, header_lines, human, results_table, seconds, table  # noqa: PLC0415
+
+    c = report["compare"]
+    lines = [
+        f"# bytelm compare: preset `{c['preset']}`",
+        "",
+        *[f"- {h}" for h in header_lines(report)],
+        f"- matched training budget: {c['flop_budget']:.3g} FLOPs per compared model (analytic training FLOPs, "
+        "forward + backward)",
+        f"- total wall time: {seconds(c['wall_s'])}",
+        "",
+        "## Bits per byte on the identical held-out bytes",
+        "",
+        results_table(report),
+        "",
+        "Every model scores every segment on its own from BOS; BPB = total NLL in nats / (held-out bytes x ln 2). "
+        "The unigram rows are context-free references: the eval bytes' own byte entropy, and a byte "
+        "distribution fit on the train split. *bytes/global step* is measured on the eval set: 1 for the byte "
+        "LM, P for MegaByte, the mean entropy patch length for BLT (BOS patch excluded), bytes per token for BPE.",
+        "",
+        "![BPB vs training FLOPs](bpb.png)",
+        "",
+    ]
+    for key, title in (("dirs", "BPB per top-level directory"),):
+        t = breakdown_table(report, key)
+        if t:
+            lines += [f"## {title}", "", t, ""]
+            g = breakdown_table(report, key, metric="mean_bytes_per_global_step")
+            if g:
+                lines += ["Bytes per global step per top-level directory (the token tax shows here):", "", g, ""]
+    rows = [
+        [name, m["family"], m["role"], f"{m['flop_budget']:.3g}", f"{m['flops_per_step']:.3g}", str(m["steps"]), seconds(c["stages_s"].get(f"train {name}"))]
+        for name, m in c["models"].items()
+    ]
+    lines += [
+        "## Schedule",
+        "",
+        table(["run", "family", "role", "budget", "FLOPs/step", "steps", "train wall"], rows, "lllrrrr"),
+        "",
+        "## Stage wall times",
+        "",
+        table(["stage", "wall"], [[k, seconds(v)] for k, v in c["stages_s"].items()], "lr"),
+        "",
+        f"Tokenizer: {c['tokenizer']['vocab_size']} ids, pattern {c['tokenizer']['pattern']}. Training FLOPs are "
+        f"analytic (bytelm/training/flops.py); each compared model's steps = {human(c['flop_budget'])} FLOPs / FLOPs per step.",
+        "",
+    ]
+    return "\n".join(lines)

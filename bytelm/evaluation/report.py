@@ -1,0 +1,309 @@
+"""Reports: the ``report.json`` schema, its validator, and tables for terminals and Markdown.
+
+``report.json`` (written by ``bytelm eval`` and ``bytelm compare``) is one object; its schema is
+:data:`REPORT_SCHEMA` (JSON Schema, draft 2020-12 subset), checked by :func:`validate` before
+every write. In short::
+
+    {"format": "bytelm-report", "version": 1,
+     "fingerprint": "<64 hex: the scored held-out bytes>",
+     "data": {"spec", "source", "python", "eval_segments", "eval_bytes", "segment_bytes", ...},
+     "models": [ModelEntry, ...],      # trained runs and external scores, in table order
+     "baselines": [ModelEntry, ...],   # reference models (unigram byte models)
+     "compare": {...} | null}          # preset, budget and stage wall times (bytelm compare)
+
+    ModelEntry = {"name", "family", "kind": "run" | "external" | "baseline", "run_dir", "step",
+      "bpb", "nats", "bytes", "segments",
+      "params": {"total", "embedding", "non_embedding"} | null,
+      "flops": training FLOPs (analytic) | null, "train_flops_per_byte" | null,
+      "bytes_seen": training bytes | null,
+      "mean_bytes_per_global_step": eval-set bytes per position of the outermost stack | null,
+      "wall_s": training wall time | null, "fingerprint", "note",
+      "groups": {group: Breakdown}, "dirs": {top-level directory: Breakdown}}
+
+    Breakdown = {"segments", "nats", "bytes", "bpb", ["global_steps", "mean_bytes_per_global_step"]}
+
+Non-finite numbers (a diverged model's BPB) are written as ``null``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+
+from bytelm.atomic import atomic_write_text
+from bytelm.evaluation.evaluator import EvalSet, ModelResult
+
+FORMAT = "bytelm-report"
+VERSION = 1
+
+_NUM = {"type": ["number", "null"]}
+_COUNT = {"type": "integer", "minimum": 0}
+_FP = {"type": "string", "pattern": "^[0-9a-f]{64}$"}
+_BREAKDOWN = {
+    "type": "object",
+    "required": ["segments", "nats", "bytes", "bpb"],
+    "properties": {
+        "segments": _COUNT,
+        "nats": _NUM,
+        "bytes": _COUNT,
+        "bpb": _NUM,
+        "global_steps": _NUM,
+        "mean_bytes_per_global_step": _NUM,
+    },
+    "additionalProperties": False,
+}
+_PARAMS = {
+    "type": ["object", "null"],
+    "required": ["total", "embedding", "non_embedding"],
+    "properties": {"total": _COUNT, "embedding": _COUNT, "non_embedding": _COUNT},
+}
+_MODEL = {
+    "type": "object",
+    "required": [
+        "name", "family", "kind", "bpb", "nats", "bytes", "segments", "params", "flops", "bytes_seen",
+        "mean_bytes_per_global_step", "wall_s", "fingerprint", "groups", "dirs",
+    ],
+    "properties": {
+        "name": {"type": "string", "minLength": 1},
+        "family": {"type": "string", "minLength": 1},
+        "kind": {"enum": ["run", "external", "baseline"]},
+        "run_dir": {"type": ["string", "null"]},
+        "step": {"type": ["integer", "null"]},
+        "bpb": _NUM,
+        "nats": _NUM,
+        "bytes": {"type": "integer", "minimum": 1},
+        "segments": {"type": "integer", "minimum": 1},
+        "params": _PARAMS,
+        "flops": _NUM,
+        "train_flops_per_byte": _NUM,
+        "bytes_seen": _NUM,
+        "mean_bytes_per_global_step": _NUM,
+        "wall_s": _NUM,
+        "fingerprint": _FP,
+        "note": {"type": "string"},
+        "groups": {"type": "object", "additionalProperties": _BREAKDOWN},
+        "dirs": {"type": "object", "additionalProperties": _BREAKDOWN},
+    },
+    "additionalProperties": False,
+}
+REPORT_SCHEMA: dict = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "title": "bytelm report",
+    "type": "object",
+    "required": ["format", "version", "fingerprint", "data", "models", "baselines"],
+    "properties": {
+        "format": {"const": FORMAT},
+        "version": {"const": VERSION},
+        "fingerprint": _FP,
+        "data": {
+            "type": "object",
+            "required": ["spec", "python", "eval_segments", "eval_bytes", "segment_bytes", "max_eval_bytes"],
+            "properties": {
+                "spec": {"type": "string"},
+                "source": {"type": "string"},
+                "python": {"type": "string"},
+                "eval_segments": _COUNT,
+                "eval_bytes": _COUNT,
+                "segment_bytes": _COUNT,
+                "max_eval_bytes": _COUNT,
+                "heldout_documents": _COUNT,
+                "train_bytes": _COUNT,
+            },
+        },
+        "models": {"type": "array", "items": _MODEL},
+        "baselines": {"type": "array", "items": _MODEL},
+        "compare": {"type": ["object", "null"]},
+    },
+    "additionalProperties": False,
+}
+
+
+# -- validation ------------------------------------------------------------------------------
+_TYPES = {
+    "object": lambda v: isinstance(v, dict),
+    "array": lambda v: isinstance(v, list),
+    "string": lambda v: isinstance(v, str),
+    "integer": lambda v: isinstance(v, int) and not isinstance(v, bool),
+    "number": lambda v: isinstance(v, int | float) and not isinstance(v, bool),
+    "boolean": lambda v: isinstance(v, bool),
+    "null": lambda v: v is None,
+}
+
+
+def schema_errors(value, schema: dict, path: str = "$") -> list[str]:
+    """Violations of ``schema`` by ``value`` (the JSON Schema keywords used in this module:
+    type, const, enum, required, properties, additionalProperties, items, minimum, minLength,
+    pattern). An empty list means valid."""
+    import re  # noqa: PLC0415
+
+    errors: list[str] = []
+    if "type" in schema:
+        types = schema["type"] if isinstance(schema["type"], list) else [schema["type"]]
+        if not any(_TYPES[t](value) for t in types):
+            return [f"{path}: expected {' or '.join(types)}, got {type(value).__name__} {value!r:.60}"]
+    if "const" in schema and value != schema["const"]:
+        errors.append(f"{path}: expected {schema['const']!r}, got {value!r}")
+    if "enum" in schema and value not in schema["enum"]:
+        errors.append(f"{path}: {value!r} is not one of {schema['enum']}")
+    if isinstance(value, int | float) and not isinstance(value, bool) and "minimum" in schema and value < schema["minimum"]:
+        errors.append(f"{path}: {value} < minimum {schema['minimum']}")
+    if isinstance(value, str):
+        if len(value) < schema.get("minLength", 0):
+            errors.append(f"{path}: string shorter than {schema['minLength']}")
+        if "pattern" in schema and not re.search(schema["pattern"], value):
+            errors.append(f"{path}: {value!r} does not match {schema['pattern']}")
+    if isinstance(value, dict):
+        for key in schema.get("required", []):
+            if key not in value:
+                errors.append(f"{path}: missing required key {key!r}")
+        props = schema.get("properties", {})
+        extra = schema.get("additionalProperties", True)
+        for key, item in value.items():
+            if key in props:
+                errors += schema_errors(item, props[key], f"{path}.{key}")
+            elif extra is False:
+                errors.append(f"{path}: unexpected key {key!r}")
+            elif isinstance(extra, dict):
+                errors += schema_errors(item, extra, f"{path}[{key!r}]")
+    if isinstance(value, list) and "items" in schema:
+        for i, item in enumerate(value):
+            errors += schema_errors(item, schema["items"], f"{path}[{i}]")
+    return errors
+
+
+def validate(report: dict) -> None:
+    """Raise ``ValueError`` listing every way ``report`` violates :data:`REPORT_SCHEMA`."""
+    errors = schema_errors(report, REPORT_SCHEMA)
+    if errors:
+        raise ValueError("report does not match its schema: " + "; ".join(errors[:10]))
+
+
+# -- building --------------------------------------------------------------------------------
+def _finite_or_none(x):
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if isinstance(x, dict):
+        return {k: _finite_or_none(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_finite_or_none(v) for v in x]
+    return x
+
+
+def build_report(
+    eval_set: EvalSet, models: Sequence[ModelResult], baselines: Sequence[ModelResult] = (), compare: dict | None = None
+) -> dict:
+    report = {
+        "format": FORMAT,
+        "version": VERSION,
+        "fingerprint": eval_set.fingerprint,
+        "data": eval_set.describe(),
+        "models": [m.to_dict(eval_set) for m in models],
+        "baselines": [b.to_dict(eval_set) for b in baselines],
+        "compare": compare,
+    }
+    report = _finite_or_none(report)
+    validate(report)
+    return report
+
+
+def write_report_json(report: dict, path) -> None:
+    validate(report)
+    atomic_write_text(path, json.dumps(report, indent=1, allow_nan=False) + "\n")
+
+
+# -- tables ----------------------------------------------------------------------------------
+def human(x: float | None, unit: str = "") -> str:
+    """``1234567 -> '1.23M'`` (SI prefixes), ``None -> '-'``."""
+    if x is None:
+        return "-"
+    for div, p in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(x) >= div:
+            return f"{x / div:.3g}{p}{unit}"
+    return f"{x:.3g}{unit}"
+
+
+def seconds(s: float | None) -> str:
+    if s is None:
+        return "-"
+    m, sec = divmod(int(round(s)), 60)
+    return f"{m}m{sec:02d}s" if m else f"{s:.1f}s"
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[str]], align: str | None = None) -> str:
+    """A pipe table that is valid Markdown and aligned for a terminal. ``align`` is one letter
+    per column (``l``/``r``; default: first column left, the rest right)."""
+    align = align or "l" + "r" * (len(headers) - 1)
+    widths = [max(len(str(c)) for c in col) for col in zip(headers, *rows)]
+    widths = [max(w, 3) for w in widths]
+
+    def line(cells):
+        out = [str(c).ljust(w) if a == "l" else str(c).rjust(w) for c, w, a in zip(cells, widths, align)]
+        return "| " + " | ".join(out) + " |"
+
+    rule = "|" + "|".join(("-" * (w + 1) + ":") if a == "r" else (":" + "-" * (w + 1)) for w, a in zip(widths, align)) + "|"
+    return "\n".join([line(headers), rule, *(line(r) for r in rows)])
+
+
+def _bpb(x) -> str:
+    return "diverged" if x is None else f"{x:.4f}"
+
+
+def results_table(report: dict) -> str:
+    """The main table: one row per model, then the reference rows."""
+    headers = ["model", "family", "BPB", "params (emb / non-emb)", "train FLOPs", "bytes seen", "bytes/global step", "wall"]
+    rows = []
+    for m in [*report["models"], *report["baselines"]]:
+        p = m["params"]
+        params = f"{human(p['embedding'])} / {human(p['non_embedding'])}" if p else "-"
+        bpgs = m["mean_bytes_per_global_step"]
+        rows.append(
+            [
+                m["name"],
+                m["family"],
+                _bpb(m["bpb"]),
+                params,
+                human(m["flops"]),
+                human(m["bytes_seen"], "B"),
+                f"{bpgs:.2f}" if bpgs is not None else "-",
+                seconds(m["wall_s"]),
+            ]
+        )
+    return table(headers, rows, "llrrrrrr")
+
+
+def breakdown_table(report: dict, key: str = "dirs", *, metric: str = "bpb", max_rows: int = 20) -> str | None:
+    """Rows = groups (largest first), columns = models; ``metric`` is ``bpb`` or
+    ``mean_bytes_per_global_step``. None when there is a single group."""
+    models = [*report["models"], *report["baselines"][:1]]
+    if not models:
+        return None
+    first = models[0][key]
+    if len(first) < 2:
+        return None
+    names = sorted(first, key=lambda g: -first[g]["bytes"])[:max_rows]
+    rows = []
+    for g in names:
+        cells = [g, str(first[g]["bytes"])]
+        for m in models:
+            v = m[key].get(g, {}).get(metric)
+            cells.append("-" if v is None else (f"{v:.4f}" if metric == "bpb" else f"{v:.2f}"))
+        rows.append(cells)
+    return table([key[:-1] if key.endswith("s") else key, "bytes", *[m["name"] for m in models]], rows)
+
+
+def header_lines(report: dict) -> list[str]:
+    d = report["data"]
+    return [
+        f"fingerprint {report['fingerprint']}",
+        f"data {d['spec']} ({d.get('source', d['spec'])}), Python {d['python']}: {d['eval_segments']:,} segments, "
+        f"{d['eval_bytes']:,} held-out bytes (segment_bytes {d['segment_bytes']})",
+    ]
+
+
+def terminal_report(report: dict) -> str:
+    parts = [results_table(report), "", *header_lines(report)]
+    dirs = breakdown_table(report, "dirs")
+    if dirs:
+        parts += ["", "BPB per top-level directory:", dirs]
+    return "\n".join(parts)

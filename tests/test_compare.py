@@ -1,0 +1,107 @@
+"""`bytelm compare`: the micro preset end to end, matched budgets, resumption, presets."""
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from bytelm import cli
+from bytelm.errors import UserError
+from bytelm.evaluation.compare import load_preset
+from bytelm.evaluation.report import REPORT_SCHEMA, schema_errors
+
+from conftest import write_files
+
+WORDS = "the of and to in is that for it as with was on be by this are from at or an which not".split()
+
+
+@pytest.fixture(scope="module")
+def corpus_dir(tmp_path_factory):
+    rng = np.random.default_rng(0)
+    files = {}
+    for i in range(60):
+        words = rng.choice(WORDS, size=200)
+        files[f"{'en' if i % 2 else 'de'}/d{i:02d}.txt"] = (" ".join(words) + ".\n").encode()
+    return write_files(tmp_path_factory.mktemp("compare_corpus"), files)
+
+
+def test_compare_test_preset_end_to_end_and_resume(corpus_dir, tmp_path, capsys):
+    out = tmp_path / "cmp"
+    args = ["compare", "--preset", "test", "--data", f"files:{corpus_dir}", "--out", str(out)]
+    assert cli.main(args) == 0
+    printed = capsys.readouterr()
+    for name in ("report.md", "report.json", "bpb.png"):
+        assert (out / name).is_file() and (out / name).stat().st_size > 0
+    assert (out / "bpb.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    report = json.loads((out / "report.json").read_text())
+    assert schema_errors(report, REPORT_SCHEMA) == []
+    models = {m["name"]: m for m in report["models"]}
+    assert {m["family"] for m in models.values()} == {"bpe", "byte", "megabyte", "blt"}
+    assert set(models) == {"bpe", "byte", "megabyte", "blt", "entropy"}
+    preset = load_preset("test")
+    for m in models.values():
+        assert m["bpb"] is not None and math.isfinite(m["bpb"]) and 0 < m["bpb"] < 9, m
+        assert m["fingerprint"] == report["fingerprint"] and m["bytes"] == report["data"]["eval_bytes"]
+        plan = report["compare"]["models"][m["name"]]
+        budget = preset.flop_budget if m["name"] != "entropy" else 1.0e9
+        # matched budget: the run's FLOPs are the budget, up to rounding to whole steps
+        assert abs(m["flops"] - budget) <= plan["flops_per_step"] / 2 + 1e-6 * budget, (m["name"], m["flops"])
+    assert models["byte"]["mean_bytes_per_global_step"] == 1.0
+    assert models["megabyte"]["mean_bytes_per_global_step"] == 4.0
+    assert models["blt"]["mean_bytes_per_global_step"] > 1.0 and models["bpe"]["mean_bytes_per_global_step"] > 1.0
+    md = (out / "report.md").read_text()
+    assert report["fingerprint"] in md and "unigram (eval entropy)" in md and "bpb.png" in md
+    assert "| blt" in printed.out
+
+    # a second run skips every finished stage and reproduces the report's numbers
+    mtimes = {p: p.stat().st_mtime_ns for p in (out / "runs").glob("*/checkpoints/*")}
+    assert cli.main(args) == 0
+    err = capsys.readouterr().err
+    assert err.count("skipped") >= 5 and "done earlier" in err
+    assert {p: p.stat().st_mtime_ns for p in (out / "runs").glob("*/checkpoints/*")} == mtimes
+    again = json.loads((out / "report.json").read_text())
+    assert [m["bpb"] for m in again["models"]] == [m["bpb"] for m in report["models"]]
+
+
+def test_compare_resumes_an_interrupted_training(corpus_dir, tmp_path, monkeypatch):
+    """A run stopped mid-way (as by Ctrl-C) is continued from its checkpoint by the next compare."""
+    from bytelm.evaluation import compare as cmp  # noqa: PLC0415
+    from bytelm.training import trainer as trainer_mod  # noqa: PLC0415
+
+    preset = load_preset("test")
+    preset = cmp.Preset(**{**preset.__dict__, "models": tuple(m for m in preset.models if m.name == "byte")})
+    out = tmp_path / "cmp"
+    real_train = trainer_mod.train
+    calls = []
+
+    def interrupted(cfg, run_dir, **kw):
+        calls.append(cfg.train.steps)
+        return real_train(cfg, run_dir, stop_after=3 if len(calls) == 1 else None, **kw)
+
+    monkeypatch.setattr(trainer_mod, "train", interrupted)
+    with pytest.raises(cmp.CompareStopped, match="stopped at step 3"):
+        cmp.compare(preset, out, data_spec=f"files:{corpus_dir}")
+    assert not (out / "report.json").exists()
+    result = cmp.compare(preset, out, data_spec=f"files:{corpus_dir}")
+    rows = [json.loads(x) for x in (out / "runs" / "byte" / "metrics.jsonl").read_text().splitlines()]
+    steps = [r["step"] for r in rows if r["kind"] == "train"]
+    assert steps == sorted(set(steps)) and steps[-1] == calls[0]  # continued, not restarted
+    run = json.loads((out / "runs" / "byte" / "run.json").read_text())
+    assert run["status"] == "finished" and run["step"] == calls[0] > 3
+    assert math.isfinite(result.report["models"][0]["bpb"])
+
+
+def test_presets_load_and_bad_presets_fail(tmp_path):
+    tiny = load_preset("tiny")
+    assert {m.name for m in tiny.models} == {"entropy", "bpe", "byte", "megabyte", "blt"}
+    assert tiny.entropy_model.name == "entropy" and tiny.flop_budget > 0
+    with pytest.raises(UserError, match="no compare preset"):
+        load_preset("nope")
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[compare]\nflop_budget = 1e9\nbudget = 3\n')
+    with pytest.raises(UserError, match="unknown key"):
+        load_preset(str(bad))
+    bad.write_text('[compare]\nflop_budget = 1e9\n[[model]]\nname = "x"\nconfig = "missing.toml"\n')
+    with pytest.raises(UserError, match="not found"):
+        load_preset(str(bad))
