@@ -53,20 +53,12 @@ def _resolve_config(args: argparse.Namespace):
 
 
 def _load_corpus(data_cfg):
-    from bytelm.data import load_corpus  # noqa: PLC0415
+    from bytelm.data import load_corpus_from_config  # noqa: PLC0415
     from bytelm.progress import ProgressBar  # noqa: PLC0415
 
     bar = ProgressBar(f"reading {data_cfg.source}", unit=" docs")
     try:
-        return load_corpus(
-            data_cfg.source,
-            split_seed=data_cfg.split_seed,
-            heldout_fraction=data_cfg.heldout_fraction,
-            segment_bytes=data_cfg.segment_bytes,
-            max_eval_bytes=data_cfg.max_eval_bytes,
-            cache_dir=data_cfg.cache_dir or None,
-            progress=bar.update,
-        )
+        return load_corpus_from_config(data_cfg, progress=bar.update)
     finally:
         bar.close()
 

@@ -247,3 +247,28 @@ def test_cli_train_bad_config_exit_2(tmp_path, capsys):
     cfg.write_text('[model]\nfamily = "byte"\nd_modle = 3\n')
     assert cli.main(["train", str(cfg), "--out", str(tmp_path / "r")]) == 2
     assert "did you mean 'model.d_model'" in capsys.readouterr().err
+
+
+def test_resume_on_two_devices_and_finished_run_is_left_alone(corpus_dir, tmp_path):
+    code = textwrap.dedent(
+        f"""
+        import json, jax
+        from bytelm.config import load_config
+        from bytelm.training.trainer import train
+        assert jax.device_count() == 2
+        cfg = load_config(None, {tiny_overrides(corpus_dir, **{"train.steps": 4, "eval.every": 0})!r})
+        run = {str(tmp_path / "run")!r}
+        first = train(cfg, run, stop_after=2)
+        assert first.step == 2
+        done = train(cfg, run)  # restores onto the 2-device mesh and continues
+        assert done.step == 4
+        before = open(run + "/run.json").read()
+        again = train(cfg, run)
+        assert again.step == 4 and again.loss == done.loss
+        assert open(run + "/run.json").read() == before
+        print("OK")
+        """
+    )
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2", "JAX_PLATFORMS": "cpu"}
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert "OK" in r.stdout, r.stderr[-3000:]

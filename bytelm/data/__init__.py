@@ -5,7 +5,15 @@
 """
 
 from bytelm.data.batches import WindowBatches
-from bytelm.data.corpus import Corpus, Segment, default_cache_dir, fingerprint_segments, is_heldout, load_corpus
+from bytelm.data.corpus import (
+    Corpus,
+    Segment,
+    default_cache_dir,
+    fingerprint_segments,
+    is_heldout,
+    load_corpus,
+    load_corpus_from_config,
+)
 from bytelm.data.sources import Document, parse_source
 
 __all__ = [
@@ -17,5 +25,6 @@ __all__ = [
     "fingerprint_segments",
     "is_heldout",
     "load_corpus",
+    "load_corpus_from_config",
     "parse_source",
 ]

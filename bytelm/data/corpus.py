@@ -278,6 +278,20 @@ def load_corpus(
     return corpus
 
 
+def load_corpus_from_config(data_cfg, *, progress: Progress | None = None, require_split: bool = True) -> Corpus:
+    """:func:`load_corpus` with the fields of a ``[data]`` config section (``bytelm.config.DataConfig``)."""
+    return load_corpus(
+        data_cfg.source,
+        split_seed=data_cfg.split_seed,
+        heldout_fraction=data_cfg.heldout_fraction,
+        segment_bytes=data_cfg.segment_bytes,
+        max_eval_bytes=data_cfg.max_eval_bytes,
+        cache_dir=data_cfg.cache_dir or None,
+        progress=progress,
+        require_split=require_split,
+    )
+
+
 def _check_split(corpus: Corpus, spec: str, heldout_fraction: float) -> None:
     n = corpus.n_documents
     if n == 0:

@@ -33,7 +33,7 @@ from flax import nnx
 
 from bytelm.atomic import atomic_write_text
 from bytelm.config import Config, config_to_dict, load_config, save_config
-from bytelm.data import load_corpus
+from bytelm.data import load_corpus_from_config
 from bytelm.errors import UserError
 from bytelm.evaluation.bpb import LN2, score_segments
 from bytelm.training.checkpoint import Checkpointer
@@ -69,16 +69,7 @@ class TrainResult:
 
 
 def load_corpus_for(cfg: Config, progress=None):
-    d = cfg.data
-    return load_corpus(
-        d.source,
-        split_seed=d.split_seed,
-        heldout_fraction=d.heldout_fraction,
-        segment_bytes=d.segment_bytes,
-        max_eval_bytes=d.max_eval_bytes,
-        cache_dir=d.cache_dir or None,
-        progress=progress,
-    )
+    return load_corpus_from_config(cfg.data, progress=progress)
 
 
 def count_params(state: nnx.State) -> dict:
@@ -309,6 +300,16 @@ class Trainer:
         self.params, self.opt_state = tree["params"], tree["opt_state"]
 
 
+def _finished_result(run_dir: Path, cfg: Config) -> TrainResult | None:
+    path = run_dir / "run.json"
+    if not path.is_file():
+        return None
+    run = json.loads(path.read_text())
+    if run.get("status") != "finished" or run.get("step") != cfg.train.steps:
+        return None
+    return TrainResult(run_dir, run["step"], run.get("final_loss", float("nan")), run.get("final_eval_bpb"))
+
+
 def restore_trainer(run_dir: str | Path, *, corpus=None, step: int | None = None) -> Trainer:
     """Rebuild the trainer of ``run_dir`` from its config and load its latest (or ``step``) checkpoint."""
     run_dir = Path(run_dir)
@@ -356,6 +357,9 @@ def train(
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     check_run_config(run_dir, cfg)
+    finished = _finished_result(run_dir, cfg)
+    if finished is not None:  # nothing left to do: leave the run as it is
+        return finished
     save_config(cfg, run_dir)
     corpus = corpus if corpus is not None else load_corpus_for(cfg)
     task = make_task(cfg, corpus, run_dir)
