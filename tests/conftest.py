@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 
+import numpy as np
 import pytest
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -37,3 +38,18 @@ def text_dir(tmp_path):
         files[f"en/doc{i:02d}.txt"] = (f"Document {i}. The quick brown fox jumps over the lazy dog.\n" * (i + 1)).encode()
         files[f"de/doc{i:02d}.txt"] = (f"Dokument {i}: Zwölf Boxkämpfer jagen Viktor quer über den Sylter Deich.\r\n" * (i + 2)).encode()
     return write_files(tmp_path / "corpus", files)
+
+
+WORDS = "the of and to in is that for it as with was on be by this are from at or an which not".split()
+
+
+def word_corpus(root, *, n_docs: int = 60, words_per_doc: int = 300, two_dirs: bool = False):
+    """A deterministic corpus of random common English words (seed 0) under ``root``; with
+    ``two_dirs`` the documents alternate between ``de/`` and ``en/`` (groups for breakdowns)."""
+    rng = np.random.default_rng(0)
+    files = {}
+    for i in range(n_docs):
+        words = rng.choice(WORDS, size=words_per_doc)
+        name = f"{'en' if i % 2 else 'de'}/d{i:02d}.txt" if two_dirs else f"d{i:02d}.txt"
+        files[name] = (" ".join(words) + ".\n").encode()
+    return write_files(root, files)

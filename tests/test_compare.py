@@ -11,19 +11,12 @@ from bytelm.errors import UserError
 from bytelm.evaluation.compare import load_preset
 from bytelm.evaluation.report import REPORT_SCHEMA, schema_errors
 
-from conftest import write_files
-
-WORDS = "the of and to in is that for it as with was on be by this are from at or an which not".split()
+from conftest import word_corpus
 
 
 @pytest.fixture(scope="module")
 def corpus_dir(tmp_path_factory):
-    rng = np.random.default_rng(0)
-    files = {}
-    for i in range(60):
-        words = rng.choice(WORDS, size=200)
-        files[f"{'en' if i % 2 else 'de'}/d{i:02d}.txt"] = (" ".join(words) + ".\n").encode()
-    return write_files(tmp_path_factory.mktemp("compare_corpus"), files)
+    return word_corpus(tmp_path_factory.mktemp("compare_corpus"), words_per_doc=200, two_dirs=True)
 
 
 def test_compare_test_preset_end_to_end_and_resume(corpus_dir, tmp_path, capsys):

@@ -133,12 +133,11 @@ def test_golden_one_step_loss(tmp_path):
     import json
 
     from bytelm.training.trainer import train
-    from test_training import WORDS, tiny_overrides
+    from test_training import tiny_overrides
 
-    from conftest import write_files
+    from conftest import word_corpus
 
-    rng = np.random.default_rng(0)
-    root = write_files(tmp_path / "c", {f"d{i:02d}.txt": (" ".join(rng.choice(WORDS, size=300)) + ".\n").encode() for i in range(60)})
+    root = word_corpus(tmp_path / "c")
     mb = {"model.family": "megabyte", "model.patch_size": 4, "model.embed_dim": 8, "model.global_d_model": 32,
           "model.global_heads": 2, "model.global_mlp_dim": 64, "model.global_layers": 1, "model.local_d_model": 16,
           "model.local_heads": 2, "model.local_mlp_dim": 32, "model.local_layers": 1, "train.steps": 2, "eval.every": 0}

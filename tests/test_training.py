@@ -16,19 +16,12 @@ from bytelm.config import load_config
 from bytelm.errors import UserError
 from bytelm.training.trainer import TrainingDiverged, restore_trainer, train
 
-from conftest import write_files
-
-WORDS = "the of and to in is that for it as with was on be by this are from at or an which not".split()
+from conftest import WORDS, word_corpus  # noqa: F401  (WORDS: imported by other test modules)
 
 
 @pytest.fixture(scope="module")
 def corpus_dir(tmp_path_factory):
-    rng = np.random.default_rng(0)
-    files = {}
-    for i in range(60):
-        words = rng.choice(WORDS, size=300)
-        files[f"d{i:02d}.txt"] = (" ".join(words) + ".\n").encode()
-    return write_files(tmp_path_factory.mktemp("train_corpus"), files)
+    return word_corpus(tmp_path_factory.mktemp("train_corpus"))
 
 
 def tiny_overrides(corpus_dir, **extra):

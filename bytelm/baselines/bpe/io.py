@@ -59,32 +59,24 @@ def native_json(tok: Tokenizer) -> str:
     return head[:-2] + ',\n "merges": [\n' + merges + "\n ]\n}\n"
 
 
+def _hf_added_token(token_id: int, content: str, *, special: bool) -> dict:
+    """One entry of HF's ``added_tokens`` list: matched whole, never normalised or stripped."""
+    return {
+        "id": token_id,
+        "content": content,
+        "single_word": False,
+        "lstrip": False,
+        "rstrip": False,
+        "normalized": False,
+        "special": special,
+    }
+
+
 def hf_tokenizer_json(tok: Tokenizer) -> str:
     """``tokenizer.json`` text for HF ``tokenizers`` (same ids as ``tok``)."""
     vocab = {bytes_to_chars(tok.token_bytes(i)): i for i in range(tok.n_mergeable)}
-    added = [
-        {
-            "id": i,
-            "content": s,
-            "single_word": False,
-            "lstrip": False,
-            "rstrip": False,
-            "normalized": False,
-            "special": True,
-        }
-        for s, i in tok.special_tokens.items()
-    ] + [
-        {
-            "id": i,
-            "content": s,
-            "single_word": False,
-            "lstrip": False,
-            "rstrip": False,
-            "normalized": False,
-            "special": False,
-        }
-        for s, i in tok.added_tokens.items()
-    ]
+    added = [_hf_added_token(i, s, special=True) for s, i in tok.special_tokens.items()]
+    added += [_hf_added_token(i, s, special=False) for s, i in tok.added_tokens.items()]
     doc = {
         "version": "1.0",
         "truncation": None,
