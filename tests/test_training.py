@@ -16,7 +16,7 @@ from bytelm.config import load_config
 from bytelm.errors import UserError
 from bytelm.training.trainer import TrainingDiverged, restore_trainer, train
 
-from conftest import WORDS, word_corpus  # noqa: F401  (WORDS: imported by other test modules)
+from conftest import WORDS, subprocess_env, word_corpus  # noqa: F401  (WORDS: imported by other test modules)
 
 
 @pytest.fixture(scope="module")
@@ -100,12 +100,17 @@ def test_resume_after_sigkill_equals_uninterrupted(corpus_dir, tmp_path):
     overrides = tiny_overrides(corpus_dir, **{"train.steps": 16})
     config = tmp_path / "c.toml"
     config.write_text("")
-    cmd = [sys.executable, "-m", "bytelm", "train", str(config), "--out", str(tmp_path / "killed")]
-    for o in overrides:
-        cmd += ["--set", o]
-    # one device, like this process, so the two halves of the run reduce in the same order
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+    def cli_train(out):
+        cmd = [sys.executable, "-m", "bytelm", "train", str(config), "--out", str(tmp_path / out)]
+        for o in overrides:
+            cmd += ["--set", o]
+        return cmd
+
+    # Every phase runs as a fresh `bytelm train` process on one CPU device, so all steps reduce in
+    # the same order whatever this test process has already set up.
+    env = subprocess_env(1, PYTHONUNBUFFERED="1")
+    proc = subprocess.Popen(cli_train("killed"), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     metrics_file = tmp_path / "killed" / "metrics.jsonl"
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline and proc.poll() is None:
@@ -116,10 +121,10 @@ def test_resume_after_sigkill_equals_uninterrupted(corpus_dir, tmp_path):
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert max(json.loads(x)["step"] for x in metrics_file.read_text().splitlines()) < 16
-    # resume to the end in this process, then run the same config uninterrupted
-    cfg = load_config(config, overrides)
-    train(cfg, tmp_path / "killed")
-    train(cfg, tmp_path / "straight")
+    # resume to the end, then run the same config uninterrupted
+    for out in ("killed", "straight"):
+        done = subprocess.run(cli_train(out), env=env, capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr[-2000:]
     step_a, params_a = _read_final_params(tmp_path / "killed")
     step_b, params_b = _read_final_params(tmp_path / "straight")
     assert step_a == step_b == 16
@@ -158,7 +163,7 @@ def test_data_parallel_step_equals_single_device(corpus_dir, tmp_path):
         assert worst < 1e-5, worst
         """
     )
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8", "JAX_PLATFORMS": "cpu"}
+    env = subprocess_env(8)
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "max param diff" in r.stdout
@@ -211,7 +216,7 @@ def test_batch_not_divisible_by_data_axis(corpus_dir, tmp_path):
             print("ERR", e)
         """
     )
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4", "JAX_PLATFORMS": "cpu"}
+    env = subprocess_env(4)
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert "ERR" in r.stdout, r.stderr[-2000:]
     assert "micro-batch train.batch_size/train.grad_accum = 6 is not divisible by the data-parallel mesh size" in r.stdout
@@ -228,7 +233,7 @@ def test_default_cpu_mesh_fits_the_batch(corpus_dir):
         print("OK")
         """
     )
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4", "JAX_PLATFORMS": "cpu"}
+    env = subprocess_env(4)
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert "OK" in r.stdout, r.stderr[-2000:]
 
@@ -262,6 +267,6 @@ def test_resume_on_two_devices_and_finished_run_is_left_alone(corpus_dir, tmp_pa
         print("OK")
         """
     )
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2", "JAX_PLATFORMS": "cpu"}
+    env = subprocess_env(2)
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert "OK" in r.stdout, r.stderr[-3000:]

@@ -206,7 +206,14 @@ class Trainer:
         self.params = jax.jit(init_state, out_shardings=self.param_shardings)()
         self.tx = make_optimizer(cfg.train)
         self.schedule = learning_rate_schedule(cfg.train)
-        self.opt_state = jax.jit(self.tx.init)(self.params)
+        self._lr = jax.jit(self.schedule)  # one compiled call for the logged rate, not a dozen eager ops
+        # Every leaf on the mesh from the start (the step counts too, replicated): a leaf that only
+        # lands on the mesh after the first step would make the second step compile again.
+        replicated = jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec())
+        self.opt_state = jax.tree.map(
+            lambda x: x if isinstance(x.sharding, jax.sharding.NamedSharding) else jax.device_put(x, replicated),
+            jax.jit(self.tx.init)(self.params),
+        )
         self.step = 0
         self._train_step = jax.jit(self._step_fn, donate_argnums=(0, 1))
         self._score_rows = jax.jit(self._score_rows_fn)
@@ -468,7 +475,7 @@ def train(
                         "loss": loss,
                         "bpb": float(m["bpb"]),
                         "grad_norm": float(m["grad_norm"]),
-                        "lr": float(trainer.schedule(trainer.step - 1)),
+                        "lr": float(trainer._lr(trainer.step - 1)),
                         "step_s": dt,
                         "bytes_s": nbytes / dt,
                         "tokens_s": positions / dt,
