@@ -9,7 +9,7 @@ from flax import nnx
 from bytelm.config import load_config
 from bytelm.constants import BYTE_OFFSET
 from bytelm.models.byte_lm import ByteLM
-from bytelm.models.core import Attention, rotary
+from bytelm.models.core import Attention, halving_causal_attention, rotary
 from bytelm.training import flops
 
 jax.config.update("jax_numpy_rank_promotion", "raise")
@@ -56,6 +56,32 @@ def test_causal_attention_matches_numpy(attn):
     x = np.random.default_rng(0).normal(size=(2, 9, 32)).astype(np.float32)
     mask = np.broadcast_to(np.tril(np.ones((9, 9), bool)), (2, 9, 9))
     np.testing.assert_allclose(run_attention(attn, x), reference_self_attention(attn, x, mask), rtol=2e-4, atol=2e-5)
+
+
+@pytest.mark.parametrize("T, window", [(16, 0), (24, 0), (13, 0), (16, 3), (23, 6)])
+def test_long_sequence_attention_paths_match_numpy(T, window):
+    """From 2 blocks on, causal self-attention takes the halving path (no window) or the
+    query-blocked path (window): both must equal dense masked attention."""
+    attn = Attention(32, 4, rngs=nnx.Rngs(0), attention_block=4)
+    x = np.random.default_rng(T).normal(size=(2, T, 32)).astype(np.float32)
+    i, j = np.indices((T, T))
+    mask = np.broadcast_to((j <= i) & ((i - j < window) if window else True), (2, T, T))
+    np.testing.assert_allclose(
+        run_attention(attn, x, window=window), reference_self_attention(attn, x, mask), rtol=2e-4, atol=2e-5
+    )
+
+
+def test_halving_attention_gradients_equal_dense():
+    rng = np.random.default_rng(3)
+    q, k, v, w = (jnp.asarray(rng.normal(size=(2, 32, 2, 8)), jnp.float32) for _ in range(4))
+
+    def loss(f):
+        return lambda q, k, v: jnp.sum(f(q, k, v) * w)
+
+    halving = jax.grad(loss(lambda q, k, v: halving_causal_attention(q, k, v, block=4)), argnums=(0, 1, 2))(q, k, v)
+    dense = jax.grad(loss(lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=True)), argnums=(0, 1, 2))(q, k, v)
+    for a, b in zip(halving, dense):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.parametrize("window", [1, 3, 5])
