@@ -371,6 +371,15 @@ def _simple_bpe(tok: Tokenizer, piece: bytes) -> tuple[int, ...]:
     return tuple(ids)
 
 
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.one_of(st.binary(min_size=2, max_size=64), st.sampled_from([b" " * 3, b" " * 7, b"=" * 7, b"-" * 9, b"#" * 5, b"\n" * 3, b"aaaaaaa", b"0000000"])), min_size=1, max_size=40))
+def test_vectorized_bpe_equals_simple_bpe(sample_tok, pieces):
+    """The numpy merger (all new chunks at once, one merge per chunk per round) against a plain
+    per-chunk loop over the merge list, on random byte strings and repeated-pair runs."""
+    sample_tok._prepare()
+    assert sample_tok._bpe_vectorized(pieces) == [_simple_bpe(sample_tok, p) for p in pieces]
+
+
 # -- bad input ------------------------------------------------------------------------------------
 def test_bad_input_raises_clear_value_errors():
     with pytest.raises(ValueError, match=r"vocab_size 257 is below 256 byte tokens \+ 2 special"):

@@ -25,8 +25,9 @@ import hashlib
 import heapq
 import json
 import re
+from collections import defaultdict
 from collections.abc import Collection, Iterable, Sequence
-from itertools import chain, filterfalse, repeat
+from itertools import chain, count, islice, repeat
 from operator import lshift, or_
 from typing import Literal
 
@@ -39,6 +40,7 @@ from bytelm.errors import UserError
 PAIR_SHIFT = 21  # same packing as the trainer: pair key = left << PAIR_SHIFT | right
 _NO_MERGE = 1 << 62
 _LONG_CHUNK = 256  # chunks longer than this use the O(n log n) heap merger
+_VECTOR_CHUNK = 64  # new chunks up to this length are merged together by numpy (_bpe_many)
 _CACHE_LIMIT = 1 << 20  # chunk cache entries before it is cleared
 _PARALLEL_BYTES = 1 << 20  # inputs smaller than this are encoded in-process
 _BATCH_BYTES = 1 << 22
@@ -129,6 +131,7 @@ class Tokenizer:
         self.added_tokens: dict[str, int] = {}
         self._cache = _ChunkCache()
         self._whole_tokens: dict[bytes, int] | None = None  # see _prepare()
+        self._pair_arrays: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None  # see _pair_table()
         self._fingerprint: str | None = None
         self._literal_ids: dict[str, int] = dict(self.special_tokens)
         self._matcher_cache: dict[frozenset[str], re.Pattern | None] = {}
@@ -327,8 +330,10 @@ class Tokenizer:
         """BPE over the pattern's chunks (no special or added tokens), through the chunk cache."""
         chunks = self._pretok.splitter_for(text)(text)
         self._bound_cache()
-        cache = self._fill(chunks)
-        return list(chain.from_iterable(map(cache.tokens.__getitem__, map(cache.index.__getitem__, chunks))))
+        cache = self._cache
+        entries = list(map(cache.index.__getitem__, chunks))  # new chunks get new entries here
+        self._complete(cache)
+        return list(chain.from_iterable(map(cache.tokens.__getitem__, entries)))
 
     def _bound_cache(self) -> None:
         """Start a new chunk cache once it holds over ``_CACHE_LIMIT`` chunks (called between
@@ -336,19 +341,88 @@ class Tokenizer:
         if len(self._cache.index) > _CACHE_LIMIT:
             self._cache = _ChunkCache()
 
-    def _fill(self, chunks: list[str]) -> _ChunkCache:
-        """Make sure every chunk has a cache entry (BPE once per new chunk); return the cache."""
-        cache = self._cache
-        index = cache.index
-        missing = list(filterfalse(index.__contains__, chunks))
-        if not missing:
-            return cache
-        self._prepare()
-        missing = list(dict.fromkeys(missing))
-        start = len(cache.tokens)
-        index.update(zip(missing, range(start, start + len(missing))))
-        cache.tokens += map(self._bpe_chunk, missing)
-        return cache
+    def _complete(self, cache: _ChunkCache) -> None:
+        """Run BPE on the chunks that got a cache entry since the last call."""
+        n_new = len(cache.index) - len(cache.tokens)
+        if n_new:
+            self._prepare()
+            new = list(islice(reversed(cache.index), n_new))
+            new.reverse()
+            cache.tokens += self._bpe_many(new)
+
+    def _bpe_many(self, chunks: list[str]) -> list[tuple[int, ...]]:
+        """:meth:`_bpe_chunk` of many chunks. Whole tokens are looked up; the other chunks of up to
+        ``_VECTOR_CHUNK`` bytes merge together in numpy, one merge per chunk per round (each
+        round merges, in every chunk, its lowest-ranked pair, leftmost first: exactly
+        :meth:`_bpe`); longer chunks go through :meth:`_bpe`."""
+        whole = self._whole_tokens
+        out: list = [None] * len(chunks)
+        todo_at, todo = [], []
+        for i, chunk in enumerate(chunks):
+            piece = chunk.encode("utf-8", "surrogateescape")
+            t = whole.get(piece)
+            if t is not None:
+                out[i] = (t,)
+            elif len(piece) > _VECTOR_CHUNK or len(piece) < 2:
+                out[i] = self._bpe(piece)
+            else:
+                todo_at.append(i)
+                todo.append(piece)
+        if todo:
+            for i, ids in zip(todo_at, self._bpe_vectorized(todo)):
+                out[i] = ids
+        return out
+
+    def _pair_table(self) -> tuple[np.ndarray, np.ndarray]:
+        """The merges as sorted pair keys and, for each, its rank (for :meth:`_bpe_vectorized`)."""
+        if self._pair_arrays is None:
+            keys = np.fromiter(self._ranks.keys(), dtype=np.int64, count=len(self._ranks))
+            ranks = np.fromiter(self._ranks.values(), dtype=np.int64, count=len(self._ranks))
+            order = np.argsort(keys)
+            self._pair_arrays = (keys[order], ranks[order], np.asarray(self._results, dtype=np.int64))
+        return self._pair_arrays
+
+    def _bpe_vectorized(self, pieces: list[bytes]) -> list[tuple[int, ...]]:
+        keys, key_ranks, results = self._pair_table()
+        if not len(keys):
+            return [tuple(piece) for piece in pieces]
+        NO = np.int64(_NO_MERGE)
+        lens = np.fromiter(map(len, pieces), dtype=np.int64, count=len(pieces))
+        ids = np.frombuffer(b"".join(pieces), dtype=np.uint8).astype(np.int64)
+        owner = np.repeat(np.arange(len(pieces)), lens)  # chunk of each position (non-decreasing)
+        done_ids, done_owner = [], []
+        while len(ids):
+            # the rank of each adjacent pair inside a chunk (NO where none or across chunks)
+            pair = (ids[:-1] << PAIR_SHIFT) | ids[1:]
+            at = np.minimum(np.searchsorted(keys, pair), len(keys) - 1)
+            rank = np.where((keys[at] == pair) & (owner[:-1] == owner[1:]), key_ranks[at], NO)
+            rank = np.append(rank, NO)
+            starts = np.flatnonzero(np.r_[True, owner[1:] != owner[:-1]])
+            best = np.minimum.reduceat(rank, starts)
+            finished = best == NO
+            chunk_len = np.diff(np.r_[starts, len(ids)])
+            if finished.any():  # chunks with nothing left to merge leave the active set
+                fin_pos = np.repeat(finished, chunk_len)
+                done_ids.append(ids[fin_pos])
+                done_owner.append(owner[fin_pos])
+                keep = ~fin_pos
+                ids, owner, rank = ids[keep], owner[keep], rank[keep]
+                best, chunk_len = best[~finished], chunk_len[~finished]
+                if not len(ids):
+                    break
+            # the leftmost position holding its chunk's best rank
+            hits = np.flatnonzero(rank == np.repeat(best, chunk_len))
+            first = hits[np.r_[True, owner[hits[1:]] != owner[hits[:-1]]]]
+            ids[first] = results[rank[first]]
+            drop = np.ones(len(ids), dtype=bool)
+            drop[first + 1] = False
+            ids, owner = ids[drop], owner[drop]
+        all_ids = np.concatenate(done_ids) if done_ids else np.zeros(0, np.int64)
+        all_owner = np.concatenate(done_owner) if done_owner else np.zeros(0, np.int64)
+        order = np.argsort(all_owner, kind="stable")
+        bounds = np.searchsorted(all_owner[order], np.arange(len(pieces) + 1))
+        flat = all_ids[order].tolist()
+        return [tuple(flat[a:b]) for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist())]
 
     def _encode_with(self, text: str, matcher: re.Pattern | None) -> list[int]:
         if matcher is None:
@@ -492,12 +566,14 @@ class Tokenizer:
         splitter_for = self._pretok.splitter_for
         self._bound_cache()
         kinds, n_chunks = [], np.zeros(len(docs), dtype=np.int64)
+        cache = self._cache
+        entry = cache.index.__getitem__  # a new chunk gets a new entry
         for j, doc in enumerate(docs):
             text = as_text(doc)
             chunks = splitter_for(text)(text)
-            cache = self._fill(chunks)
-            kinds.append(np.fromiter(map(cache.index.__getitem__, chunks), dtype=np.int64, count=len(chunks)))
+            kinds.append(np.fromiter(map(entry, chunks), dtype=np.int64, count=len(chunks)))
             n_chunks[j] = len(chunks)
+        self._complete(cache)
         flat, starts, lens = cache.arrays()
         kind = np.concatenate(kinds)
         n_tok = lens[kind]  # tokens per chunk occurrence
@@ -559,7 +635,7 @@ class _ChunkCache:
     holds its ids; :meth:`arrays` gives the same as flat numpy arrays, for gathering."""
 
     def __init__(self) -> None:
-        self.index: dict[str, int] = {}
+        self.index: dict[str, int] = defaultdict(count().__next__)  # a new chunk: the next entry
         self.tokens: list[tuple[int, ...]] = []
         self._flat = np.zeros(0, np.int64)
         self._lens = np.zeros(0, np.int64)
