@@ -91,7 +91,8 @@ def _softmax_part(q_NxQxHxK, k_NxSxHxK, v_NxSxHxK, *, causal: bool):
     Leading dims ``N...`` are batch. Returns the normalised output ``N...xQxHxK`` and the
     log-sum-exp of the scores ``N...xQxH``, so that parts over disjoint key sets merge exactly."""
     scale = q_NxQxHxK.shape[-1] ** -0.5
-    s_NxHxQxS = jnp.einsum("...qhk,...shk->...hqs", q_NxQxHxK * scale, k_NxSxHxK)
+    f32 = jnp.float32  # the softmax and the merges in fp32 whatever the compute dtype
+    s_NxHxQxS = jnp.einsum("...qhk,...shk->...hqs", q_NxQxHxK * scale, k_NxSxHxK, preferred_element_type=f32)
     if causal:
         n = q_NxQxHxK.shape[-3]
         s_NxHxQxS = jnp.where(np.tril(np.ones((n, n), bool)), s_NxHxQxS, -jnp.inf)
@@ -99,7 +100,8 @@ def _softmax_part(q_NxQxHxK, k_NxSxHxK, v_NxSxHxK, *, causal: bool):
     m_NxHxQx1 = jax.lax.stop_gradient(jnp.max(s_NxHxQxS, axis=-1, keepdims=True))
     p_NxHxQxS = jnp.exp(s_NxHxQxS - m_NxHxQx1)
     l_NxQxH = jnp.swapaxes(jnp.sum(p_NxHxQxS, axis=-1), -1, -2)
-    out_NxQxHxK = jnp.einsum("...hqs,...shk->...qhk", p_NxHxQxS, v_NxSxHxK) / l_NxQxH[..., None]
+    pv_NxQxHxK = jnp.einsum("...hqs,...shk->...qhk", p_NxHxQxS.astype(v_NxSxHxK.dtype), v_NxSxHxK, preferred_element_type=f32)
+    out_NxQxHxK = pv_NxQxHxK / l_NxQxH[..., None]
     return out_NxQxHxK, jnp.swapaxes(m_NxHxQx1[..., 0], -1, -2) + jnp.log(l_NxQxH)
 
 
@@ -120,7 +122,7 @@ def halving_causal_attention(q_BxTxHxK, k_BxTxHxK, v_BxTxHxK, *, block: int = 12
     one masked softmax per leaf and small merges of ``T x H x K`` outputs: on XLA CPU this needs
     about 30% less work than slicing the queries into blocks (``benchmarks/RESULTS.md``).
     """
-    return _halving(q_BxTxHxK, k_BxTxHxK, v_BxTxHxK, block)[0]
+    return _halving(q_BxTxHxK, k_BxTxHxK, v_BxTxHxK, block)[0].astype(q_BxTxHxK.dtype)
 
 
 def _halving(q, k, v, block):
@@ -156,6 +158,7 @@ class Attention(nnx.Module):
         self.rope_base = rope_base
         self.dtype = dtype
         self.block = attention_block
+        self.skip_masked: bool | None = None  # skip the masked half of long causal scores; None: on CPU only
         hk = (n_heads, self.head_dim)
         self.wq = param(rngs, (d_model, *hk), ("embed", "heads", "kv"), fan_in=d_model)
         self.wk = param(rngs, (d_kv, *hk), ("embed", "heads", "kv"), fan_in=d_kv)
@@ -185,9 +188,13 @@ class Attention(nnx.Module):
             k_BxSxHxK = rotary(k_BxSxHxK, positions_BxT, self.rope_base)
         else:
             causal = False
-        if causal and mask_BxTxS is None and window <= 0 and q_BxTxHxK.shape[1] >= 2 * self.block:
+        # On CPU, long causal self-attention skips the masked half of the scores; accelerators keep
+        # jax.nn.dot_product_attention, whose fused kernels (e.g. cuDNN) skip it themselves.
+        long_causal = causal and mask_BxTxS is None and q_BxTxHxK.shape[1] >= 2 * self.block
+        long_causal = long_causal and (self.skip_masked if self.skip_masked is not None else jax.default_backend() == "cpu")
+        if long_causal and window <= 0:
             out_BxTxHxK = halving_causal_attention(q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, block=self.block)
-        elif causal and mask_BxTxS is None and q_BxTxHxK.shape[1] >= 2 * self.block:
+        elif long_causal:
             out_BxTxHxK = blocked_causal_attention(q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, window=window, block=self.block)
         else:
             out_BxTxHxK = jax.nn.dot_product_attention(
