@@ -303,15 +303,6 @@ class Tokenizer:
                     push(heap, (r2 << 32) | p)
         return tuple(x for x in ids if x >= 0)
 
-    def _bpe_chunk(self, chunk: str) -> tuple[int, ...]:
-        piece = chunk.encode("utf-8", "surrogateescape")
-        whole = self._whole_tokens
-        if whole is not None:
-            t = whole.get(piece)
-            if t is not None:
-                return (t,)
-        return self._bpe(piece)
-
     def _prepare(self) -> None:
         """One-time setup of the encoder's shortcut: a chunk whose bytes are a token that BPE
         encodes to itself is that token, without running the merges (tiktoken makes the same
@@ -351,10 +342,10 @@ class Tokenizer:
             cache.tokens += self._bpe_many(new)
 
     def _bpe_many(self, chunks: list[str]) -> list[tuple[int, ...]]:
-        """:meth:`_bpe_chunk` of many chunks. Whole tokens are looked up; the other chunks of up to
-        ``_VECTOR_CHUNK`` bytes merge together in numpy, one merge per chunk per round (each
-        round merges, in every chunk, its lowest-ranked pair, leftmost first: exactly
-        :meth:`_bpe`); longer chunks go through :meth:`_bpe`."""
+        """The token ids of many chunks (str). A chunk whose bytes are a whole token is that token;
+        the other chunks of up to ``_VECTOR_CHUNK`` bytes merge together in numpy, one merge per
+        chunk per round (each round merges, in every chunk, its lowest-ranked pair, leftmost
+        first: exactly :meth:`_bpe`); longer chunks go through :meth:`_bpe`."""
         whole = self._whole_tokens
         out: list = [None] * len(chunks)
         todo_at, todo = [], []
