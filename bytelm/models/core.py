@@ -132,12 +132,11 @@ def _halving(q, k, v, block):
     half = T // 2
     q2, k2, v2 = (x.reshape(*x.shape[:-3], 2, half, *x.shape[-2:]) for x in (q, k, v))
     out_d, lse_d = _halving(q2, k2, v2, block)  # each half over itself, causally
-    first, second = (0, slice(None), slice(None), slice(None)), (1, slice(None), slice(None), slice(None))
-    at = lambda x, i: x[(Ellipsis, *i)]  # noqa: E731
-    out_x, lse_x = _softmax_part(at(q2, second), at(k2, first), at(v2, first), causal=False)
-    out_2, lse_2 = _merge_parts(at(out_d, second), at(lse_d, second[:-1]), out_x, lse_x)
-    out = jnp.stack([at(out_d, first), out_2], axis=-4).reshape(q.shape)
-    lse = jnp.stack([at(lse_d, first[:-1]), lse_2], axis=-3).reshape(q.shape[:-1])
+    # the second half's queries over all of the first half's keys, merged into their own part
+    out_x, lse_x = _softmax_part(q2[..., 1, :, :, :], k2[..., 0, :, :, :], v2[..., 0, :, :, :], causal=False)
+    out_2, lse_2 = _merge_parts(out_d[..., 1, :, :, :], lse_d[..., 1, :, :], out_x, lse_x)
+    out = jnp.stack([out_d[..., 0, :, :, :], out_2], axis=-4).reshape(q.shape)
+    lse = jnp.stack([lse_d[..., 0, :, :], lse_2], axis=-3).reshape(q.shape[:-1])
     return out, lse
 
 
@@ -158,7 +157,6 @@ class Attention(nnx.Module):
         self.rope_base = rope_base
         self.dtype = dtype
         self.block = attention_block
-        self.skip_masked: bool | None = None  # skip the masked half of long causal scores; None: on CPU only
         hk = (n_heads, self.head_dim)
         self.wq = param(rngs, (d_model, *hk), ("embed", "heads", "kv"), fan_in=d_model)
         self.wk = param(rngs, (d_kv, *hk), ("embed", "heads", "kv"), fan_in=d_kv)
@@ -191,7 +189,7 @@ class Attention(nnx.Module):
         # On CPU, long causal self-attention skips the masked half of the scores; accelerators keep
         # jax.nn.dot_product_attention, whose fused kernels (e.g. cuDNN) skip it themselves.
         long_causal = causal and mask_BxTxS is None and q_BxTxHxK.shape[1] >= 2 * self.block
-        long_causal = long_causal and (self.skip_masked if self.skip_masked is not None else jax.default_backend() == "cpu")
+        long_causal = long_causal and jax.default_backend() == "cpu"
         if long_causal and window <= 0:
             out_BxTxHxK = halving_causal_attention(q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, block=self.block)
         elif long_causal:
