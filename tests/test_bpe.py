@@ -31,6 +31,7 @@ from bytelm.baselines.bpe import (
     tokenizer_stats,
     train_bpe,
 )
+from bytelm.baselines.bpe.asciisplit import cl100k_starts, factorize, pack_chunks, unpack_chunk
 from bytelm.baselines.bpe.bytelevel import BYTE_TO_CHAR, HF_BYTE_ORDER, bytes_to_chars, chars_to_bytes
 from bytelm.baselines.bpe.parallel import balanced_shards
 from conftest import write_files
@@ -378,6 +379,59 @@ def test_vectorized_bpe_equals_simple_bpe(sample_tok, pieces):
     per-chunk loop over the merge list, on random byte strings and repeated-pair runs."""
     sample_tok._prepare()
     assert sample_tok._bpe_vectorized(pieces) == [_simple_bpe(sample_tok, p) for p in pieces]
+
+
+# the characters whose neighbours decide cl100k's boundaries, and a few of everything else
+_ASCII_PIECES = [
+    *"'sStTrReEvVmMlLdDx01(.:_ \t\n\r\x0b\x0c\x00\x1c",
+    *["'s", "'T", "'re", "'Ve", "'m", "'ll", "'D", "'r", "'l", "ab", "1234", "((", "  ", "\r\n", " \n "],
+]
+_ASCII_CASES = st.lists(st.sampled_from(_ASCII_PIECES), max_size=25).map("".join)
+_ASCII_TEXT = st.one_of(_ASCII_CASES, st.text(alphabet=st.characters(max_codepoint=127), max_size=60))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(_ASCII_TEXT, max_size=5))
+def test_vectorized_ascii_split_equals_regex_module(texts):
+    """The numpy cl100k split of ASCII documents, concatenated, against the pattern itself
+    (the regex module) run on each document."""
+    data = "".join(texts).encode()
+    sizes = [len(t) for t in texts]
+    doc_starts = np.cumsum([0, *sizes])[:-1] if texts else np.zeros(1, np.int64)
+    starts = cl100k_starts(np.frombuffer(data, np.uint8), doc_starts)
+    got = [data[a:b].decode() for a, b in zip(starts.tolist(), [*starts[1:].tolist(), len(data)])]
+    assert got == [c for t in texts for c in PreTokenizer("cl100k", fast=False).split(t)]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.one_of(st.integers(0, 2**64 - 1), st.sampled_from([0, 1, 2**63, 2**64 - 1])), max_size=300))
+def test_factorize_equals_numpy_unique(values):
+    keys = np.array(values, np.uint64)
+    uniq, index = factorize(keys)
+    want_uniq, want_index = np.unique(keys, return_inverse=True)
+    assert uniq.tolist() == want_uniq.tolist() and index.tolist() == want_index.reshape(-1).tolist()
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.binary(min_size=1, max_size=8).map(lambda b: bytes(x & 0x7F for x in b)), min_size=1, max_size=50))
+def test_packed_chunk_keys_are_exact(chunks):
+    data = b"".join(chunks) + bytes(7)
+    lens = np.array([len(c) for c in chunks])
+    keys = pack_chunks(data, np.cumsum(lens) - lens, lens).tolist()
+    assert [unpack_chunk(k) for k in keys] == chunks
+    assert len(set(keys)) == len(set(chunks))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.one_of(_ASCII_TEXT, st.text(max_size=40), st.binary(max_size=30)), max_size=8))
+def test_encode_documents_equals_encode_ordinary(sample_tok, docs):
+    """encode_documents (ASCII documents through the numpy split and packed keys, the rest through
+    the regex) gives each document exactly what encode_ordinary gives it."""
+    ids, counts = sample_tok.encode_documents(docs, num_workers=1)
+    offsets = np.concatenate([[0], np.cumsum(counts)])
+    assert [ids[offsets[i] : offsets[i + 1]].tolist() for i in range(len(docs))] == [
+        sample_tok.encode_ordinary(d) for d in docs
+    ]
 
 
 # -- bad input ------------------------------------------------------------------------------------

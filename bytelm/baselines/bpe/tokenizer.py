@@ -33,6 +33,7 @@ from typing import Literal
 
 import numpy as np
 
+from bytelm.baselines.bpe.asciisplit import PACKED_BYTES, cl100k_starts, factorize, pack_chunks, unpack_chunk
 from bytelm.baselines.bpe.parallel import balanced_shards, resolve_workers, shard_map
 from bytelm.baselines.bpe.pretokenize import PreTokenizer, resolve_pattern
 from bytelm.errors import UserError
@@ -341,8 +342,9 @@ class Tokenizer:
             new.reverse()
             cache.tokens += self._bpe_many(new)
 
-    def _bpe_many(self, chunks: list[str]) -> list[tuple[int, ...]]:
-        """The token ids of many chunks (str). A chunk whose bytes are a whole token is that token;
+    def _bpe_many(self, chunks: list[str | bytes | int]) -> list[tuple[int, ...]]:
+        """The token ids of many chunks (cache keys: str, bytes, or :func:`.asciisplit.pack_chunks`
+        keys). A chunk whose bytes are a whole token is that token;
         the other chunks of up to ``_VECTOR_CHUNK`` bytes merge together in numpy, one merge per
         chunk per round (each round merges, in every chunk, its lowest-ranked pair, leftmost
         first: exactly :meth:`_bpe`); longer chunks go through :meth:`_bpe`."""
@@ -350,7 +352,12 @@ class Tokenizer:
         out: list = [None] * len(chunks)
         todo_at, todo = [], []
         for i, chunk in enumerate(chunks):
-            piece = chunk.encode("utf-8", "surrogateescape")
+            if type(chunk) is str:
+                piece = chunk.encode("utf-8", "surrogateescape")
+            elif type(chunk) is int:
+                piece = unpack_chunk(chunk)
+            else:
+                piece = chunk
             t = whole.get(piece)
             if t is not None:
                 out[i] = (t,)
@@ -530,7 +537,9 @@ class Tokenizer:
         number of tokens of each document (``int64``), so document ``i`` is
         ``ids[offsets[i]:offsets[i + 1]]`` with ``offsets = concatenate([[0], cumsum(counts)])``.
         Inputs of 1 MiB or more are split across ``num_workers`` processes (default: all CPUs;
-        forked on Linux, and they run no JAX code); ``num_workers=1`` stays in-process.
+        forked on Linux, and they run no JAX code); ``num_workers=1`` stays in-process. With the
+        ``cl100k`` pattern, ASCII documents are split by numpy rather than the regex
+        (:mod:`.asciisplit`, exactly the same chunks).
         """
         docs = list(documents)
         workers = resolve_workers(num_workers)
@@ -556,14 +565,26 @@ class Tokenizer:
             return np.fromiter(chain.from_iterable(parts), dtype=dtype, count=int(counts.sum())), counts
         splitter_for = self._pretok.splitter_for
         self._bound_cache()
-        kinds, n_chunks = [], np.zeros(len(docs), dtype=np.int64)
+        kinds: list = [None] * len(docs)
+        n_chunks = np.zeros(len(docs), dtype=np.int64)
         cache = self._cache
         entry = cache.index.__getitem__  # a new chunk gets a new entry
+        ascii_at, ascii_docs = [], []
+        vectorized = self._pretok.name == "cl100k"
         for j, doc in enumerate(docs):
+            if vectorized and doc.isascii():
+                ascii_at.append(j)
+                ascii_docs.append(doc.encode() if isinstance(doc, str) else doc)
+                continue
             text = as_text(doc)
             chunks = splitter_for(text)(text)
-            kinds.append(np.fromiter(map(entry, chunks), dtype=np.int64, count=len(chunks)))
+            kinds[j] = np.fromiter(map(entry, chunks), dtype=np.int64, count=len(chunks))
             n_chunks[j] = len(chunks)
+        if ascii_docs:
+            kind, counts = self._ascii_entries(ascii_docs)
+            n_chunks[ascii_at] = counts
+            for j, part in zip(ascii_at, np.split(kind, np.cumsum(counts)[:-1])):
+                kinds[j] = part
         self._complete(cache)
         flat, starts, lens = cache.arrays()
         kind = np.concatenate(kinds)
@@ -574,6 +595,30 @@ class Tokenizer:
         cum = np.concatenate([[0], ends])
         bounds = np.concatenate([[0], np.cumsum(n_chunks)])
         return ids, cum[bounds[1:]] - cum[bounds[:-1]]
+
+    def _ascii_entries(self, docs: list[bytes]) -> tuple[np.ndarray, np.ndarray]:
+        """The chunk cache entries of ASCII documents under the ``cl100k`` pattern, found with
+        numpy (:mod:`.asciisplit`): the split, and keys of chunks of up to 8 bytes, are computed
+        for all documents at once, and only the distinct keys (and longer chunks) reach the
+        cache's dict. Returns ``(entries of all chunks, number of chunks of each document)``."""
+        sizes = np.fromiter(map(len, docs), dtype=np.int64, count=len(docs))
+        doc_starts = np.cumsum(sizes) - sizes
+        data = b"".join(docs) + bytes(PACKED_BYTES - 1)  # room for the last chunk's 8-byte window
+        n = int(sizes.sum())
+        starts = cl100k_starts(np.frombuffer(data, np.uint8, count=n), doc_starts)
+        ends = np.append(starts[1:], n)
+        lens = ends - starts
+        short = lens <= PACKED_BYTES
+        uniq, index = factorize(pack_chunks(data, starts[short], lens[short]))
+        entry = self._cache.index.__getitem__
+        kind = np.empty(len(starts), np.int64)
+        kind[short] = np.fromiter(map(entry, uniq.tolist()), dtype=np.int64, count=len(uniq))[index]
+        long_at = np.flatnonzero(~short)
+        if len(long_at):
+            pieces = map(data.__getitem__, map(slice, starts[long_at].tolist(), ends[long_at].tolist()))
+            kind[long_at] = np.fromiter(map(entry, pieces), dtype=np.int64, count=len(long_at))
+        bounds = np.searchsorted(starts, np.append(doc_starts, n))
+        return kind, np.diff(bounds)
 
     # -- decoding -------------------------------------------------------------------------------
     def decode_bytes(self, ids: Iterable[int]) -> bytes:
@@ -626,7 +671,9 @@ class _ChunkCache:
     holds its ids; :meth:`arrays` gives the same as flat numpy arrays, for gathering."""
 
     def __init__(self) -> None:
-        self.index: dict[str, int] = defaultdict(count().__next__)  # a new chunk: the next entry
+        # a new chunk gets the next entry; keys are the chunk (str), or, from the ASCII fast path
+        # (Tokenizer._ascii_entries), its bytes or its pack_chunks integer
+        self.index: dict[str | bytes | int, int] = defaultdict(count().__next__)
         self.tokens: list[tuple[int, ...]] = []
         self._flat = np.zeros(0, np.int64)
         self._lens = np.zeros(0, np.int64)
