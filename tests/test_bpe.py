@@ -31,7 +31,7 @@ from bytelm.baselines.bpe import (
     tokenizer_stats,
     train_bpe,
 )
-from bytelm.baselines.bpe.asciisplit import cl100k_starts, factorize, pack_chunks, unpack_chunk
+from bytelm.baselines.bpe.asciisplit import cl100k_starts, factorize, number_chunks, pack_chunks, unpack_chunk
 from bytelm.baselines.bpe.bytelevel import BYTE_TO_CHAR, HF_BYTE_ORDER, bytes_to_chars, chars_to_bytes
 from bytelm.baselines.bpe.parallel import balanced_shards
 from conftest import write_files
@@ -343,7 +343,7 @@ def test_encode_batch_and_documents(sample_tok):
     ids, counts = sample_tok.encode_documents(docs, num_workers=2)
     assert ids.dtype == np.int32 and counts.sum() == len(ids) and len(counts) == len(docs)
     offsets = np.concatenate([[0], np.cumsum(counts)])
-    for i in (0, len(docs) // 2, len(docs) - 1):
+    for i in range(len(docs)):
         assert ids[offsets[i] : offsets[i + 1]].tolist() == sample_tok.encode_ordinary(docs[i])
     batch = sample_tok.encode_batch(docs, num_workers=2)
     assert [len(x) for x in batch] == counts.tolist()
@@ -420,6 +420,16 @@ def test_packed_chunk_keys_are_exact(chunks):
     keys = pack_chunks(data, np.cumsum(lens) - lens, lens).tolist()
     assert [unpack_chunk(k) for k in keys] == chunks
     assert len(set(keys)) == len(set(chunks))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.one_of(st.sampled_from([b"x" * 9, b"x" * 16, b"x" * 17, b"\x00" * 12]), st.binary(min_size=1, max_size=32).map(lambda b: bytes(x & 0x7F for x in b))), min_size=1, max_size=40))
+def test_numbered_chunks_are_equal_exactly_when_bytes_are(chunks):
+    data = b"".join(chunks) + bytes(32)
+    lens = np.array([len(c) for c in chunks])
+    number, example = number_chunks(data, np.cumsum(lens) - lens, lens)
+    assert all((number[i] == number[j]) == (chunks[i] == chunks[j]) for i in range(len(chunks)) for j in range(len(chunks)))
+    assert [chunks[example[k]] for k in number] == chunks
 
 
 @settings(max_examples=60, deadline=None)

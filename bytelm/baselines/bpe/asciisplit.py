@@ -146,6 +146,8 @@ def cl100k_starts(buf: np.ndarray, doc_starts: np.ndarray) -> np.ndarray:
 # -- chunk keys without Python strings ------------------------------------------------------------
 #: Chunks of up to this many bytes are keyed by one integer (:func:`pack_chunks`).
 PACKED_BYTES = 8
+#: Chunks of up to this many 8-byte words are numbered by content in numpy (:func:`number_chunks`).
+NUMBERED_WORDS = 4
 _MASK = np.array([(1 << (8 * i)) - 1 for i in range(8)] + [(1 << 64) - 1], np.uint64)
 _TAG = np.array([(0x80 | i) << 56 for i in range(8)] + [0], np.uint64)
 
@@ -165,6 +167,12 @@ def pack_chunks(data: bytes, starts: np.ndarray, lens: np.ndarray) -> np.ndarray
     return (words[starts] & _MASK[lens]) | _TAG[lens]
 
 
+def pack_bytes(chunk: bytes) -> int:
+    """The :func:`pack_chunks` key of one ASCII chunk of 1 to 8 bytes."""
+    key = int.from_bytes(chunk, "little")
+    return key if len(chunk) == PACKED_BYTES else key | ((0x80 | len(chunk)) << 56)
+
+
 def unpack_chunk(key: int) -> bytes:
     """The bytes of a :func:`pack_chunks` key."""
     if key >> 63:
@@ -175,13 +183,65 @@ def unpack_chunk(key: int) -> bytes:
 _MIX = np.uint64(0x9E3779B97F4A7C15)  # Fibonacci hashing: 2**64 / golden ratio, odd
 
 
+class IntTable:
+    """A read-only hash table from distinct ``uint64`` keys to non-negative ``int64`` values,
+    looked up for a whole array of keys at once (open addressing, linear probing, load at most
+    1/4): a few vectorized passes, where ``np.searchsorted`` takes ~log2(n) dependent steps per
+    key.
+
+    >>> table = IntTable(np.array([5, 0, 9], np.uint64), np.array([50, 0, 90]))
+    >>> table.get(np.array([9, 4, 0, 5], np.uint64), default=-1)
+    array([90, -1,  0, 50])
+    """
+
+    def __init__(self, keys: np.ndarray, values: np.ndarray) -> None:
+        if len(values) and values.min() < 0:
+            raise ValueError("IntTable values must be non-negative")
+        bits = max(4, (4 * len(keys)).bit_length())
+        self._wrap = (1 << bits) - 1
+        self._shift = np.uint64(64 - bits)
+        self._keys = np.zeros(self._wrap + 1, np.uint64)
+        self._values = np.full(self._wrap + 1, -1, np.int64)  # -1: an empty slot
+        slot = self._slot(keys)
+        pos = np.arange(len(keys))
+        owner = np.full(self._wrap + 1, -1, np.int64)
+        while len(pos):  # each pending key claims its slot if free; one claimant wins per slot
+            free = self._values[slot] < 0
+            claim_slot, claim_pos = slot[free], pos[free]
+            owner[claim_slot] = claim_pos
+            won = owner[claim_slot] == claim_pos
+            self._keys[claim_slot[won]] = keys[claim_pos[won]]
+            self._values[claim_slot[won]] = values[claim_pos[won]]
+            pos = np.concatenate([pos[~free], claim_pos[~won]])
+            slot = (np.concatenate([slot[~free], claim_slot[~won]]) + 1) & self._wrap
+
+    def _slot(self, keys: np.ndarray) -> np.ndarray:
+        return ((keys * _MIX) >> self._shift).astype(np.int64)
+
+    def get(self, keys: np.ndarray, default: int) -> np.ndarray:
+        """The value of each key, ``default`` for keys not in the table."""
+        slot = self._slot(keys)
+        value = self._values[slot]
+        hit = self._keys[slot] == keys
+        hit &= value >= 0
+        out = np.where(hit, value, default)
+        todo = np.flatnonzero((value >= 0) & ~hit)  # a different key holds the slot: probe on
+        while len(todo):
+            slot_t = (slot[todo] + 1) & self._wrap
+            slot[todo] = slot_t
+            value = self._values[slot_t]
+            hit = (self._keys[slot_t] == keys[todo]) & (value >= 0)
+            out[todo[hit]] = value[hit]
+            todo = todo[(value >= 0) & ~hit]
+        return out
+
+
 def factorize(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """``(uniq, index)``: the sorted distinct ``uint64`` keys and, for each key, its position in
     ``uniq`` (``uniq[index] == keys``), like ``np.unique(keys, return_inverse=True)``.
 
     Sorting is fast, but numpy's argsort (which ``return_inverse`` needs) is several times
-    slower than a sort, so the positions come from an open-addressing hash table of ``uniq``
-    (load at most 1/4, linear probing), looked up for all keys at once.
+    slower than a sort, so the positions come from an :class:`IntTable` of ``uniq``.
 
     >>> factorize(np.array([7, 3, 7, 0], np.uint64))
     (array([0, 3, 7], dtype=uint64), array([2, 1, 2, 0]))
@@ -190,28 +250,34 @@ def factorize(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         return keys[:0].copy(), np.zeros(0, np.int64)
     srt = np.sort(keys)
     uniq = srt[np.r_[True, srt[1:] != srt[:-1]]]
-    bits = max(4, (4 * len(uniq)).bit_length())
-    wrap = (1 << bits) - 1
-    shift = np.uint64(64 - bits)
-    table_key = np.zeros(wrap + 1, np.uint64)
-    table_pos = np.full(wrap + 1, -1, np.int64)  # -1: empty slot
-    slot = ((uniq * _MIX) >> shift).astype(np.int64)
-    pos = np.arange(len(uniq))
-    while len(pos):  # insert: each pending key claims its slot if free; one claimant wins per slot
-        free = table_pos[slot] < 0
-        claim_slot, claim_pos = slot[free], pos[free]
-        table_pos[claim_slot] = claim_pos
-        won = table_pos[claim_slot] == claim_pos
-        table_key[claim_slot[won]] = uniq[claim_pos[won]]
-        pos = np.concatenate([pos[~free], claim_pos[~won]])
-        slot = (np.concatenate([slot[~free], claim_slot[~won]]) + 1) & wrap
-    slot = ((keys * _MIX) >> shift).astype(np.int64)
-    index = table_pos[slot]
-    todo = np.flatnonzero((table_key[slot] != keys) | (index < 0))
-    while len(todo):  # probe on for the keys not in their first slot (every key is present)
-        slot_t = (slot[todo] + 1) & wrap
-        slot[todo] = slot_t
-        index[todo] = table_pos[slot_t]
-        miss = (table_key[slot_t] != keys[todo]) | (index[todo] < 0)
-        todo = todo[miss]
-    return uniq, index
+    return uniq, IntTable(uniq, np.arange(len(uniq))).get(keys, default=-1)
+
+
+def number_chunks(data: bytes, starts: np.ndarray, lens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Number ASCII chunks ``data[start:start + len]`` (``1 <= len <= 8 * NUMBERED_WORDS``) by
+    content: ``(number, example)``, where ``number[i] == number[j]`` exactly when chunks ``i``
+    and ``j`` are equal, and chunk ``example[k]`` is one with number ``k``.
+
+    Each 8-byte word of the chunks (:func:`pack_chunks`, an absent word keyed as empty) is
+    numbered with :func:`factorize`, and the numbers are combined word by word, renumbering
+    after each word so that they stay small. ``data`` must extend ``8 * NUMBERED_WORDS - 1``
+    bytes past the last chunk.
+
+    >>> data = b" interpreter interpreter interpreted" + bytes(31)
+    >>> number, example = number_chunks(data, np.array([0, 12, 24]), np.array([12, 12, 12]))
+    >>> bool(number[0] == number[1] != number[2]), len(example)
+    (True, 2)
+    """
+    if not len(lens):
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    words = -(-int(lens.max()) // PACKED_BYTES)
+    if words > NUMBERED_WORDS:
+        raise ValueError(f"chunks longer than {PACKED_BYTES * NUMBERED_WORDS} bytes cannot be numbered")
+    _, number = factorize(pack_chunks(data, starts, np.minimum(lens, PACKED_BYTES)))
+    for j in range(1, words):
+        part = np.clip(lens - PACKED_BYTES * j, 0, PACKED_BYTES)
+        _, word = factorize(pack_chunks(data, starts + PACKED_BYTES * j, part))
+        _, number = factorize((number * (int(word.max()) + 1) + word).astype(np.uint64))
+    example = np.empty(int(number.max()) + 1, np.int64)
+    example[number] = np.arange(len(number))  # any occurrence will do: they are all equal
+    return number, example

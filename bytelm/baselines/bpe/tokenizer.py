@@ -33,7 +33,17 @@ from typing import Literal
 
 import numpy as np
 
-from bytelm.baselines.bpe.asciisplit import PACKED_BYTES, cl100k_starts, factorize, pack_chunks, unpack_chunk
+from bytelm.baselines.bpe.asciisplit import (
+    PACKED_BYTES,
+    NUMBERED_WORDS,
+    IntTable,
+    cl100k_starts,
+    factorize,
+    number_chunks,
+    pack_bytes,
+    pack_chunks,
+    unpack_chunk,
+)
 from bytelm.baselines.bpe.parallel import balanced_shards, resolve_workers, shard_map
 from bytelm.baselines.bpe.pretokenize import PreTokenizer, resolve_pattern
 from bytelm.errors import UserError
@@ -132,7 +142,8 @@ class Tokenizer:
         self.added_tokens: dict[str, int] = {}
         self._cache = _ChunkCache()
         self._whole_tokens: dict[bytes, int] | None = None  # see _prepare()
-        self._pair_arrays: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None  # see _pair_table()
+        self._pair_arrays: tuple[IntTable | None, np.ndarray] | None = None  # see _pair_table()
+        self._whole_packed_table: IntTable | None = None  # see _whole_packed()
         self._fingerprint: str | None = None
         self._literal_ids: dict[str, int] = dict(self.special_tokens)
         self._matcher_cache: dict[frozenset[str], re.Pattern | None] = {}
@@ -313,6 +324,14 @@ class Tokenizer:
             vocab = self._vocab
             self._whole_tokens = {vocab[i]: i for i in range(self.n_mergeable) if self._bpe(vocab[i]) == (i,)}
 
+    def _prepare_tables(self) -> None:
+        """Build every one-time table of the batch encoders (before worker processes fork, so
+        that they inherit them instead of each building its own)."""
+        self._prepare()
+        self._pair_table()
+        if self._pretok.name == "cl100k":
+            self._whole_packed()
+
     def clear_cache(self) -> None:
         """Forget the chunk cache (e.g. to measure cold-cache speed)."""
         self._cache = _ChunkCache()
@@ -371,30 +390,60 @@ class Tokenizer:
                 out[i] = ids
         return out
 
-    def _pair_table(self) -> tuple[np.ndarray, np.ndarray]:
-        """The merges as sorted pair keys and, for each, its rank (for :meth:`_bpe_vectorized`)."""
+    def _pair_table(self) -> tuple[IntTable | None, np.ndarray]:
+        """The merges as a hash table from pair key to rank (``None`` without merges), and each
+        rank's resulting id (for :meth:`_bpe_arrays`)."""
         if self._pair_arrays is None:
-            keys = np.fromiter(self._ranks.keys(), dtype=np.int64, count=len(self._ranks))
-            ranks = np.fromiter(self._ranks.values(), dtype=np.int64, count=len(self._ranks))
-            order = np.argsort(keys)
-            self._pair_arrays = (keys[order], ranks[order], np.asarray(self._results, dtype=np.int64))
+            n = len(self._ranks)
+            keys = np.fromiter(self._ranks.keys(), dtype=np.uint64, count=n)
+            ranks = np.fromiter(self._ranks.values(), dtype=np.int64, count=n)
+            self._pair_arrays = (IntTable(keys, ranks) if n else None, np.asarray(self._results, dtype=np.int64))
         return self._pair_arrays
 
+    def _whole_packed(self) -> IntTable:
+        """:meth:`_prepare`'s whole-token shortcut for packed keys (:func:`.asciisplit.pack_chunks`):
+        the ASCII tokens of up to 8 bytes that encode to themselves."""
+        if self._whole_packed_table is None:
+            self._prepare()
+            items = [(pack_bytes(b), i) for b, i in self._whole_tokens.items() if len(b) <= PACKED_BYTES and b.isascii()]
+            keys = np.array([k for k, _ in items], dtype=np.uint64)
+            self._whole_packed_table = IntTable(keys, np.array([i for _, i in items], dtype=np.int64))
+        return self._whole_packed_table
+
+    def _tokens_of_packed(self, keys: np.ndarray) -> list[tuple[int, ...]]:
+        """The token ids of chunks given by packed keys: whole tokens by one table lookup, the
+        rest merged together by :meth:`_bpe_arrays`."""
+        whole = self._whole_packed().get(keys, default=-1)
+        out: list = [(t,) for t in whole.tolist()]
+        miss = np.flatnonzero(whole < 0)
+        if len(miss):
+            k = keys[miss]
+            lens = np.where(k >> np.uint64(63), (k >> np.uint64(56)) & np.uint64(0x7F), 8).astype(np.int64)
+            rows = k.astype("<u8").view(np.uint8).reshape(-1, PACKED_BYTES)  # the bytes, in order
+            ids = rows[np.arange(PACKED_BYTES) < lens[:, None]].astype(np.int64)
+            for j, t in zip(miss.tolist(), self._bpe_arrays(ids, lens)):
+                out[j] = t
+        return out
+
     def _bpe_vectorized(self, pieces: list[bytes]) -> list[tuple[int, ...]]:
-        keys, key_ranks, results = self._pair_table()
-        if not len(keys):
-            return [tuple(piece) for piece in pieces]
-        NO = np.int64(_NO_MERGE)
         lens = np.fromiter(map(len, pieces), dtype=np.int64, count=len(pieces))
-        ids = np.frombuffer(b"".join(pieces), dtype=np.uint8).astype(np.int64)
-        owner = np.repeat(np.arange(len(pieces)), lens)  # chunk of each position (non-decreasing)
+        return self._bpe_arrays(np.frombuffer(b"".join(pieces), dtype=np.uint8).astype(np.int64), lens)
+
+    def _bpe_arrays(self, ids: np.ndarray, lens: np.ndarray) -> list[tuple[int, ...]]:
+        """BPE on many chunks at once: ``ids`` holds their bytes back to back (``int64``),
+        ``lens`` their lengths (each at least 1). Each round merges, in every chunk, its
+        lowest-ranked pair, leftmost first (exactly :meth:`_bpe`)."""
+        table, results = self._pair_table()
+        n_chunks = len(lens)
+        NO = np.int64(_NO_MERGE)
+        owner = np.repeat(np.arange(n_chunks), lens)  # chunk of each position (non-decreasing)
         done_ids, done_owner = [], []
-        while len(ids):
+        while len(ids) and table is not None:
             # the rank of each adjacent pair inside a chunk (NO where none or across chunks)
-            pair = (ids[:-1] << PAIR_SHIFT) | ids[1:]
-            at = np.minimum(np.searchsorted(keys, pair), len(keys) - 1)
-            rank = np.where((keys[at] == pair) & (owner[:-1] == owner[1:]), key_ranks[at], NO)
-            rank = np.append(rank, NO)
+            rank = np.empty(len(ids), np.int64)
+            rank[:-1] = table.get(((ids[:-1] << PAIR_SHIFT) | ids[1:]).astype(np.uint64), default=_NO_MERGE)
+            rank[:-1][owner[:-1] != owner[1:]] = NO
+            rank[-1] = NO
             starts = np.flatnonzero(np.r_[True, owner[1:] != owner[:-1]])
             best = np.minimum.reduceat(rank, starts)
             finished = best == NO
@@ -415,10 +464,12 @@ class Tokenizer:
             drop = np.ones(len(ids), dtype=bool)
             drop[first + 1] = False
             ids, owner = ids[drop], owner[drop]
-        all_ids = np.concatenate(done_ids) if done_ids else np.zeros(0, np.int64)
-        all_owner = np.concatenate(done_owner) if done_owner else np.zeros(0, np.int64)
+        done_ids.append(ids)  # (what is left when there are no merges at all)
+        done_owner.append(owner)
+        all_ids = np.concatenate(done_ids)
+        all_owner = np.concatenate(done_owner)
         order = np.argsort(all_owner, kind="stable")
-        bounds = np.searchsorted(all_owner[order], np.arange(len(pieces) + 1))
+        bounds = np.searchsorted(all_owner[order], np.arange(n_chunks + 1))
         flat = all_ids[order].tolist()
         return [tuple(flat[a:b]) for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist())]
 
@@ -517,7 +568,7 @@ class Tokenizer:
         kwargs = {"allowed_special": allowed_special, "disallowed_special": disallowed_special}
         workers = resolve_workers(num_workers)
         sizes = [len(t) for t in texts]
-        self._prepare()  # once, before the workers fork
+        self._prepare_tables()  # once, before the workers fork
         if workers <= 1 or sum(sizes) < _PARALLEL_BYTES:
             return [self.encode(t, **kwargs) for t in texts]
         shards = balanced_shards(sizes, _SHARDS_PER_WORKER * workers)
@@ -544,7 +595,7 @@ class Tokenizer:
         docs = list(documents)
         workers = resolve_workers(num_workers)
         sizes = [len(d) for d in docs]
-        self._prepare()  # once, before the workers fork
+        self._prepare_tables()  # once, before the workers fork
         if workers <= 1 or sum(sizes) < _PARALLEL_BYTES:
             return _encode_documents_shard((self, docs, [(0, len(docs))], dtype), 0)
         shards = balanced_shards(sizes, _SHARDS_PER_WORKER * workers)  # a worker's cache serves all its shards
@@ -598,24 +649,38 @@ class Tokenizer:
 
     def _ascii_entries(self, docs: list[bytes]) -> tuple[np.ndarray, np.ndarray]:
         """The chunk cache entries of ASCII documents under the ``cl100k`` pattern, found with
-        numpy (:mod:`.asciisplit`): the split, and keys of chunks of up to 8 bytes, are computed
-        for all documents at once, and only the distinct keys (and longer chunks) reach the
-        cache's dict. Returns ``(entries of all chunks, number of chunks of each document)``."""
+        numpy (:mod:`.asciisplit`) for all documents at once: the split; then chunks of up to 8
+        bytes are keyed by one integer, chunks of up to 32 bytes numbered by content, and only
+        one of each distinct chunk reaches the cache's dict (chunks longer than 32 bytes all do).
+        Returns ``(entries of all chunks, number of chunks of each document)``."""
         sizes = np.fromiter(map(len, docs), dtype=np.int64, count=len(docs))
         doc_starts = np.cumsum(sizes) - sizes
-        data = b"".join(docs) + bytes(PACKED_BYTES - 1)  # room for the last chunk's 8-byte window
+        data = b"".join(docs) + bytes(PACKED_BYTES * NUMBERED_WORDS)  # room for 8-byte windows
         n = int(sizes.sum())
         starts = cl100k_starts(np.frombuffer(data, np.uint8, count=n), doc_starts)
-        ends = np.append(starts[1:], n)
-        lens = ends - starts
+        lens = np.append(starts[1:], n) - starts
         short = lens <= PACKED_BYTES
         uniq, index = factorize(pack_chunks(data, starts[short], lens[short]))
-        entry = self._cache.index.__getitem__
+        cache = self._cache
+        self._complete(cache)  # entries still without ids come first (entries are numbered in order)
+        n_done = len(cache.tokens)
+        entry = cache.index.__getitem__
+        uniq_entry = np.fromiter(map(entry, uniq.tolist()), dtype=np.int64, count=len(uniq))
+        new = uniq_entry >= n_done  # new entries, numbered n_done, n_done + 1, ... in this order
+        if new.any():
+            cache.tokens += self._tokens_of_packed(uniq[new])
         kind = np.empty(len(starts), np.int64)
-        kind[short] = np.fromiter(map(entry, uniq.tolist()), dtype=np.int64, count=len(uniq))[index]
-        long_at = np.flatnonzero(~short)
+        kind[short] = uniq_entry[index]
+        mid = np.flatnonzero(~short & (lens <= PACKED_BYTES * NUMBERED_WORDS))
+        if len(mid):  # one dict lookup per distinct chunk, keyed by its bytes
+            number, example = number_chunks(data, starts[mid], lens[mid])
+            at, ln = starts[mid[example]].tolist(), lens[mid[example]].tolist()
+            pieces = [data[a : a + m] for a, m in zip(at, ln)]
+            kind[mid] = np.fromiter(map(entry, pieces), dtype=np.int64, count=len(pieces))[number]
+        long_at = np.flatnonzero(lens > PACKED_BYTES * NUMBERED_WORDS)
         if len(long_at):
-            pieces = map(data.__getitem__, map(slice, starts[long_at].tolist(), ends[long_at].tolist()))
+            at, ln = starts[long_at].tolist(), lens[long_at].tolist()
+            pieces = [data[a : a + m] for a, m in zip(at, ln)]
             kind[long_at] = np.fromiter(map(entry, pieces), dtype=np.int64, count=len(long_at))
         bounds = np.searchsorted(starts, np.append(doc_starts, n))
         return kind, np.diff(bounds)
