@@ -42,17 +42,32 @@ class RMSNorm(nnx.Module):
         return (normed * scale).astype(x_BxTxD.dtype)
 
 
-def rotary(x_BxTxHxK: jax.Array, positions_BxT: jax.Array, base: float) -> jax.Array:
-    """Rotary position embedding (rotate-half form) at integer ``positions``."""
-    k = x_BxTxHxK.shape[-1]
-    half = k // 2
-    inv_freq = base ** (-jnp.arange(half, dtype=jnp.float32) / half)
-    angles_BxTxK2 = positions_BxT.astype(jnp.float32)[..., None] * inv_freq[None, None, :]
-    sin = jnp.sin(angles_BxTxK2)[:, :, None, :]
-    cos = jnp.cos(angles_BxTxK2)[:, :, None, :]
-    x1, x2 = x_BxTxHxK[..., :half].astype(jnp.float32), x_BxTxHxK[..., half:].astype(jnp.float32)
-    out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
-    return out.astype(x_BxTxHxK.dtype)
+def rotary_tables(positions_BxT: jax.Array | None, T: int, head_dim: int, base: float) -> tuple[jax.Array, jax.Array]:
+    """``(cos, sin)`` of the rotary angles, each ``B x T x head_dim/2`` (``1 x T x ...`` when
+    ``positions_BxT`` is None, meaning positions ``0 .. T-1``: then they are constants, computed
+    here once in float32 instead of by ``sin``/``cos`` ops that XLA may fuse into, and repeat in,
+    every consumer loop)."""
+    half = head_dim // 2
+    inv_freq = base ** (-np.arange(half, dtype=np.float32) / np.float32(half))
+    if positions_BxT is None:
+        angles = np.arange(T, dtype=np.float32)[None, :, None] * inv_freq.astype(np.float32)[None, None, :]
+        return jnp.asarray(np.cos(angles)), jnp.asarray(np.sin(angles))
+    angles_BxTxK2 = positions_BxT.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq)[None, None, :]
+    return jnp.cos(angles_BxTxK2), jnp.sin(angles_BxTxK2)
+
+
+def apply_rotary(x, cos, sin) -> jax.Array:
+    """Rotate the two halves of ``x``'s last axis (rotate-half form) by angles whose ``cos`` and
+    ``sin`` broadcast against ``x[..., :half]``."""
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half].astype(jnp.float32), x[..., half:].astype(jnp.float32)
+    return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x.dtype)
+
+
+def rotary(x_BxTxHxK: jax.Array, positions_BxT: jax.Array | None, base: float) -> jax.Array:
+    """Rotary position embedding (rotate-half form) at integer ``positions`` (None: 0 .. T-1)."""
+    cos_BxTxK2, sin_BxTxK2 = rotary_tables(positions_BxT, x_BxTxHxK.shape[1], x_BxTxHxK.shape[-1], base)
+    return apply_rotary(x_BxTxHxK, cos_BxTxK2[:, :, None, :], sin_BxTxK2[:, :, None, :])
 
 
 def blocked_causal_attention(q_BxTxHxK, k_BxTxHxK, v_BxTxHxK, *, window: int = 0, block: int = 128) -> jax.Array:
@@ -85,24 +100,24 @@ def blocked_causal_attention(q_BxTxHxK, k_BxTxHxK, v_BxTxHxK, *, window: int = 0
     return jnp.concatenate(outs, axis=1)
 
 
-def _softmax_part(q_NxQxHxK, k_NxSxHxK, v_NxSxHxK, *, causal: bool):
+def _softmax_part(q_NxQxK, k_NxSxK, v_NxSxK, *, causal: bool):
     """Attention of the queries over all the given keys (``causal``: Q == S, lower triangle).
 
-    Leading dims ``N...`` are batch. Returns the normalised output ``N...xQxHxK`` and the
-    log-sum-exp of the scores ``N...xQxH``, so that parts over disjoint key sets merge exactly."""
-    scale = q_NxQxHxK.shape[-1] ** -0.5
+    Leading dims ``N...`` are batch (heads included). Returns the normalised output ``N...xQxK``
+    and the log-sum-exp of the scores ``N...xQ``, so that parts over disjoint key sets merge
+    exactly."""
+    scale = q_NxQxK.shape[-1] ** -0.5
     f32 = jnp.float32  # the softmax and the merges in fp32 whatever the compute dtype
-    s_NxHxQxS = jnp.einsum("...qhk,...shk->...hqs", q_NxQxHxK * scale, k_NxSxHxK, preferred_element_type=f32)
+    s_NxQxS = jnp.einsum("...qk,...sk->...qs", q_NxQxK * scale, k_NxSxK, preferred_element_type=f32)
     if causal:
-        n = q_NxQxHxK.shape[-3]
-        s_NxHxQxS = jnp.where(np.tril(np.ones((n, n), bool)), s_NxHxQxS, -jnp.inf)
+        n = q_NxQxK.shape[-2]
+        s_NxQxS = jnp.where(np.tril(np.ones((n, n), bool)), s_NxQxS, -jnp.inf)
     # the max only keeps exp in range: the output and the log-sum-exp do not depend on its value
-    m_NxHxQx1 = jax.lax.stop_gradient(jnp.max(s_NxHxQxS, axis=-1, keepdims=True))
-    p_NxHxQxS = jnp.exp(s_NxHxQxS - m_NxHxQx1)
-    l_NxQxH = jnp.swapaxes(jnp.sum(p_NxHxQxS, axis=-1), -1, -2)
-    pv_NxQxHxK = jnp.einsum("...hqs,...shk->...qhk", p_NxHxQxS.astype(v_NxSxHxK.dtype), v_NxSxHxK, preferred_element_type=f32)
-    out_NxQxHxK = pv_NxQxHxK / l_NxQxH[..., None]
-    return out_NxQxHxK, jnp.swapaxes(m_NxHxQx1[..., 0], -1, -2) + jnp.log(l_NxQxH)
+    m_NxQx1 = jax.lax.stop_gradient(jnp.max(s_NxQxS, axis=-1, keepdims=True))
+    p_NxQxS = jnp.exp(s_NxQxS - m_NxQx1)
+    l_NxQ = jnp.sum(p_NxQxS, axis=-1)
+    pv_NxQxK = jnp.einsum("...qs,...sk->...qk", p_NxQxS.astype(v_NxSxK.dtype), v_NxSxK, preferred_element_type=f32)
+    return pv_NxQxK / l_NxQ[..., None], m_NxQx1[..., 0] + jnp.log(l_NxQ)
 
 
 def _merge_parts(out_a, lse_a, out_b, lse_b):
@@ -119,24 +134,33 @@ def halving_causal_attention(q_BxTxHxK, k_BxTxHxK, v_BxTxHxK, *, block: int = 12
     first half's keys (a dense, unmasked product); the two parts merge exactly through their
     log-sum-exp, as in flash attention. Down to ``block`` positions, the work is ``(1 + 1/n) / 2``
     of dense attention for ``n = T / block`` (5/8 at T=512, block 128), with only matmuls,
-    one masked softmax per leaf and small merges of ``T x H x K`` outputs: on XLA CPU this needs
+    one masked softmax per leaf and small merges of ``T x K`` outputs: on XLA CPU this needs
     about 30% less work than slicing the queries into blocks (``benchmarks/RESULTS.md``).
+    This form takes ``B x T x H x K``; :class:`Attention` calls :func:`halving_attention_bhtk`
+    on heads-major projections, where every reshape of the recursion is free.
     """
-    return _halving(q_BxTxHxK, k_BxTxHxK, v_BxTxHxK, block)[0].astype(q_BxTxHxK.dtype)
+    to_bhtk = lambda x: jnp.swapaxes(x, 1, 2)  # noqa: E731
+    out = halving_attention_bhtk(to_bhtk(q_BxTxHxK), to_bhtk(k_BxTxHxK), to_bhtk(v_BxTxHxK), block=block)
+    return jnp.swapaxes(out, 1, 2)
+
+
+def halving_attention_bhtk(q_BxHxTxK, k_BxHxTxK, v_BxHxTxK, *, block: int = 128):
+    """:func:`halving_causal_attention` on ``B x H x T x K`` arrays (heads before positions)."""
+    return _halving(q_BxHxTxK, k_BxHxTxK, v_BxHxTxK, block)[0].astype(q_BxHxTxK.dtype)
 
 
 def _halving(q, k, v, block):
-    T = q.shape[-3]
+    T = q.shape[-2]
     if T <= block or T % 2:
         return _softmax_part(q, k, v, causal=True)
     half = T // 2
-    q2, k2, v2 = (x.reshape(*x.shape[:-3], 2, half, *x.shape[-2:]) for x in (q, k, v))
+    q2, k2, v2 = (x.reshape(*x.shape[:-2], 2, half, x.shape[-1]) for x in (q, k, v))
     out_d, lse_d = _halving(q2, k2, v2, block)  # each half over itself, causally
     # the second half's queries over all of the first half's keys, merged into their own part
-    out_x, lse_x = _softmax_part(q2[..., 1, :, :, :], k2[..., 0, :, :, :], v2[..., 0, :, :, :], causal=False)
-    out_2, lse_2 = _merge_parts(out_d[..., 1, :, :, :], lse_d[..., 1, :, :], out_x, lse_x)
-    out = jnp.stack([out_d[..., 0, :, :, :], out_2], axis=-4).reshape(q.shape)
-    lse = jnp.stack([lse_d[..., 0, :, :], lse_2], axis=-3).reshape(q.shape[:-1])
+    out_x, lse_x = _softmax_part(q2[..., 1, :, :], k2[..., 0, :, :], v2[..., 0, :, :], causal=False)
+    out_2, lse_2 = _merge_parts(out_d[..., 1, :, :], lse_d[..., 1, :], out_x, lse_x)
+    out = jnp.stack([out_d[..., 0, :, :], out_2], axis=-3).reshape(q.shape)
+    lse = jnp.stack([lse_d[..., 0, :], lse_2], axis=-2).reshape(q.shape[:-1])
     return out, lse
 
 
@@ -176,23 +200,31 @@ class Attention(nnx.Module):
         dt = self.dtype
         x = x_BxTxD.astype(dt)
         src = x if kv_BxSxD is None else kv_BxSxD.astype(dt)
-        q_BxTxHxK = jnp.einsum("btd,dhk->bthk", x, self.wq[...].astype(dt))
-        k_BxSxHxK = jnp.einsum("bsd,dhk->bshk", src, self.wk[...].astype(dt))
-        v_BxSxHxK = jnp.einsum("bsd,dhk->bshk", src, self.wv[...].astype(dt))
-        if kv_BxSxD is None:
-            if positions_BxT is None:
-                positions_BxT = jnp.broadcast_to(jnp.arange(x.shape[1]), x.shape[:2])
-            q_BxTxHxK = rotary(q_BxTxHxK, positions_BxT, self.rope_base)
-            k_BxSxHxK = rotary(k_BxSxHxK, positions_BxT, self.rope_base)
-        else:
+        wq, wk, wv = (w[...].astype(dt) for w in (self.wq, self.wk, self.wv))
+        if kv_BxSxD is not None:
             causal = False
         # On CPU, long causal self-attention skips the masked half of the scores; accelerators keep
         # jax.nn.dot_product_attention, whose fused kernels (e.g. cuDNN) skip it themselves.
-        long_causal = causal and mask_BxTxS is None and q_BxTxHxK.shape[1] >= 2 * self.block
+        long_causal = causal and kv_BxSxD is None and mask_BxTxS is None and x.shape[1] >= 2 * self.block
         long_causal = long_causal and jax.default_backend() == "cpu"
         if long_causal and window <= 0:
-            out_BxTxHxK = halving_causal_attention(q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, block=self.block)
-        elif long_causal:
+            # heads-major projections: the recursion's reshapes and products need no transposes
+            cos, sin = rotary_tables(positions_BxT, x.shape[1], self.head_dim, self.rope_base)
+            cos, sin = cos[:, None], sin[:, None]  # B x 1 x T x K/2
+            q_BxHxTxK = apply_rotary(jnp.einsum("btd,dhk->bhtk", x, wq), cos, sin)
+            k_BxHxTxK = apply_rotary(jnp.einsum("btd,dhk->bhtk", x, wk), cos, sin)
+            v_BxHxTxK = jnp.einsum("btd,dhk->bhtk", x, wv)
+            out_BxHxTxK = halving_attention_bhtk(q_BxHxTxK, k_BxHxTxK, v_BxHxTxK, block=self.block)
+            return jnp.einsum("bhtk,hkd->btd", out_BxHxTxK, self.wo[...].astype(dt))
+        q_BxTxHxK = jnp.einsum("btd,dhk->bthk", x, wq)
+        k_BxSxHxK = jnp.einsum("bsd,dhk->bshk", src, wk)
+        v_BxSxHxK = jnp.einsum("bsd,dhk->bshk", src, wv)
+        if kv_BxSxD is None:
+            cos, sin = rotary_tables(positions_BxT, x.shape[1], self.head_dim, self.rope_base)
+            cos, sin = cos[:, :, None], sin[:, :, None]  # B x T x 1 x K/2
+            q_BxTxHxK = apply_rotary(q_BxTxHxK, cos, sin)
+            k_BxSxHxK = apply_rotary(k_BxSxHxK, cos, sin)
+        if long_causal:
             out_BxTxHxK = blocked_causal_attention(q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, window=window, block=self.block)
         else:
             out_BxTxHxK = jax.nn.dot_product_attention(
@@ -218,8 +250,29 @@ class MLP(nnx.Module):
     def __call__(self, x_BxTxD: jax.Array) -> jax.Array:
         dt = self.dtype
         x = x_BxTxD.astype(dt)
-        h_BxTxF = jax.nn.silu(x @ self.w_gate[...].astype(dt)) * (x @ self.w_up[...].astype(dt))
+        h_BxTxF = swiglu(x @ self.w_gate[...].astype(dt), x @ self.w_up[...].astype(dt))
         return h_BxTxF @ self.w_down[...].astype(dt)
+
+
+@jax.custom_vjp
+def swiglu(gate, up):
+    """``silu(gate) * up``, with a hand-written backward: one elementwise pass that recomputes the
+    sigmoid once (autodiff through ``silu`` left XLA CPU several fusions that each recomputed it)."""
+    return gate * jax.nn.sigmoid(gate) * up
+
+
+def _swiglu_fwd(gate, up):
+    return swiglu(gate, up), (gate, up)
+
+
+def _swiglu_bwd(res, dy):
+    gate, up = res
+    sig = jax.nn.sigmoid(gate)
+    d_gate = dy * up * sig * (1 + gate * (1 - sig))  # d silu(g) / dg = s + g s (1 - s)
+    return d_gate, dy * gate * sig
+
+
+swiglu.defvjp(_swiglu_fwd, _swiglu_bwd)
 
 
 class Block(nnx.Module):
