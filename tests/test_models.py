@@ -9,7 +9,7 @@ from flax import nnx
 from bytelm.config import load_config
 from bytelm.constants import BYTE_OFFSET
 from bytelm.models.byte_lm import ByteLM
-from bytelm.models.core import Attention, halving_causal_attention, rotary
+from bytelm.models.core import Attention, halving_causal_attention, rotary, swiglu_mlp
 from bytelm.training import flops
 
 jax.config.update("jax_numpy_rank_promotion", "raise")
@@ -81,6 +81,18 @@ def test_halving_attention_gradients_equal_dense():
     halving = jax.grad(loss(lambda q, k, v: halving_causal_attention(q, k, v, block=4)), argnums=(0, 1, 2))(q, k, v)
     dense = jax.grad(loss(lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=True)), argnums=(0, 1, 2))(q, k, v)
     for a, b in zip(halving, dense):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_swiglu_mlp_backward_equals_autodiff():
+    """The hand-written MLP backward against autodiff of the plain formula (random shapes, a
+    nonlinear loss so that every output gets a different cotangent)."""
+    rng = np.random.default_rng(3)
+    x, wg, wu, wd = (jnp.asarray(rng.standard_normal(s), jnp.float32) for s in [(10, 6), (6, 9), (6, 9), (9, 6)])
+    plain = lambda x, wg, wu, wd: jnp.sum(jnp.sin((jax.nn.silu(x @ wg) * (x @ wu)) @ wd))  # noqa: E731
+    ours = lambda x, wg, wu, wd: jnp.sum(jnp.sin(swiglu_mlp(x, wg, wu, wd)))  # noqa: E731
+    np.testing.assert_allclose(ours(x, wg, wu, wd), plain(x, wg, wu, wd), rtol=1e-5)
+    for a, b in zip(jax.grad(ours, argnums=(0, 1, 2, 3))(x, wg, wu, wd), jax.grad(plain, argnums=(0, 1, 2, 3))(x, wg, wu, wd)):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
 
 

@@ -210,10 +210,11 @@ class Attention(nnx.Module):
         if long_causal and window <= 0:
             # heads-major projections: the recursion's reshapes and products need no transposes
             cos, sin = rotary_tables(positions_BxT, x.shape[1], self.head_dim, self.rope_base)
-            cos, sin = cos[:, None], sin[:, None]  # B x 1 x T x K/2
-            q_BxHxTxK = apply_rotary(jnp.einsum("btd,dhk->bhtk", x, wq), cos, sin)
-            k_BxHxTxK = apply_rotary(jnp.einsum("btd,dhk->bhtk", x, wk), cos, sin)
-            v_BxHxTxK = jnp.einsum("btd,dhk->bhtk", x, wv)
+            cos, sin = cos[:, :, None], sin[:, :, None]  # B x T x 1 x K/2
+            heads_major = lambda y: jnp.swapaxes(y, 1, 2)  # noqa: E731
+            q_BxHxTxK = heads_major(apply_rotary(jnp.einsum("btd,dhk->bthk", x, wq), cos, sin))
+            k_BxHxTxK = heads_major(apply_rotary(jnp.einsum("btd,dhk->bthk", x, wk), cos, sin))
+            v_BxHxTxK = heads_major(jnp.einsum("btd,dhk->bthk", x, wv))
             out_BxHxTxK = halving_attention_bhtk(q_BxHxTxK, k_BxHxTxK, v_BxHxTxK, block=self.block)
             return jnp.einsum("bhtk,hkd->btd", out_BxHxTxK, self.wo[...].astype(dt))
         q_BxTxHxK = jnp.einsum("btd,dhk->bthk", x, wq)
@@ -249,30 +250,46 @@ class MLP(nnx.Module):
 
     def __call__(self, x_BxTxD: jax.Array) -> jax.Array:
         dt = self.dtype
-        x = x_BxTxD.astype(dt)
-        h_BxTxF = swiglu(x @ self.w_gate[...].astype(dt), x @ self.w_up[...].astype(dt))
-        return h_BxTxF @ self.w_down[...].astype(dt)
+        x_NxD = x_BxTxD.astype(dt).reshape(-1, x_BxTxD.shape[-1])
+        w = (self.w_gate[...].astype(dt), self.w_up[...].astype(dt), self.w_down[...].astype(dt))
+        return swiglu_mlp(x_NxD, *w).reshape(x_BxTxD.shape)
 
 
 @jax.custom_vjp
-def swiglu(gate, up):
-    """``silu(gate) * up``, with a hand-written backward: one elementwise pass that recomputes the
-    sigmoid once (autodiff through ``silu`` left XLA CPU several fusions that each recomputed it)."""
-    return gate * jax.nn.sigmoid(gate) * up
+def swiglu_mlp(x_NxD, w_gate_DxF, w_up_DxF, w_down_FxD):
+    """``(silu(x W_gate) * (x W_up)) W_down`` with a hand-written backward.
+
+    The backward recomputes the sigmoid once in one elementwise pass (autodiff through ``silu``
+    left XLA CPU several fusions that each recomputed it), and forms every weight gradient as a
+    plain row-major product of an explicitly transposed activation (``x^T``, shared by the gate
+    and up weights, and ``dy^T``) instead of letting the compiler transpose the wide ``N x F``
+    gradients inside strided elementwise loops.
+    """
+    gate_NxF = x_NxD @ w_gate_DxF
+    return (gate_NxF * jax.nn.sigmoid(gate_NxF) * (x_NxD @ w_up_DxF)) @ w_down_FxD
 
 
-def _swiglu_fwd(gate, up):
-    return swiglu(gate, up), (gate, up)
+def _swiglu_mlp_fwd(x_NxD, w_gate_DxF, w_up_DxF, w_down_FxD):
+    gate_NxF = x_NxD @ w_gate_DxF
+    up_NxF = x_NxD @ w_up_DxF
+    out = (gate_NxF * jax.nn.sigmoid(gate_NxF) * up_NxF) @ w_down_FxD
+    return out, (x_NxD, gate_NxF, up_NxF, w_gate_DxF, w_up_DxF, w_down_FxD)
 
 
-def _swiglu_bwd(res, dy):
-    gate, up = res
-    sig = jax.nn.sigmoid(gate)
-    d_gate = dy * up * sig * (1 + gate * (1 - sig))  # d silu(g) / dg = s + g s (1 - s)
-    return d_gate, dy * gate * sig
+def _swiglu_mlp_bwd(res, dy_NxD):
+    x_NxD, gate_NxF, up_NxF, w_gate_DxF, w_up_DxF, w_down_FxD = res
+    sig_NxF = jax.nn.sigmoid(gate_NxF)
+    silu_NxF = gate_NxF * sig_NxF
+    dh_NxF = dy_NxD @ w_down_FxD.T
+    d_w_down_FxD = (dy_NxD.T @ (silu_NxF * up_NxF)).T
+    d_gate_NxF = dh_NxF * up_NxF * sig_NxF * (1 + gate_NxF * (1 - sig_NxF))  # silu' = s + g s (1 - s)
+    d_up_NxF = dh_NxF * silu_NxF
+    x_DxN = x_NxD.T
+    dx_NxD = d_gate_NxF @ w_gate_DxF.T + d_up_NxF @ w_up_DxF.T
+    return dx_NxD, x_DxN @ d_gate_NxF, x_DxN @ d_up_NxF, d_w_down_FxD
 
 
-swiglu.defvjp(_swiglu_fwd, _swiglu_bwd)
+swiglu_mlp.defvjp(_swiglu_mlp_fwd, _swiglu_mlp_bwd)
 
 
 class Block(nnx.Module):
