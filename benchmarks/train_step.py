@@ -15,8 +15,10 @@ Sections (``--only`` picks some):
 MFU = analytic training FLOPs of the step (``bytelm.training.flops``) / step time / matmul peak.
 Each measurement runs in its own process, one after the other, so no peer's threads linger in
 another's timing. JAX runs as ``bytelm train`` does on a CPU host: one virtual device per core,
-data-parallel (``bytelm.training.host``). The last line is one JSON object with the headline
-figures.
+data-parallel (``bytelm.training.host``), and ``malloc`` backing large blocks with huge pages
+(``GLIBC_TUNABLES=glibc.malloc.hugetlb=1``, which ``bytelm`` sets for itself); the PyTorch
+peer runs under the same environment. ``BYTELM_NO_HUGEPAGE_MALLOC=1`` measures both without
+it. The last line is one JSON object with the headline figures.
 
     python benchmarks/train_step.py [--only byte,megabyte] [--steps 4]
 """
@@ -213,10 +215,13 @@ def _in_subprocess(kind: str, **kwargs):
         "from bytelm.training.host import configure_cpu_devices; configure_cpu_devices(); "
         "print('RESULT ' + json.dumps(getattr(b, sys.argv[2])(**json.loads(sys.argv[3]))))"
     )
+    from bytelm.training.host import huge_page_malloc_env
+
     r = subprocess.run(
         [sys.executable, "-c", code, os.path.dirname(os.path.abspath(__file__)), kind, json.dumps(kwargs)],
         capture_output=True,
         text=True,
+        env=huge_page_malloc_env(),  # as the bytelm command runs (None: this environment as it is)
     )
     lines = [x for x in r.stdout.splitlines() if x.startswith("RESULT ")]
     if r.returncode or not lines:

@@ -1,6 +1,6 @@
 """``python -m bytelm`` is the ``bytelm`` command."""
 
-from bytelm.cli import main
+from bytelm.cli import entry
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(entry())

@@ -609,5 +609,23 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
+def entry() -> int:
+    """The ``bytelm`` command: :func:`main`, in a process whose ``malloc`` uses huge pages for
+    XLA's per-step buffers (the process re-executes itself once with the glibc tunable set; see
+    :func:`bytelm.training.host.huge_page_malloc_env`). ``main`` itself never re-executes, so
+    calling it in-process (tests, notebooks) is unaffected."""
+    import os  # noqa: PLC0415
+
+    from bytelm.training.host import huge_page_malloc_env  # noqa: PLC0415
+
+    env = huge_page_malloc_env()
+    if env is not None:
+        try:
+            os.execve(sys.executable, [sys.executable, "-m", "bytelm", *sys.argv[1:]], env)
+        except OSError:
+            pass  # run as we are
+    return main()
+
+
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(entry())
