@@ -84,6 +84,24 @@ def test_halving_attention_gradients_equal_dense():
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
 
 
+def test_deep_halving_recursion_equals_dense():
+    """Seven levels of halving (T=256 down to leaves of 2): values and gradients equal dense
+    attention. Operands of rank 8 or more made XLA CPU abort (a YNNPACK check), so the recursion
+    folds each level into the batch; this fails (the process aborts) if that is undone."""
+    rng = np.random.default_rng(5)
+    q, k, v, w = (jnp.asarray(rng.normal(size=(2, 256, 2, 8)), jnp.float32) for _ in range(4))
+
+    def loss(f):
+        return lambda q, k, v: jnp.sum(f(q, k, v) * w)
+
+    halving = jax.jit(jax.value_and_grad(loss(lambda q, k, v: halving_causal_attention(q, k, v, block=2)), argnums=(0, 1, 2)))
+    dense = jax.value_and_grad(loss(lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=True)), argnums=(0, 1, 2))
+    (h_val, h_grads), (d_val, d_grads) = halving(q, k, v), dense(q, k, v)
+    np.testing.assert_allclose(h_val, d_val, rtol=1e-5)
+    for a, b in zip(h_grads, d_grads):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+
+
 def test_swiglu_mlp_backward_equals_autodiff():
     """The hand-written MLP backward against autodiff of the plain formula (random shapes, a
     nonlinear loss so that every output gets a different cotangent)."""

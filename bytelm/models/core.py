@@ -146,21 +146,29 @@ def halving_causal_attention(q_BxTxHxK, k_BxTxHxK, v_BxTxHxK, *, block: int = 12
 
 def halving_attention_bhtk(q_BxHxTxK, k_BxHxTxK, v_BxHxTxK, *, block: int = 128):
     """:func:`halving_causal_attention` on ``B x H x T x K`` arrays (heads before positions)."""
-    return _halving(q_BxHxTxK, k_BxHxTxK, v_BxHxTxK, block)[0].astype(q_BxHxTxK.dtype)
+    shape = q_BxHxTxK.shape
+    flat = lambda x: x.reshape(-1, *x.shape[-2:])  # noqa: E731
+    out_NxTxK, _ = _halving(flat(q_BxHxTxK), flat(k_BxHxTxK), flat(v_BxHxTxK), block)
+    return out_NxTxK.reshape(shape).astype(q_BxHxTxK.dtype)
 
 
-def _halving(q, k, v, block):
-    T = q.shape[-2]
+def _halving(q_NxTxK, k_NxTxK, v_NxTxK, block):
+    """Recursion of :func:`halving_causal_attention` on ``N x T x K`` (every level folds its two
+    halves into the batch, so the rank stays 3 however deep it goes: XLA CPU's YNNPACK dots
+    reject operands of rank 8 or more)."""
+    N, T, K = q_NxTxK.shape
     if T <= block or T % 2:
-        return _softmax_part(q, k, v, causal=True)
+        return _softmax_part(q_NxTxK, k_NxTxK, v_NxTxK, causal=True)
     half = T // 2
-    q2, k2, v2 = (x.reshape(*x.shape[:-2], 2, half, x.shape[-1]) for x in (q, k, v))
-    out_d, lse_d = _halving(q2, k2, v2, block)  # each half over itself, causally
+    q2, k2, v2 = (x.reshape(N, 2, half, K) for x in (q_NxTxK, k_NxTxK, v_NxTxK))
+    # each half over itself, causally, both halves as one batch of 2N
+    out_d, lse_d = _halving(q_NxTxK.reshape(2 * N, half, K), k_NxTxK.reshape(2 * N, half, K), v_NxTxK.reshape(2 * N, half, K), block)
+    out_d, lse_d = out_d.reshape(N, 2, half, K), lse_d.reshape(N, 2, half)
     # the second half's queries over all of the first half's keys, merged into their own part
-    out_x, lse_x = _softmax_part(q2[..., 1, :, :], k2[..., 0, :, :], v2[..., 0, :, :], causal=False)
-    out_2, lse_2 = _merge_parts(out_d[..., 1, :, :], lse_d[..., 1, :], out_x, lse_x)
-    out = jnp.stack([out_d[..., 0, :, :], out_2], axis=-3).reshape(q.shape)
-    lse = jnp.stack([lse_d[..., 0, :], lse_2], axis=-2).reshape(q.shape[:-1])
+    out_x, lse_x = _softmax_part(q2[:, 1], k2[:, 0], v2[:, 0], causal=False)
+    out_2, lse_2 = _merge_parts(out_d[:, 1], lse_d[:, 1], out_x, lse_x)
+    out = jnp.stack([out_d[:, 0], out_2], axis=1).reshape(N, T, K)
+    lse = jnp.stack([lse_d[:, 0], lse_2], axis=1).reshape(N, T)
     return out, lse
 
 
