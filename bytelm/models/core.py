@@ -208,31 +208,27 @@ class Attention(nnx.Module):
         dt = self.dtype
         x = x_BxTxD.astype(dt)
         src = x if kv_BxSxD is None else kv_BxSxD.astype(dt)
-        wq, wk, wv = (w[...].astype(dt) for w in (self.wq, self.wk, self.wv))
         if kv_BxSxD is not None:
             causal = False
-        # On CPU, long causal self-attention skips the masked half of the scores; accelerators keep
-        # jax.nn.dot_product_attention, whose fused kernels (e.g. cuDNN) skip it themselves.
-        long_causal = causal and kv_BxSxD is None and mask_BxTxS is None and x.shape[1] >= 2 * self.block
-        long_causal = long_causal and jax.default_backend() == "cpu"
-        if long_causal and window <= 0:
-            # heads-major projections: the recursion's reshapes and products need no transposes
-            cos, sin = rotary_tables(positions_BxT, x.shape[1], self.head_dim, self.rope_base)
-            cos, sin = cos[:, :, None], sin[:, :, None]  # B x T x 1 x K/2
-            heads_major = lambda y: jnp.swapaxes(y, 1, 2)  # noqa: E731
-            q_BxHxTxK = heads_major(apply_rotary(jnp.einsum("btd,dhk->bthk", x, wq), cos, sin))
-            k_BxHxTxK = heads_major(apply_rotary(jnp.einsum("btd,dhk->bthk", x, wk), cos, sin))
-            v_BxHxTxK = heads_major(jnp.einsum("btd,dhk->bthk", x, wv))
-            out_BxHxTxK = halving_attention_bhtk(q_BxHxTxK, k_BxHxTxK, v_BxHxTxK, block=self.block)
-            return jnp.einsum("bhtk,hkd->btd", out_BxHxTxK, self.wo[...].astype(dt))
-        q_BxTxHxK = jnp.einsum("btd,dhk->bthk", x, wq)
-        k_BxSxHxK = jnp.einsum("bsd,dhk->bshk", src, wk)
-        v_BxSxHxK = jnp.einsum("bsd,dhk->bshk", src, wv)
+        q_BxTxHxK = jnp.einsum("btd,dhk->bthk", x, self.wq[...].astype(dt))
+        k_BxSxHxK = jnp.einsum("bsd,dhk->bshk", src, self.wk[...].astype(dt))
+        v_BxSxHxK = jnp.einsum("bsd,dhk->bshk", src, self.wv[...].astype(dt))
         if kv_BxSxD is None:
             cos, sin = rotary_tables(positions_BxT, x.shape[1], self.head_dim, self.rope_base)
             cos, sin = cos[:, :, None], sin[:, :, None]  # B x T x 1 x K/2
             q_BxTxHxK = apply_rotary(q_BxTxHxK, cos, sin)
             k_BxSxHxK = apply_rotary(k_BxSxHxK, cos, sin)
+        # On CPU, long causal self-attention skips the masked half of the scores; accelerators keep
+        # jax.nn.dot_product_attention, whose fused kernels (e.g. cuDNN) skip it themselves.
+        long_causal = causal and mask_BxTxS is None and x.shape[1] >= 2 * self.block
+        long_causal = long_causal and jax.default_backend() == "cpu"
+        if long_causal and window <= 0:
+            # heads-major once: the recursion's reshapes and products then need no transposes
+            heads_major = lambda y: jnp.swapaxes(y, 1, 2)  # noqa: E731
+            out_BxHxTxK = halving_attention_bhtk(
+                heads_major(q_BxTxHxK), heads_major(k_BxSxHxK), heads_major(v_BxSxHxK), block=self.block
+            )
+            return jnp.einsum("bhtk,hkd->btd", out_BxHxTxK, self.wo[...].astype(dt))
         if long_causal:
             out_BxTxHxK = blocked_causal_attention(q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, window=window, block=self.block)
         else:
@@ -273,8 +269,7 @@ def swiglu_mlp(x_NxD, w_gate_DxF, w_up_DxF, w_down_FxD):
     and up weights, and ``dy^T``) instead of letting the compiler transpose the wide ``N x F``
     gradients inside strided elementwise loops.
     """
-    gate_NxF = x_NxD @ w_gate_DxF
-    return (gate_NxF * jax.nn.sigmoid(gate_NxF) * (x_NxD @ w_up_DxF)) @ w_down_FxD
+    return _swiglu_mlp_fwd(x_NxD, w_gate_DxF, w_up_DxF, w_down_FxD)[0]
 
 
 def _swiglu_mlp_fwd(x_NxD, w_gate_DxF, w_up_DxF, w_down_FxD):

@@ -42,7 +42,6 @@ from bytelm.baselines.bpe.asciisplit import (
     number_chunks,
     pack_bytes,
     pack_chunks,
-    unpack_chunk,
 )
 from bytelm.baselines.bpe.parallel import balanced_shards, resolve_workers, shard_map
 from bytelm.baselines.bpe.pretokenize import PreTokenizer, resolve_pattern
@@ -361,22 +360,16 @@ class Tokenizer:
             new.reverse()
             cache.tokens += self._bpe_many(new)
 
-    def _bpe_many(self, chunks: list[str | bytes | int]) -> list[tuple[int, ...]]:
-        """The token ids of many chunks (cache keys: str, bytes, or :func:`.asciisplit.pack_chunks`
-        keys). A chunk whose bytes are a whole token is that token;
-        the other chunks of up to ``_VECTOR_CHUNK`` bytes merge together in numpy, one merge per
+    def _bpe_many(self, chunks: list[str | bytes]) -> list[tuple[int, ...]]:
+        """The token ids of many chunks (cache keys as str or bytes; packed integer keys get theirs
+        in :meth:`_ascii_entries`). A chunk whose bytes are a whole token is that token; the other chunks of up to ``_VECTOR_CHUNK`` bytes merge together in numpy, one merge per
         chunk per round (each round merges, in every chunk, its lowest-ranked pair, leftmost
         first: exactly :meth:`_bpe`); longer chunks go through :meth:`_bpe`."""
         whole = self._whole_tokens
         out: list = [None] * len(chunks)
         todo_at, todo = [], []
         for i, chunk in enumerate(chunks):
-            if type(chunk) is str:
-                piece = chunk.encode("utf-8", "surrogateescape")
-            elif type(chunk) is int:
-                piece = unpack_chunk(chunk)
-            else:
-                piece = chunk
+            piece = chunk.encode("utf-8", "surrogateescape") if type(chunk) is str else chunk
             t = whole.get(piece)
             if t is not None:
                 out[i] = (t,)
@@ -672,16 +665,17 @@ class Tokenizer:
         kind = np.empty(len(starts), np.int64)
         kind[short] = uniq_entry[index]
         mid = np.flatnonzero(~short & (lens <= PACKED_BYTES * NUMBERED_WORDS))
-        if len(mid):  # one dict lookup per distinct chunk, keyed by its bytes
+
+        def entries_of(at: np.ndarray) -> np.ndarray:  # dict lookups keyed by the chunks' bytes
+            pieces = [data[a : a + m] for a, m in zip(starts[at].tolist(), lens[at].tolist())]
+            return np.fromiter(map(entry, pieces), dtype=np.int64, count=len(pieces))
+
+        if len(mid):  # one lookup per distinct chunk
             number, example = number_chunks(data, starts[mid], lens[mid])
-            at, ln = starts[mid[example]].tolist(), lens[mid[example]].tolist()
-            pieces = [data[a : a + m] for a, m in zip(at, ln)]
-            kind[mid] = np.fromiter(map(entry, pieces), dtype=np.int64, count=len(pieces))[number]
+            kind[mid] = entries_of(mid[example])[number]
         long_at = np.flatnonzero(lens > PACKED_BYTES * NUMBERED_WORDS)
         if len(long_at):
-            at, ln = starts[long_at].tolist(), lens[long_at].tolist()
-            pieces = [data[a : a + m] for a, m in zip(at, ln)]
-            kind[long_at] = np.fromiter(map(entry, pieces), dtype=np.int64, count=len(long_at))
+            kind[long_at] = entries_of(long_at)
         bounds = np.searchsorted(starts, np.append(doc_starts, n))
         return kind, np.diff(bounds)
 
