@@ -1,4 +1,4 @@
-"""Train-step throughput of the model families, with peers measured in the same run.
+"""Train-step throughput of the model families, with peers measured in the same run, step by step.
 
 Sections (``--only`` picks some):
 
@@ -12,15 +12,21 @@ Sections (``--only`` picks some):
               same flat byte LM, with the entropy model's share of the step time (patching runs in
               the input pipeline).
 
-MFU = analytic training FLOPs of the step (``bytelm.training.flops``) / step time / matmul peak.
-Each measurement runs in its own process, one after the other, so no peer's threads linger in
-another's timing. JAX runs as ``bytelm train`` does on a CPU host: one virtual device per core,
-data-parallel (``bytelm.training.host``), and ``malloc`` backing large blocks with huge pages
-(``GLIBC_TUNABLES=glibc.malloc.hugetlb=1``, which ``bytelm`` sets for itself); the PyTorch
-peer runs under the same environment. ``BYTELM_NO_HUGEPAGE_MALLOC=1`` measures both without
-it. The last line is one JSON object with the headline figures.
+**Paired, alternating timing.** Each model lives in its own process (no peer's threads linger in
+another's timing), set up and warmed up once; then the parent asks the two processes of a pair for
+one step each, in turn (the order flips every round), with a short pause between steps. A drift
+of the shared machine therefore lands on both sides of a round, and the verdict is the median of
+the per-round ratios, printed with their min and max. Throughput and MFU come from each side's
+median step time.
 
-    python benchmarks/train_step.py [--only byte,megabyte] [--steps 4]
+MFU = analytic training FLOPs of the step (``bytelm.training.flops``) / step time / matmul peak.
+JAX runs as ``bytelm train`` does on a CPU host: one virtual device per core, data-parallel
+(``bytelm.training.host``), and ``malloc`` backing large blocks with huge pages
+(``GLIBC_TUNABLES=glibc.malloc.hugetlb=1``, which ``bytelm`` sets for itself); the PyTorch peer
+runs under the same environment. ``BYTELM_NO_HUGEPAGE_MALLOC=1`` measures both without it. The
+last line is one JSON object with the headline figures, including the CPU model (``cpu``).
+
+    python benchmarks/train_step.py [--only byte,megabyte] [--steps 6]
 """
 
 from __future__ import annotations
@@ -28,28 +34,31 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import platform
 import subprocess
 import sys
+import tempfile
 import time
 
 import numpy as np
 
-
-def _timeit(step, n_warmup: int, n_steps: int) -> float:
-    """Median seconds per call of ``step()`` (which must block until done)."""
-    for _ in range(n_warmup):
-        step()
-    times = []
-    for _ in range(n_steps):
-        t0 = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - t0)
-    return float(np.median(times))
+PAUSE_S = 0.2  # between two steps of a round: lets the previous side's spinning threads go idle
 
 
-# -- JAX ------------------------------------------------------------------------------------
-def jax_step_time(model_overrides: list[str], batch: int, seq_len: int, n_steps: int) -> tuple[float, float, int]:
-    """(seconds per train step, training FLOPs per step, parameter count) for a bytelm model."""
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+# -- the measured sides (each runs in a worker process) ---------------------------------------
+def jax_setup(model_overrides: list[str], batch: int, seq_len: int):
+    """A bytelm train step on random bytes: ``(step() -> {"step_s"}, info)``."""
     import jax
 
     from bytelm.config import load_config
@@ -63,21 +72,21 @@ def jax_step_time(model_overrides: list[str], batch: int, seq_len: int, n_steps:
     task = make_task(cfg, corpus=None)
     trainer = Trainer(cfg, task)
     rng = np.random.default_rng(0)
-    batch_ids = {"ids": rng.integers(4, 260, size=(batch, seq_len + 1)).astype(np.int32)}
-    device_batch = trainer.device_batch(batch_ids)
+    device_batch = trainer.device_batch({"ids": rng.integers(4, 260, size=(batch, seq_len + 1)).astype(np.int32)})
 
     def step():
+        t0 = time.perf_counter()
         trainer.params, trainer.opt_state, m = trainer._train_step(trainer.params, trainer.opt_state, device_batch)
         jax.block_until_ready(m["loss"])
+        return {"step_s": time.perf_counter() - t0}
 
-    dt = _timeit(step, 2, n_steps)
-    flops_per_step = task.train_flops_per_position() * batch * seq_len
-    return dt, flops_per_step, trainer.param_counts["total"]
+    info = {"flops_per_step": task.train_flops_per_position() * batch * seq_len, "params": trainer.param_counts["total"]}
+    return step, info
 
 
-def blt_step_time(model_overrides: list[str], entropy_overrides: list[str], batch: int, seq_len: int, n_steps: int) -> tuple:
-    """(seconds per train step, seconds of patching per batch, FLOPs per step, params, achieved mean
-    patch length) for a BLT whose patches come from a byte-LM entropy model."""
+def blt_setup(model_overrides: list[str], entropy_overrides: list[str], batch: int, seq_len: int):
+    """A BLT train step on stdlib windows patched by a byte-LM entropy model in the input pipeline:
+    ``(step() -> {"step_s", "patch_s"}, info)``."""
     import jax
     from flax import nnx
 
@@ -93,7 +102,7 @@ def blt_step_time(model_overrides: list[str], entropy_overrides: list[str], batc
     ent_cfg = load_config(None, entropy_overrides).model
     corpus = load_corpus("stdlib")
     windows = WindowBatches(corpus.train_stream, batch_size=batch, window=seq_len + 1, seed=0, process_index=0, process_count=1)
-    entropy = EntropyModel(ByteLM(ent_cfg, rngs=nnx.Rngs(0)), batch_size=batch)
+    entropy = EntropyModel(ByteLM(ent_cfg, rngs=nnx.Rngs(0)), width=seq_len + 1)
     patcher, achieved = EntropyPatcher.calibrated(
         entropy, WindowBatches(corpus.train_stream, batch_size=32, window=seq_len + 1, seed=1, process_index=0, process_count=1).batch(0),
         cfg.model.target_patch_len, max_patch_len=cfg.model.max_patch_len,
@@ -113,28 +122,27 @@ def blt_step_time(model_overrides: list[str], entropy_overrides: list[str], batc
     task = Task(cfg, corpus)
     trainer = Trainer(cfg, task)
     max_patches = cfg.model.patches_for(seq_len)
-    batches = [windows.batch(i) for i in range(n_steps + 2)]
-
-    def patch(ids):
-        return {"ids": ids, "patch_lengths": patcher.lengths(ids, max_patches)}
-
-    patch(batches[0])  # compile the entropy model
-    t0 = time.perf_counter()
-    prepared = [patch(b) for b in batches]
-    patch_s = (time.perf_counter() - t0) / len(batches)
-    device_batches = [trainer.device_batch(b) for b in prepared]
-    it = iter(device_batches)
+    counter = iter(range(10**9))
 
     def step():
-        trainer.params, trainer.opt_state, m = trainer._train_step(trainer.params, trainer.opt_state, next(it))
+        ids = windows.batch(next(counter))
+        t0 = time.perf_counter()
+        batch_np = {"ids": ids, "patch_lengths": patcher.lengths(ids, max_patches)}
+        t1 = time.perf_counter()
+        trainer.params, trainer.opt_state, m = trainer._train_step(trainer.params, trainer.opt_state, trainer.device_batch(batch_np))
         jax.block_until_ready(m["loss"])
+        return {"step_s": time.perf_counter() - t1, "patch_s": t1 - t0}
 
-    dt = _timeit(step, 2, n_steps)
-    return dt, patch_s, task.train_flops_per_position() * batch * seq_len, trainer.param_counts["total"], achieved
+    info = {
+        "flops_per_step": task.train_flops_per_position() * batch * seq_len,
+        "params": trainer.param_counts["total"],
+        "achieved": achieved,
+    }
+    return step, info
 
 
-# -- PyTorch peer ---------------------------------------------------------------------------
-def torch_step_time(d: int, layers: int, heads: int, mlp: int, vocab: int, batch: int, seq_len: int, n_steps: int, threads: int) -> float | None:
+def torch_setup(d: int, layers: int, heads: int, mlp: int, vocab: int, batch: int, seq_len: int, threads: int):
+    """The same byte LM in eager PyTorch: ``(step() -> {"step_s"}, info)``, or None without torch."""
     try:
         import torch
         import torch.nn.functional as F
@@ -198,126 +206,225 @@ def torch_step_time(d: int, layers: int, heads: int, mlp: int, vocab: int, batch
     ids = torch.randint(4, 260, (batch, seq_len + 1))
 
     def step():
+        t0 = time.perf_counter()
         logits = model(ids[:, :-1])
         loss = F.cross_entropy(logits.reshape(-1, vocab).float(), ids[:, 1:].reshape(-1))
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
+        return {"step_s": time.perf_counter() - t0}
 
-    return _timeit(step, 2, n_steps)
-
-
-def _in_subprocess(kind: str, **kwargs):
-    """Run one measurement in a fresh interpreter (CPU devices configured as the CLI does)."""
-    code = (
-        "import json, sys; sys.path.insert(0, sys.argv[1]); import train_step as b; "
-        "from bytelm.training.host import configure_cpu_devices; configure_cpu_devices(); "
-        "print('RESULT ' + json.dumps(getattr(b, sys.argv[2])(**json.loads(sys.argv[3]))))"
-    )
-    from bytelm.training.host import huge_page_malloc_env
-
-    r = subprocess.run(
-        [sys.executable, "-c", code, os.path.dirname(os.path.abspath(__file__)), kind, json.dumps(kwargs)],
-        capture_output=True,
-        text=True,
-        env=huge_page_malloc_env(),  # as the bytelm command runs (None: this environment as it is)
-    )
-    lines = [x for x in r.stdout.splitlines() if x.startswith("RESULT ")]
-    if r.returncode or not lines:
-        raise RuntimeError(f"{kind} failed:\n{r.stderr[-3000:]}")
-    return json.loads(lines[-1][len("RESULT ") :])
+    return step, {"params": sum(p.numel() for p in model.parameters())}
 
 
-def matmul_peak() -> float:
+def matmul_peak_setup():
     from bytelm.training.flops import measure_matmul_peak
 
-    return measure_matmul_peak()
+    peak = measure_matmul_peak()
+    return (lambda: {}), {"peak": peak}
+
+
+SETUPS = {"jax": jax_setup, "blt": blt_setup, "torch": torch_setup, "matmul_peak": matmul_peak_setup}
+
+
+def worker_main(kind: str, kwargs: dict) -> None:
+    """The worker process: set up, warm up (2 steps), print ``READY info``, then one ``TIME`` line
+    per ``step`` line read on stdin, until ``quit`` or end of input."""
+    from bytelm.training.host import configure_cpu_devices
+
+    configure_cpu_devices()
+    made = SETUPS[kind](**kwargs)
+    if made is None:
+        print("READY null", flush=True)
+        return
+    step, info = made
+    if kind != "matmul_peak":
+        for _ in range(2):
+            step()
+    print("READY " + json.dumps(info), flush=True)
+    for line in sys.stdin:
+        if line.strip() != "step":
+            break
+        print("TIME " + json.dumps(step()), flush=True)
+
+
+# -- the parent: paired, alternating rounds ------------------------------------------------------
+class Worker:
+    """One measured side in its own interpreter (CPU devices and huge-page malloc as the CLI sets them)."""
+
+    def __init__(self, kind: str, **kwargs):
+        from bytelm.training.host import huge_page_malloc_env
+
+        self.kind = kind
+        self.stderr = tempfile.TemporaryFile(mode="w+")
+        self.proc = subprocess.Popen(
+            [sys.executable, os.path.abspath(__file__), "--worker", kind, json.dumps(kwargs)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr, text=True,
+            env=huge_page_malloc_env(),  # as the bytelm command runs (None: this environment as it is)
+        )
+        self.info = json.loads(self._expect("READY "))
+
+    def _expect(self, prefix: str) -> str:
+        for line in self.proc.stdout:
+            if line.startswith(prefix):
+                return line[len(prefix) :]
+        self.stderr.seek(0)
+        raise RuntimeError(f"{self.kind} worker failed:\n{self.stderr.read()[-3000:]}")
+
+    def step(self) -> dict:
+        self.proc.stdin.write("step\n")
+        self.proc.stdin.flush()
+        return json.loads(self._expect("TIME "))
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.stdin.write("quit\n")
+            self.proc.stdin.close()
+            self.proc.wait()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def alternate(a: Worker, b: Worker, rounds: int) -> tuple[list[dict], list[dict]]:
+    """``rounds`` rounds of one step on each side, the order flipping every round."""
+    times_a, times_b = [], []
+    for r in range(rounds):
+        for side in ((a, b) if r % 2 == 0 else (b, a)):
+            time.sleep(PAUSE_S)
+            (times_a if side is a else times_b).append(side.step())
+    return times_a, times_b
+
+
+def spread(ratios: list[float]) -> dict:
+    return {"median": round(float(np.median(ratios)), 3), "min": round(min(ratios), 3), "max": round(max(ratios), 3)}
+
+
+def seconds(times: list[dict], *keys: str) -> list[float]:
+    return [sum(t[k] for k in keys) for t in times]
+
+
+FLAT = ["model.family=byte", "model.d_model=256", "model.n_layers=6", "model.n_heads=4", "model.mlp_dim=704"]
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--only", default="byte,megabyte,blt", help="comma-separated sections: byte, megabyte, blt")
-    p.add_argument("--steps", type=int, default=4, help="timed steps per model (after 2 warm-up steps)")
+    p.add_argument("--steps", type=int, default=6, help="alternating rounds per pair (one timed step per side each)")
     p.add_argument("--threads", type=int, default=os.cpu_count(), help="PyTorch intra-op threads")
+    p.add_argument("--worker", nargs=2, metavar=("KIND", "JSON"), help=argparse.SUPPRESS)
     args = p.parse_args()
+    if args.worker:
+        worker_main(args.worker[0], json.loads(args.worker[1]))
+        return
     sections = set(args.only.split(","))
 
-    peak = _in_subprocess("matmul_peak")
+    with Worker("matmul_peak") as w:
+        peak = w.info["peak"]
+    print(f"cpu: {cpu_model()}")
     print(f"fp32 matmul peak (2048^3, best of 5): {peak / 1e9:,.1f} GFLOP/s")
-    result: dict = {"matmul_peak_gflops": round(peak / 1e9, 1)}
+    result: dict = {"cpu": cpu_model(), "matmul_peak_gflops": round(peak / 1e9, 1)}
 
     if "byte" in sections:
         d, L, H, F, B, T = 256, 6, 4, 704, 16, 512
         model = ["model.family=byte", f"model.d_model={d}", f"model.n_layers={L}", f"model.n_heads={H}", f"model.mlp_dim={F}"]
-        dt, flops_step, n_params = _in_subprocess("jax_step_time", model_overrides=model, batch=B, seq_len=T, n_steps=args.steps)
+        with Worker("jax", model_overrides=model, batch=B, seq_len=T) as jw, Worker(
+            "torch", d=d, layers=L, heads=H, mlp=F, vocab=384, batch=B, seq_len=T, threads=args.threads
+        ) as tw:
+            flops_step, n_params = jw.info["flops_per_step"], jw.info["params"]
+            if tw.info is None:  # no peer: time the JAX side alone
+                jt, tt = [jw.step() for _ in range(args.steps)], None
+            else:
+                jt, tt = alternate(jw, tw, args.steps)
+        dt = float(np.median(seconds(jt, "step_s")))
         mfu = flops_step / dt / peak
         print(f"byte LM (JAX)  L={L} d={d} H={H} T={T} B={B} params={n_params:,}: {1 / dt:.3f} steps/s, {B * T / dt:,.0f} bytes/s, MFU {mfu:.2f}")
         result.update(byte_lm_steps_s=round(1 / dt, 4), byte_lm_bytes_s=round(B * T / dt), byte_lm_mfu=round(mfu, 3))
-        tdt = _in_subprocess(
-            "torch_step_time", d=d, layers=L, heads=H, mlp=F, vocab=384, batch=B, seq_len=T, n_steps=args.steps, threads=args.threads
-        )
-        if tdt is None:
+        if tt is None:
             print("torch not installed: pip install -e '.[bench]' for the PyTorch peer")
             result.update(torch_steps_s=None, ratio_vs_torch=None)
         else:
-            tmfu = flops_step / tdt / peak
-            print(f"byte LM (torch, eager, SDPA, {args.threads} threads): {1 / tdt:.3f} steps/s, MFU {tmfu:.2f}")
-            result.update(torch_steps_s=round(1 / tdt, 4), torch_mfu=round(tmfu, 3), ratio_vs_torch=round(tdt / dt, 3))
-
-    if "megabyte" in sections:
-        T, B = 2048, 4
-        flat = ["model.family=byte", "model.d_model=256", "model.n_layers=6", "model.n_heads=4", "model.mlp_dim=704"]
-        dt_flat, f_flat, n_flat = _in_subprocess("jax_step_time", model_overrides=flat, batch=B, seq_len=T, n_steps=max(2, args.steps // 2))
-        print(f"flat byte LM  T={T} B={B} params={n_flat:,}: {B * T / dt_flat:,.0f} bytes/s, {f_flat / (B * T) / 1e6:.1f} MFLOP/byte")
-        result.update(flat_t2048_bytes_s=round(B * T / dt_flat), flat_t2048_flops_per_byte=round(f_flat / (B * T)))
-        for P in (4, 8):
-            # same global stack as the flat model (6 x 256, P * d_G = 256) plus a small local model
-            mb = [
-                "model.family=megabyte", f"model.patch_size={P}", f"model.embed_dim={256 // P}", "model.global_d_model=256",
-                "model.global_layers=6", "model.global_heads=4", "model.global_mlp_dim=704",
-                "model.local_d_model=128", "model.local_layers=2", "model.local_heads=2", "model.local_mlp_dim=352",
-            ]
-            dt_mb, f_mb, n_mb = _in_subprocess("jax_step_time", model_overrides=mb, batch=B, seq_len=T, n_steps=args.steps)
-            print(f"MegaByte P={P}  T={T} B={B} params={n_mb:,}: {B * T / dt_mb:,.0f} bytes/s, {f_mb / (B * T) / 1e6:.1f} MFLOP/byte, {dt_flat / dt_mb:.2f}x flat")
-            result[f"megabyte_p{P}_bytes_s"] = round(B * T / dt_mb)
-            result[f"megabyte_p{P}_flops_per_byte"] = round(f_mb / (B * T))
-            result[f"megabyte_p{P}_params"] = n_mb
-        result["flat_params"] = n_flat
-        result["megabyte_p8_vs_flat"] = round(result["megabyte_p8_bytes_s"] / result["flat_t2048_bytes_s"], 3)
-
-    if "blt" in sections:
-        T, B = 2048, 4
-        if "flat_t2048_bytes_s" not in result:
-            flat = ["model.family=byte", "model.d_model=256", "model.n_layers=6", "model.n_heads=4", "model.mlp_dim=704"]
-            dt_flat, f_flat, n_flat = _in_subprocess("jax_step_time", model_overrides=flat, batch=B, seq_len=T, n_steps=2)
-            result.update(flat_t2048_bytes_s=round(B * T / dt_flat), flat_params=n_flat)
-        entropy = ["model.family=byte", "model.d_model=128", "model.n_layers=2", "model.n_heads=2", "model.mlp_dim=352", "model.window=64"]
-        for target in (4, 6):
-            blt = [
-                # 2x the expected patch count as slots (the config default, one slot per byte, never
-                # overflows but runs the global model over T+1 slots)
-                "model.family=blt", f"model.target_patch_len={target}", "model.max_patch_len=16",
-                f"model.max_patches={2 * (T + 1) // target + 2}",
-                "model.local_d_model=128", "model.encoder_layers=1", "model.decoder_layers=2", "model.local_heads=2",
-                "model.local_mlp_dim=352", "model.local_window=64", "model.global_d_model=256", "model.global_layers=6",
-                "model.global_heads=4", "model.global_mlp_dim=704", "model.hash_table_size=4096",
-            ]
-            dt, patch_s, f, n, achieved = _in_subprocess(
-                "blt_step_time", model_overrides=blt, entropy_overrides=entropy, batch=B, seq_len=T, n_steps=args.steps
-            )
-            share = patch_s / (patch_s + dt)
-            bytes_s = B * T / (dt + patch_s)
+            tdt = float(np.median(seconds(tt, "step_s")))
+            ratios = spread([t / j for t, j in zip(seconds(tt, "step_s"), seconds(jt, "step_s"))])
             print(
-                f"BLT target {target} (achieved {achieved:.2f})  T={T} B={B} params={n:,}: {bytes_s:,.0f} bytes/s "
-                f"(step {dt:.2f} s + patching {patch_s:.2f} s), {f / (B * T) / 1e6:.1f} MFLOP/byte, entropy share {share:.1%}, "
-                f"{bytes_s / result['flat_t2048_bytes_s']:.2f}x flat"
+                f"byte LM (torch, eager, SDPA, {args.threads} threads): {1 / tdt:.3f} steps/s, MFU {flops_step / tdt / peak:.2f}; "
+                f"JAX / torch speed per round: median {ratios['median']} (min {ratios['min']}, max {ratios['max']}, {args.steps} rounds)"
             )
-            result[f"blt_p{target}_bytes_s"] = round(bytes_s)
-            result[f"blt_p{target}_flops_per_byte"] = round(f / (B * T))
-            result[f"blt_p{target}_params"] = n
-            result[f"blt_p{target}_entropy_share"] = round(share, 4)
-        result["blt_entropy_share"] = max(result["blt_p4_entropy_share"], result["blt_p6_entropy_share"])
+            result.update(
+                torch_steps_s=round(1 / tdt, 4), torch_mfu=round(flops_step / tdt / peak, 3),
+                ratio_vs_torch=ratios["median"], ratio_vs_torch_min=ratios["min"], ratio_vs_torch_max=ratios["max"],
+            )
+
+    if {"megabyte", "blt"} & sections:
+        T, B = 2048, 4
+        with Worker("jax", model_overrides=FLAT, batch=B, seq_len=T) as flat:
+            n_flat, f_flat = flat.info["params"], flat.info["flops_per_step"]
+            result.update(flat_params=n_flat, flat_t2048_flops_per_byte=round(f_flat / (B * T)))
+            flat_times = []
+            if "megabyte" in sections:
+                for P in (4, 8):
+                    # same global stack as the flat model (6 x 256, P * d_G = 256) plus a small local model
+                    mb = [
+                        "model.family=megabyte", f"model.patch_size={P}", f"model.embed_dim={256 // P}", "model.global_d_model=256",
+                        "model.global_layers=6", "model.global_heads=4", "model.global_mlp_dim=704",
+                        "model.local_d_model=128", "model.local_layers=2", "model.local_heads=2", "model.local_mlp_dim=352",
+                    ]
+                    with Worker("jax", model_overrides=mb, batch=B, seq_len=T) as w:
+                        ft, mt = alternate(flat, w, args.steps)
+                    flat_times += ft
+                    ratios = spread([f / m for f, m in zip(seconds(ft, "step_s"), seconds(mt, "step_s"))])
+                    dt = float(np.median(seconds(mt, "step_s")))
+                    f_mb = w.info["flops_per_step"]
+                    print(
+                        f"MegaByte P={P}  T={T} B={B} params={w.info['params']:,}: {B * T / dt:,.0f} bytes/s, "
+                        f"{f_mb / (B * T) / 1e6:.1f} MFLOP/byte; vs flat per round: median {ratios['median']}x "
+                        f"(min {ratios['min']}, max {ratios['max']})"
+                    )
+                    result[f"megabyte_p{P}_bytes_s"] = round(B * T / dt)
+                    result[f"megabyte_p{P}_flops_per_byte"] = round(f_mb / (B * T))
+                    result[f"megabyte_p{P}_params"] = w.info["params"]
+                    result[f"megabyte_p{P}_vs_flat"] = ratios["median"]
+                    result[f"megabyte_p{P}_vs_flat_min"], result[f"megabyte_p{P}_vs_flat_max"] = ratios["min"], ratios["max"]
+            if "blt" in sections:
+                entropy = ["model.family=byte", "model.d_model=128", "model.n_layers=2", "model.n_heads=2", "model.mlp_dim=352", "model.window=64"]
+                for target in (4, 6):
+                    blt = [
+                        # 2x the expected patch count as slots (the config default, one slot per byte, never
+                        # overflows but runs the global model over T+1 slots)
+                        "model.family=blt", f"model.target_patch_len={target}", "model.max_patch_len=16",
+                        f"model.max_patches={2 * (T + 1) // target + 2}",
+                        "model.local_d_model=128", "model.encoder_layers=1", "model.decoder_layers=2", "model.local_heads=2",
+                        "model.local_mlp_dim=352", "model.local_window=64", "model.global_d_model=256", "model.global_layers=6",
+                        "model.global_heads=4", "model.global_mlp_dim=704", "model.hash_table_size=4096",
+                    ]
+                    with Worker("blt", model_overrides=blt, entropy_overrides=entropy, batch=B, seq_len=T) as w:
+                        ft, bt = alternate(flat, w, args.steps)
+                    flat_times += ft
+                    ratios = spread([f / b for f, b in zip(seconds(ft, "step_s"), seconds(bt, "step_s", "patch_s"))])
+                    shares = [t["patch_s"] / (t["patch_s"] + t["step_s"]) for t in bt]
+                    dt, patch_s = float(np.median(seconds(bt, "step_s"))), float(np.median(seconds(bt, "patch_s")))
+                    bytes_s = B * T / float(np.median(seconds(bt, "step_s", "patch_s")))
+                    f = w.info["flops_per_step"]
+                    print(
+                        f"BLT target {target} (achieved {w.info['achieved']:.2f})  T={T} B={B} params={w.info['params']:,}: "
+                        f"{bytes_s:,.0f} bytes/s (step {dt:.2f} s + patching {patch_s:.2f} s), {f / (B * T) / 1e6:.1f} MFLOP/byte, "
+                        f"entropy share {np.median(shares):.1%}; vs flat per round: median {ratios['median']}x "
+                        f"(min {ratios['min']}, max {ratios['max']})"
+                    )
+                    result[f"blt_p{target}_bytes_s"] = round(bytes_s)
+                    result[f"blt_p{target}_flops_per_byte"] = round(f / (B * T))
+                    result[f"blt_p{target}_params"] = w.info["params"]
+                    result[f"blt_p{target}_entropy_share"] = round(float(np.median(shares)), 4)
+                    result[f"blt_p{target}_vs_flat"] = ratios["median"]
+                    result[f"blt_p{target}_vs_flat_min"], result[f"blt_p{target}_vs_flat_max"] = ratios["min"], ratios["max"]
+                result["blt_entropy_share"] = max(result["blt_p4_entropy_share"], result["blt_p6_entropy_share"])
+            dt_flat = float(np.median(seconds(flat_times, "step_s")))
+            result["flat_t2048_bytes_s"] = round(B * T / dt_flat)
+            print(f"flat byte LM  T={T} B={B} params={n_flat:,}: {B * T / dt_flat:,.0f} bytes/s, {f_flat / (B * T) / 1e6:.1f} MFLOP/byte")
 
     print(json.dumps(result))
 

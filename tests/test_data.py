@@ -280,10 +280,7 @@ def test_host_slices_disjoint_and_cover_batch(stream, hosts):
         for h in range(hosts)
     ]
     np.testing.assert_array_equal(np.concatenate(parts), full.batch(3))
-    starts = full.starts(3)
-    per_host = np.split(np.arange(8), hosts)
-    assert sorted(np.concatenate(per_host).tolist()) == list(range(8))
-    assert all(len(p) == 8 // hosts for p in parts) and len(set(starts.tolist())) > 1
+    assert all(len(p) == 8 // hosts for p in parts) and len(set(full.starts(3).tolist())) > 1
 
 
 def test_batch_errors(stream):

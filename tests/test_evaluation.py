@@ -288,6 +288,62 @@ def test_export_and_external_scores_round_trip(corpus_dir, byte_run, tmp_path, c
     assert code == 2 and "twice" in err
 
 
+@pytest.fixture(scope="module")
+def heldout_rows(corpus_dir):
+    eval_set = EvalSet.from_corpus(corpus_of(corpus_dir))
+    return eval_set.fingerprint, eval_set.ids, [8.0 * LN2 * len(d) for d in eval_set.data]  # a uniform model
+
+
+def test_external_scores_with_only_a_total_parameter_count(byte_run, heldout_rows, tmp_path, capsys):
+    """The documented format makes 'embedding' and 'non_embedding' optional: a header with only
+    'total' (what nanoGPT prints) is scored and shown, not a schema traceback."""
+    fingerprint, ids, nats = heldout_rows
+    scores = tmp_path / "scores.jsonl"
+    write_scores(scores, ids, nats, fingerprint, family="nanogpt", params={"total": 10_754_816})
+    report_path = tmp_path / "report.json"
+    assert cli.main(["eval", str(byte_run), "--external", f"nanogpt={scores}", "--json", str(report_path)]) == 0
+    out = capsys.readouterr().out
+    assert "10.8M total" in out
+    report = json.loads(report_path.read_text())
+    validate(report)
+    ext = next(m for m in report["models"] if m["name"] == "nanogpt")
+    assert ext["params"] == {"total": 10_754_816} and ext["bpb"] == pytest.approx(8.0, rel=1e-12)
+
+
+@pytest.mark.parametrize(
+    "header, row_index, row_update, line, field",
+    [  # a valid file with one change: to the header, or to the line of segment row_index (None deletes a key)
+        ({"params": {"total": 5, "embeddings": 1}}, None, None, 1, "params.embeddings"),
+        ({"params": {"total": -5}}, None, None, 1, "params.total"),
+        ({"params": {"total": 1.5}}, None, None, 1, "params.total"),
+        ({"params": [1, 2]}, None, None, 1, "params"),
+        ({"family": 7}, None, None, 1, "family"),
+        ({"version": 2}, None, None, 1, "version"),
+        ({"format": "bytelm-heldout"}, None, None, 1, "format"),
+        ({}, 0, {"id": None}, 2, "id"),
+        ({}, 0, {"id": "?"}, 2, "id"),
+        ({}, 1, {"nats": "1.0"}, 3, "nats"),
+        ({}, 1, {"nats": -1.0}, 3, "nats"),
+        ({}, 1, {"global_steps": 0}, 3, "global_steps"),
+    ],
+)
+def test_invalid_scores_files_fail_with_one_line_naming_file_line_and_field(
+    byte_run, heldout_rows, tmp_path, capsys, header, row_index, row_update, line, field
+):
+    fingerprint, ids, nats = heldout_rows
+    head = {"format": "bytelm-scores", "version": 1, "fingerprint": fingerprint, **header}
+    body = [{"id": i, "nats": x} for i, x in zip(ids, nats)]
+    if row_index is not None:
+        body[row_index] = {k: v for k, v in {**body[row_index], **row_update}.items() if v is not None}
+    path = tmp_path / "bad.jsonl"
+    path.write_text("\n".join(json.dumps(x) for x in [head, *body]) + "\n")
+    code = cli.main(["eval", str(byte_run), "--external", f"x={path}", "--json", str(tmp_path / "r.json")])
+    err = capsys.readouterr().err.strip()
+    assert code == 2
+    assert len(err.splitlines()) == 1 and "Traceback" not in err
+    assert f"{path} line {line}" in err and f"'{field}'" in err, err
+
+
 def test_export_detects_an_edited_file(corpus_dir, tmp_path, capsys):
     heldout = tmp_path / "h.jsonl"
     assert cli.main(["data", "export-heldout", "--data", f"files:{corpus_dir}", "--out", str(heldout)]) == 0

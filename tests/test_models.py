@@ -97,7 +97,9 @@ def test_deep_halving_recursion_equals_dense():
     halving = jax.jit(jax.value_and_grad(loss(lambda q, k, v: halving_causal_attention(q, k, v, block=2)), argnums=(0, 1, 2)))
     dense = jax.value_and_grad(loss(lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=True)), argnums=(0, 1, 2))
     (h_val, h_grads), (d_val, d_grads) = halving(q, k, v), dense(q, k, v)
-    np.testing.assert_allclose(h_val, d_val, rtol=1e-5)
+    # two differently shaped programs summing 8192 float32 terms: reassociation error ~1e-6 relative,
+    # and an atol because a weighted sum of random terms can land near 0
+    np.testing.assert_allclose(h_val, d_val, rtol=1e-5, atol=1e-4)
     for a, b in zip(h_grads, d_grads):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
 

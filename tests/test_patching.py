@@ -343,10 +343,27 @@ def test_entropy_model_matches_numpy_reference_and_compiles_once(tiny_byte_lm):
     assert (h[2, 20:] == 0).all()  # the padding tail
     assert (h[:, :20] > 0).all() and (h <= np.log(260) + 1e-4).all()
     em.entropies(ids + 1)
-    assert em._fn._cache_size() == 1
-    chunked = EntropyModel(tiny_byte_lm, batch_size=2)
-    np.testing.assert_array_equal(chunked.entropies(ids), h)
-    np.testing.assert_array_equal(em.entropies(ids[1]), h[1])
+    em.entropies(ids[:1])
+    assert em._fn._cache_size() == len(jax.local_devices())  # one single-row program (per device)
+
+
+def test_entropies_are_batch_invariant_by_construction(tiny_byte_lm):
+    """Every row runs alone through one compiled single-row program at the model's fixed width, so
+    its entropies are bitwise the same whatever it is batched with (the same program on the same
+    row: an exact contract, not a tolerance). Different batch sizes, orders and companions."""
+    em = EntropyModel(tiny_byte_lm, width=40)
+    rng = np.random.default_rng(3)
+    ids = rng.integers(BYTE_OFFSET, 260, size=(7, 30))
+    ids[:, 0] = BOS_ID
+    ids[4, 11:] = PAD_ID
+    h = em.entropies(ids)
+    for order in (rng.permutation(7), np.array([5, 1]), np.array([4])):
+        np.testing.assert_array_equal(em.entropies(ids[order]), h[order])
+    np.testing.assert_array_equal(em.entropies(ids[2]), h[2])
+    wider = np.concatenate([ids, np.zeros((7, 10), ids.dtype)], axis=1)  # the same rows at the full width
+    np.testing.assert_array_equal(em.entropies(wider)[:, :30], h)
+    with pytest.raises(ValueError, match="fixed width 40"):
+        em.entropies(np.ones((1, 41), np.int32))
 
 
 def test_entropy_fingerprint(tiny_byte_lm):

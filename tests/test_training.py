@@ -156,6 +156,8 @@ def test_data_parallel_step_equals_single_device(corpus_dir, tmp_path):
         assert multi.mesh.shape["data"] == 8 and single.mesh.shape["data"] == 1
         for _ in range(2):
             lm = float(multi.train_step(batch)["loss"]); ls = float(single.train_step(batch)["loss"])
+        # differently sharded programs (gradients all-reduced over 8 devices vs summed on one): float32
+        # reassociation only, ~1e-7 relative per value; 1e-5 absolute leaves two orders of margin
         assert abs(lm - ls) < 1e-5, (lm, ls)
         worst = max(float(np.max(np.abs(np.asarray(a) - np.asarray(b))))
                     for a, b in zip(jax.tree.leaves(multi.params), jax.tree.leaves(single.params)))

@@ -27,8 +27,11 @@ once, the segment scored on its own from the model's start-of-sequence state (no
 other segments; end-of-text not scored). A tokenizer-based model sums its token NLLs over the
 segment encoded on its own. ``global_steps`` (optional) is the number of positions the model ran
 for the segment (tokens for a subword model), giving its mean bytes per global step. In the
-header, ``family`` (default ``"external"``) and ``params`` (``total``, ``embedding``,
-``non_embedding``) are optional. BPB = sum of nats / (held-out bytes x ln 2).
+header, ``family`` (a string, default ``"external"``) and ``params`` are optional; ``params`` is an
+object holding any of ``total``, ``embedding`` and ``non_embedding`` (non-negative integers; a
+model that knows only its size gives ``{"total": N}``). BPB = sum of nats / (held-out bytes x ln 2).
+
+A file that breaks these rules is refused with one line naming the file, the line and the field.
 """
 
 from __future__ import annotations
@@ -86,7 +89,7 @@ def read_heldout(path: str | Path) -> tuple[dict, list[dict]]:
     Checks the fingerprint against the decoded bytes (a damaged or edited file is refused)."""
     from bytelm.data.corpus import fingerprint_segments  # noqa: PLC0415
 
-    header, rows = _read_jsonl(path, HELDOUT_FORMAT)
+    (_, header), rows = _read_jsonl(path, HELDOUT_FORMAT)
     out = []
     for n, row in rows:
         try:
@@ -103,7 +106,8 @@ def read_heldout(path: str | Path) -> tuple[dict, list[dict]]:
     return header, out
 
 
-def _read_jsonl(path: str | Path, fmt: str) -> tuple[dict, list[tuple[int, dict]]]:
+def _read_jsonl(path: str | Path, fmt: str) -> tuple[tuple[int, dict], list[tuple[int, dict]]]:
+    """``((header line number, header), [(line number, row), ...])`` of a JSON Lines file."""
     try:
         text = Path(path).read_text(encoding="utf-8")
     except OSError as e:
@@ -122,25 +126,51 @@ def _read_jsonl(path: str | Path, fmt: str) -> tuple[dict, list[tuple[int, dict]
             raise UserError(f"{path} line {n} is not a JSON object")
         rows.append((n, obj))
     if not rows or rows[0][1].get("format") != fmt:
+        where = f"{path} line {rows[0][0]}: header field 'format' is {rows[0][1].get('format')!r}" if rows else f"{path} is empty"
         raise UserError(
-            f"{path} does not start with a {fmt} header line ({{\"format\": \"{fmt}\", \"version\": {VERSION}, "
+            f"{where}; the file must start with a {fmt} header line ({{\"format\": \"{fmt}\", \"version\": {VERSION}, "
             "\"fingerprint\": ...}); see the format in 'bytelm data export-heldout --help'"
         )
-    header = rows[0][1]
+    n, header = rows[0]
     if header.get("version") != VERSION:
-        raise UserError(f"{path}: {fmt} version {header.get('version')!r} is not supported (this bytelm reads version {VERSION})")
-    return header, rows[1:]
+        raise UserError(
+            f"{path} line {n}: header field 'version' is {header.get('version')!r}; this bytelm reads {fmt} version {VERSION}"
+        )
+    return rows[0], rows[1:]
+
+
+PARAM_KEYS = ("total", "embedding", "non_embedding")
+
+
+def _header_params(where: str, header: dict) -> dict | None:
+    """The header's optional ``params``: any of :data:`PARAM_KEYS`, each a non-negative integer."""
+    params = header.get("params")
+    if params is None:
+        return None
+    if not isinstance(params, dict):
+        raise UserError(f"{where}: header field 'params' must be an object such as {{\"total\": 124439808}}, got {params!r}")
+    for key, value in params.items():
+        if key not in PARAM_KEYS:
+            raise UserError(f"{where}: header field 'params.{key}' is not one of {', '.join(PARAM_KEYS)}")
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise UserError(f"{where}: header field 'params.{key}' must be a non-negative integer, got {value!r}")
+    return dict(params)
 
 
 def read_external_scores(path: str | Path, eval_set: EvalSet, *, name: str) -> ModelResult:
     """Read a scores file and check it against ``eval_set``: same fingerprint, every segment id
     exactly once, finite non-negative nats. Returns a :class:`ModelResult` of kind ``"external"``."""
-    header, rows = _read_jsonl(path, SCORES_FORMAT)
+    (hline, header), rows = _read_jsonl(path, SCORES_FORMAT)
+    where = f"{path} line {hline}"
+    params = _header_params(where, header)
+    family = header.get("family", "external")
+    if not isinstance(family, str) or not family:
+        raise UserError(f"{where}: header field 'family' must be a non-empty string, got {family!r}")
     fp = header.get("fingerprint")
     if fp != eval_set.fingerprint:
         raise UserError(
-            f"the external scores {name}={path} were computed on held-out bytes with fingerprint {str(fp)[:16]}..., "
-            f"but the models here are scored on {eval_set.fingerprint[:16]}...; export the held-out segments of this "
+            f"{where}: header field 'fingerprint' is {str(fp)[:16]}... (the external scores {name}), but the "
+            f"models here are scored on {eval_set.fingerprint[:16]}...; export the held-out segments of this "
             "data (bytelm data export-heldout with the same --data and segment settings) and score them again"
         )
     index = {sid: i for i, sid in enumerate(eval_set.ids)}
@@ -148,19 +178,21 @@ def read_external_scores(path: str | Path, eval_set: EvalSet, *, name: str) -> M
     steps = np.full(len(index), np.nan)
     for n, row in rows:
         sid = row.get("id")
-        if sid not in index:
-            raise UserError(f"{path} line {n}: segment id {sid!r} is not a segment of this evaluation set")
+        if "id" not in row:
+            raise UserError(f"{path} line {n}: field 'id' is missing (every line after the header scores one segment)")
+        if not isinstance(sid, str) or sid not in index:
+            raise UserError(f"{path} line {n}: field 'id' {sid!r} is not a segment of this evaluation set")
         i = index[sid]
         if not math.isnan(nats[i]):
-            raise UserError(f"{path} line {n}: segment id {sid!r} is scored twice")
+            raise UserError(f"{path} line {n}: field 'id' {sid!r} is scored twice")
         value = row.get("nats")
         if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
-            raise UserError(f"{path} line {n}: 'nats' must be a finite number >= 0 (total NLL of the segment), got {value!r}")
+            raise UserError(f"{path} line {n}: field 'nats' must be a finite number >= 0 (total NLL of the segment), got {value!r}")
         nats[i] = float(value)
         if "global_steps" in row:
             gs = row["global_steps"]
             if isinstance(gs, bool) or not isinstance(gs, int | float) or not gs > 0:
-                raise UserError(f"{path} line {n}: 'global_steps' must be a positive number, got {gs!r}")
+                raise UserError(f"{path} line {n}: field 'global_steps' must be a positive number, got {gs!r}")
             steps[i] = float(gs)
     missing = [eval_set.ids[i] for i in np.flatnonzero(np.isnan(nats))]
     if missing:
@@ -169,12 +201,9 @@ def read_external_scores(path: str | Path, eval_set: EvalSet, *, name: str) -> M
             "segment of the held-out file"
         )
     scores = SegmentScores(nats, np.asarray([len(d) for d in eval_set.data], np.int64))
-    params = header.get("params")
-    if params is not None and not (isinstance(params, dict) and all(isinstance(v, int) for v in params.values())):
-        raise UserError(f"{path}: header 'params' must be an object of integers (total, embedding, non_embedding), got {params!r}")
     return ModelResult(
         name=name,
-        family=str(header.get("family") or "external"),
+        family=family,
         kind="external",
         fingerprint=fp,
         scores=scores,

@@ -13,7 +13,7 @@ every write. In short::
 
     ModelEntry = {"name", "family", "kind": "run" | "external" | "baseline", "run_dir", "step",
       "bpb", "nats", "bytes", "segments",
-      "params": {"total", "embedding", "non_embedding"} | null,
+      "params": {["total"], ["embedding"], ["non_embedding"]} | null (each key optional),
       "flops": training FLOPs (analytic) | null, "train_flops_per_byte" | null,
       "bytes_seen": training bytes | null,
       "mean_bytes_per_global_step": eval-set bytes per position of the outermost stack | null,
@@ -53,10 +53,11 @@ _BREAKDOWN = {
     },
     "additionalProperties": False,
 }
+# every key optional: outside models may know only their total (bytelm/evaluation/external.py)
 _PARAMS = {
     "type": ["object", "null"],
-    "required": ["total", "embedding", "non_embedding"],
     "properties": {"total": _COUNT, "embedding": _COUNT, "non_embedding": _COUNT},
+    "additionalProperties": False,
 }
 _MODEL = {
     "type": "object",
@@ -249,13 +250,21 @@ def _bpb(x) -> str:
     return "diverged" if x is None else f"{x:.4f}"
 
 
+def params_cell(p: dict | None) -> str:
+    """``"emb / non-emb"`` when both are known, else ``"<total> total"``, else ``"-"``."""
+    if p and "embedding" in p and "non_embedding" in p:
+        return f"{human(p['embedding'])} / {human(p['non_embedding'])}"
+    if p and "total" in p:
+        return f"{human(p['total'])} total"
+    return "-"
+
+
 def results_table(report: dict) -> str:
     """The main table: one row per model, then the reference rows."""
     headers = ["model", "family", "BPB", "params (emb / non-emb)", "train FLOPs", "bytes seen", "bytes/global step", "wall"]
     rows = []
     for m in [*report["models"], *report["baselines"]]:
-        p = m["params"]
-        params = f"{human(p['embedding'])} / {human(p['non_embedding'])}" if p else "-"
+        params = params_cell(m["params"])
         bpgs = m["mean_bytes_per_global_step"]
         rows.append(
             [

@@ -32,34 +32,43 @@ def params_fingerprint(params: nnx.State) -> str:
 
 
 def _entropy_fn(graphdef):
-    def fn(params, rest, ids_BxL):
-        logits_BxLxV = nnx.merge(graphdef, params, rest)(ids_BxL).astype(jnp.float32)
-        logp_BxLxV = jax.nn.log_softmax(logits_BxLxV, axis=-1)
-        p_BxLxV = jnp.exp(logp_BxLxV)
-        return -jnp.sum(jnp.where(p_BxLxV > 0, p_BxLxV * logp_BxLxV, 0.0), axis=-1)
+    def fn(params, rest, ids_1xW):
+        logits_1xWxV = nnx.merge(graphdef, params, rest)(ids_1xW).astype(jnp.float32)
+        logp_1xWxV = jax.nn.log_softmax(logits_1xWxV, axis=-1)
+        p_1xWxV = jnp.exp(logp_1xWxV)
+        return -jnp.sum(jnp.where(p_1xWxV > 0, p_1xWxV * logp_1xWxV, 0.0), axis=-1)
 
     return jax.jit(fn)
 
 
 class EntropyModel:
-    """Next-id entropies from a ByteLM, batched and jitted (one compilation per input shape).
+    """Next-id entropies from a ByteLM, **one row at a time through one compiled program**.
+
+    Batch invariance by construction: every row is padded with PAD to ``width`` positions and run
+    on its own through the same jitted single-row function, so its entropies are bitwise the same
+    whatever other rows it comes with, however many, in whichever order (a patch boundary whose
+    entropy sits at the threshold cannot move with the evaluation batch size). Rows go to the local
+    devices in turn (the same executable on each), and dispatch is asynchronous, so the device
+    queue stays full. ``width`` (default: the width of each call's input) should be fixed by the
+    caller for results that must not depend on the call: the BLT task uses its window,
+    ``train.seq_len + 1``. Rows are causal, so the padding after a row never changes its values.
 
     The model's state is copied at construction: the entropies and :attr:`fingerprint` stay those
     of the parameters it was built with.
-
-    ``batch_size`` (optional) splits large batches into chunks of that many rows, the last one
-    padded with PAD rows, so any batch compiles at most one program per row width.
     """
 
-    def __init__(self, model: nnx.Module, *, batch_size: int | None = None):
-        if batch_size is not None and batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1 (or None), got {batch_size}")
+    def __init__(self, model: nnx.Module, *, width: int | None = None):
+        if width is not None and width < 1:
+            raise ValueError(f"width must be >= 1 (or None: the input's width), got {width}")
         graphdef, params, rest = nnx.split(model, nnx.Param, ...)
-        # A snapshot: nnx.split shares Variable objects with the module, so later changes to the
-        # module (an optimizer step, nnx.jit) would otherwise change these entropies silently.
         self.graphdef = graphdef
-        self.params, self.rest = jax.tree.map(lambda x: x, (params, rest))
-        self.batch_size = batch_size
+        # A snapshot on every local device: nnx.split shares Variable objects with the module, so
+        # later changes to the module (an optimizer step, nnx.jit) would otherwise change these
+        # entropies silently; one copy per device lets rows run on all of them.
+        self.devices = jax.local_devices()
+        self._state = [jax.device_put((params, rest), d) for d in self.devices]
+        self.params, self.rest = self._state[0]
+        self.width = width
         self.window = int(getattr(getattr(model, "cfg", None), "window", 0) or 0)
         self.fingerprint = params_fingerprint(self.params)
         self._fn = _entropy_fn(self.graphdef)
@@ -74,15 +83,18 @@ class EntropyModel:
         B, L = ids_BxL.shape
         if B == 0 or L == 0:
             return np.zeros(ids.shape, np.float32)
-        chunk = self.batch_size or B
-        out = []
-        for s in range(0, B, chunk):
-            part = ids_BxL[s : s + chunk]
-            if part.shape[0] < chunk:
-                part = np.concatenate([part, np.zeros((chunk - part.shape[0], L), np.int32)])
-            h = np.asarray(jax.device_get(self._fn(self.params, self.rest, part)), dtype=np.float32)
-            out.append(h[: min(chunk, B - s)])
-        h_BxL = np.where(valid_mask(ids_BxL), np.concatenate(out), np.float32(0))
+        W = self.width or L
+        if L > W:
+            raise ValueError(f"rows of {L} ids are wider than this entropy model's fixed width {W}")
+        rows_BxW = np.zeros((B, W), np.int32)
+        rows_BxW[:, :L] = ids_BxL
+        n = len(self.devices)
+        pending = []
+        for b in range(B):  # all dispatched before the first result is read back
+            params, rest = self._state[b % n]
+            pending.append(self._fn(params, rest, jax.device_put(rows_BxW[b : b + 1], self.devices[b % n])))
+        h_BxL = np.concatenate([np.asarray(jax.device_get(h), np.float32) for h in pending])[:, :L]
+        h_BxL = np.where(valid_mask(ids_BxL), h_BxL, np.float32(0))
         return h_BxL[0] if squeeze else h_BxL
 
 

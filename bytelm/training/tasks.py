@@ -63,14 +63,16 @@ class Task:
 
     def eval_batches(self, segments: list[bytes], batch_size: int) -> Iterator[tuple[dict, int]]:
         encoded = [self.encode_segment(s) for s in segments]
-        width = max((len(ids) for ids, _ in encoded), default=2)
-        width = max(width, 2)
-        if width - 1 > self.cfg.train.seq_len:
+        longest = max((len(ids) for ids, _ in encoded), default=2)
+        if longest - 1 > self.cfg.train.seq_len:
             raise UserError(
-                f"an evaluation segment needs {width - 1} positions but the model trains on train.seq_len = "
+                f"an evaluation segment needs {longest - 1} positions but the model trains on train.seq_len = "
                 f"{self.cfg.train.seq_len}: set data.segment_bytes so segments fit the training context "
                 "(scores past it would measure length extrapolation, not the model)"
             )
+        # One row width for every batch (the training window), not the longest segment of this call:
+        # a segment's program, and so its score, must not depend on the segments it is scored with.
+        width = self.cfg.train.seq_len + 1
         for lo in range(0, len(encoded), batch_size):
             chunk = encoded[lo : lo + batch_size]
             ids = np.full((batch_size, width), PAD_ID, np.int32)
@@ -262,7 +264,9 @@ class BLTTask(ByteTask):
         from bytelm.training.trainer import restore_trainer  # noqa: PLC0415  (cycle: trainer imports tasks)
 
         entropy_trainer = restore_trainer(entropy_dir)
-        self.entropy_model = EntropyModel(nnx.merge(entropy_trainer.graphdef, entropy_trainer.params), batch_size=cfg.train.batch_size)
+        # one fixed row width (the training window) for training and evaluation rows alike, so a
+        # segment's entropies, and hence its patches, never depend on its batch
+        self.entropy_model = EntropyModel(nnx.merge(entropy_trainer.graphdef, entropy_trainer.params), width=cfg.train.seq_len + 1)
         self.max_patches = m.patches_for(cfg.train.seq_len)
         mono = m.monotonic_threshold or None
         recorded = {}

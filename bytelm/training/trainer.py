@@ -216,7 +216,7 @@ class Trainer:
         )
         self.step = 0
         self._train_step = jax.jit(self._step_fn, donate_argnums=(0, 1))
-        self._score_rows = jax.jit(self._score_rows_fn)
+        self._score_positions = jax.jit(self._score_positions_fn)
         self.param_counts = count_params(self.params)
 
     # -- pure functions -------------------------------------------------------------------
@@ -255,9 +255,9 @@ class Trainer:
         }
         return params, opt_state, metrics
 
-    def _score_rows_fn(self, params, batch):
+    def _score_positions_fn(self, params, batch):
         s = self._scores(params, batch)
-        return jnp.sum(s.nll_BxT, axis=1), jnp.sum(s.nbytes_BxT, axis=1)
+        return s.nll_BxT, s.nbytes_BxT
 
     # -- host side ------------------------------------------------------------------------
     def device_batch(self, batch: dict) -> dict:
@@ -270,23 +270,28 @@ class Trainer:
         self.step += 1
         return metrics
 
-    def evaluate(self, segments: list[bytes], *, on_batch: Callable[[dict, int], None] | None = None):
-        """Score ``segments`` with the current params (the evaluation protocol).
+    def evaluate(
+        self, segments: list[bytes], *, on_batch: Callable[[dict, int], None] | None = None, batch_size: int | None = None
+    ):
+        """Score ``segments`` with the current params (the evaluation protocol), ``batch_size``
+        (default ``eval.batch_size``) segments per batch.
 
         ``on_batch(batch, n_real_rows)`` sees every host-side eval batch (with its family-specific
         arrays, e.g. BLT patch lengths) before it is scored; the evaluator counts global steps and
         reports progress with it."""
 
         def rows(batch):
-            nats, nbytes = self._score_rows(self.params, self.device_batch(batch))
-            return np.asarray(jax.device_get(nats)), np.asarray(jax.device_get(nbytes))
+            # per-position values summed here in float64, in one fixed order: a segment's total does
+            # not pick up the float32 reduction order of a program shaped by its batch
+            nll_BxT, nbytes_BxT = jax.device_get(self._score_positions(self.params, self.device_batch(batch)))
+            return np.asarray(nll_BxT, np.float64).sum(axis=1), np.asarray(nbytes_BxT, np.float64).sum(axis=1)
 
         def observed(batches):
             for batch, n_real in batches:
                 on_batch(batch, n_real)
                 yield batch, n_real
 
-        batches = self.task.eval_batches(segments, self.cfg.eval.batch_size)
+        batches = self.task.eval_batches(segments, batch_size or self.cfg.eval.batch_size)
         if on_batch is not None:
             batches = observed(batches)
         return score_segments(rows, batches, [len(s) for s in segments])
