@@ -62,7 +62,7 @@ def jax_setup(model_overrides: list[str], batch: int, seq_len: int):
     import jax
 
     from bytelm.config import load_config
-    from bytelm.training.tasks import make_task
+    from bytelm.training.trainer import make_task
     from bytelm.training.trainer import Trainer
 
     cfg = load_config(

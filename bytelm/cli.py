@@ -1,28 +1,46 @@
 """The ``bytelm`` command: argument parsing and console output only.
 
-Every command calls an importable library function; bad input raises
-:class:`~bytelm.errors.UserError`, printed here as one line on stderr with exit status 2.
+Every command is a pair: ``add_<command>(subparsers)`` declares its arguments and
+``cmd_<command>(args)`` calls an importable library function and prints the result. Bad input
+raises :class:`~bytelm.errors.UserError`, printed here as one line on stderr with exit status 2.
+The ``bytelm`` executable enters through :func:`bytelm.__main__.entry`.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
+import os
 import sys
 from collections.abc import Callable
+from pathlib import Path
 
+import jax
+
+from bytelm.atomic import atomic_write_text
+from bytelm.baselines.bpe import load_tokenizer, tokenizer_stats, train_bpe
+from bytelm.config import load_config
+from bytelm.data import default_cache_dir, load_corpus_from_config
 from bytelm.errors import UserError
+from bytelm.evaluation.evaluator import evaluate_runs
+from bytelm.evaluation.external import export_heldout
+from bytelm.evaluation.report import seconds, terminal_report
+from bytelm.evaluation.results import EvalSet
+from bytelm.experiments.compare import CompareStopped, compare
+from bytelm.patching import EntropyModel, format_patches, patch_text, read_patch_source
+from bytelm.patching.plot import plot_entropies
+from bytelm.progress import ProgressBar
+from bytelm.training.host import configure_cpu_devices
+from bytelm.training.trainer import TrainingDiverged, restore_model, train
 
 EXIT_USER_ERROR = 2
 
 
+# -- shared options -------------------------------------------------------------------------
 def _add_config_options(p: argparse.ArgumentParser, *, with_config: bool = True) -> None:
     if with_config:
-        p.add_argument(
-            "--config",
-            metavar="FILE",
-            help="TOML config file (its [data] section applies; see configs/)",
-        )
+        p.add_argument("--config", metavar="FILE", help="TOML config file (its [data] section applies; see configs/)")
     p.add_argument(
         "--set",
         dest="overrides",
@@ -43,9 +61,15 @@ def _add_data_option(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _resolve_config(args: argparse.Namespace):
-    from bytelm.config import load_config  # noqa: PLC0415
+def _add_tokenizer_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--tokenizer", required=True, metavar="DIR", help="tokenizer directory written by 'bytelm tokenizer train' (holds bytelm_bpe.json)")
 
+
+def _add_workers_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--workers", type=int, metavar="N", help="worker processes (default: all available CPUs)")
+
+
+def _resolve_config(args: argparse.Namespace):
     overrides = list(args.overrides)
     if getattr(args, "data", None):
         overrides.append(f"data.source={args.data}")
@@ -53,9 +77,6 @@ def _resolve_config(args: argparse.Namespace):
 
 
 def _load_corpus(data_cfg):
-    from bytelm.data import load_corpus_from_config  # noqa: PLC0415
-    from bytelm.progress import ProgressBar  # noqa: PLC0415
-
     bar = ProgressBar(f"reading {data_cfg.source}", unit=" docs")
     try:
         return load_corpus_from_config(data_cfg, progress=bar.update)
@@ -63,39 +84,102 @@ def _load_corpus(data_cfg):
         bar.close()
 
 
-# -- data ---------------------------------------------------------------------------------
-def cmd_data_info(args: argparse.Namespace) -> int:
-    cfg = _resolve_config(args)
-    corpus = _load_corpus(cfg.data)
-    s = corpus.summary()
-    rows = [
-        ("source", s["source"]),
-        ("documents", f"{s['documents']:,}"),
-        ("bytes", f"{s['bytes']:,}"),
-        ("train", f"{s['train_documents']:,} documents, {s['train_bytes']:,} bytes"),
-        ("held-out", f"{s['heldout_documents']:,} documents, {s['heldout_bytes']:,} bytes"),
-        (
-            "eval segments",
-            f"{s['eval_segments']:,} segments, {s['eval_bytes']:,} bytes "
-            f"(segment_bytes {s['segment_bytes']}, max_eval_bytes {s['max_eval_bytes']:,})",
-        ),
-        ("fingerprint", s["fingerprint"]),
-        ("cache", s["cache"]),
-    ]
+def _print_rows(rows: list[tuple[str, str]]) -> None:
     width = max(len(k) for k, _ in rows)
     for key, value in rows:
         print(f"{key:<{width}}  {value}")
+
+
+def _stage_bars():
+    """``progress(stage, done, total, suffix)`` for the library, one bar per stage; ``close()``."""
+    current: dict = {}
+
+    def progress(stage: str, done: int, total: int | None, suffix: str = "") -> None:
+        if current.get("stage") != stage:
+            close()
+            current["stage"], current["bar"] = stage, ProgressBar(stage)
+        current["bar"].update(done, total, suffix)
+
+    def close() -> None:
+        if current.get("bar") is not None:
+            current["bar"].close()
+        current.clear()
+
+    return progress, close
+
+
+# -- data info --------------------------------------------------------------------------------
+def add_data_info(sub) -> None:
+    p = sub.add_parser(
+        "info",
+        help="print documents, bytes, split sizes, evaluation segments and the fingerprint",
+        description="Prepare (or reuse from the cache) a corpus and print its summary: documents, "
+        "bytes, train/held-out sizes, the number of evaluation segments and the 64-hex fingerprint "
+        "of the scored held-out bytes.",
+    )
+    _add_data_option(p)
+    _add_config_options(p)
+    p.set_defaults(func=cmd_data_info)
+
+
+def cmd_data_info(args: argparse.Namespace) -> int:
+    s = _load_corpus(_resolve_config(args).data).summary()
+    _print_rows(
+        [
+            ("source", s["source"]),
+            ("documents", f"{s['documents']:,}"),
+            ("bytes", f"{s['bytes']:,}"),
+            ("train", f"{s['train_documents']:,} documents, {s['train_bytes']:,} bytes"),
+            ("held-out", f"{s['heldout_documents']:,} documents, {s['heldout_bytes']:,} bytes"),
+            (
+                "eval segments",
+                f"{s['eval_segments']:,} segments, {s['eval_bytes']:,} bytes "
+                f"(segment_bytes {s['segment_bytes']}, max_eval_bytes {s['max_eval_bytes']:,})",
+            ),
+            ("fingerprint", s["fingerprint"]),
+            ("cache", s["cache"]),
+        ]
+    )
     return 0
 
 
-# -- train --------------------------------------------------------------------------------
+# -- data export-heldout -----------------------------------------------------------------------
+def add_data_export_heldout(sub) -> None:
+    p = sub.add_parser(
+        "export-heldout",
+        help="write the exact scored held-out segments as JSON Lines (to score outside models)",
+        description="Write the evaluation segments (id, group, length, base64 bytes), after a header line with "
+        "the fingerprint, to --out. Score them with any model and add the result to 'bytelm eval --external "
+        "NAME=SCORES.jsonl' (header {format: bytelm-scores, version: 1, fingerprint}, then one {id, nats} per "
+        "segment; see bytelm/evaluation/external.py).",
+    )
+    _add_data_option(p)
+    _add_config_options(p)
+    p.add_argument("--out", required=True, metavar="FILE.jsonl", help="the JSON Lines file to write")
+    p.set_defaults(func=cmd_data_export_heldout)
+
+
+def cmd_data_export_heldout(args: argparse.Namespace) -> int:
+    header = export_heldout(EvalSet.from_corpus(_load_corpus(_resolve_config(args).data)), args.out)
+    print(f"wrote {args.out}: {header['segments']:,} segments, {header['bytes']:,} bytes, fingerprint {header['fingerprint']}")
+    return 0
+
+
+# -- train ----------------------------------------------------------------------------------------
+def add_train(sub) -> None:
+    p = sub.add_parser(
+        "train",
+        help="train (or resume) a model from a config file",
+        description="Train any model family from a TOML config. Re-running with the same --out resumes "
+        "from the latest checkpoint (the config must match). SIGTERM/SIGINT save a checkpoint and stop.",
+    )
+    p.add_argument("config", help="TOML config file, e.g. configs/tiny/byte.toml (a shipped config also by name: tiny/byte)")
+    p.add_argument("--out", metavar="RUN_DIR", help="run directory (default: runs/<config name>)")
+    _add_config_options(p, with_config=False)
+    p.set_defaults(func=cmd_train)
+
+
 def cmd_train(args: argparse.Namespace) -> int:
-    from pathlib import Path  # noqa: PLC0415
-
-    from bytelm.config import load_config  # noqa: PLC0415
-    from bytelm.progress import ProgressBar  # noqa: PLC0415
-    from bytelm.training.trainer import TrainingDiverged, train  # noqa: PLC0415
-
     cfg = load_config(args.config, args.overrides)
     out = Path(args.out) if args.out else Path("runs") / Path(args.config).stem
     bar = ProgressBar(f"train {out}", unit=" steps")
@@ -112,28 +196,112 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
-# -- tokenizer ----------------------------------------------------------------------------
-def _add_tokenizer_option(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--tokenizer",
-        required=True,
-        metavar="DIR",
-        help="tokenizer directory written by 'bytelm tokenizer train' (holds bytelm_bpe.json)",
+# -- patch ------------------------------------------------------------------------------------------
+def add_patch(sub) -> None:
+    p = sub.add_parser(
+        "patch",
+        help="show the entropy patches of a text (and the BLT-paper entropy figure)",
+        description="Run an entropy model on a text and print the text with '|' between patches (bytes that "
+        "are not printable, or UTF-8 split across patches, shown escaped) and the mean patch length. RUN_DIR is "
+        "a BLT run (its entropy model and recorded patching settings are used) or an entropy-model run (family "
+        "'byte'; give --threshold or --target-len).",
     )
+    p.add_argument("run_dir", metavar="RUN_DIR", help="a BLT run directory, or an entropy-model (byte LM) run directory")
+    text = p.add_mutually_exclusive_group(required=True)
+    text.add_argument("--text", metavar="TEXT", help="the text to patch")
+    text.add_argument("--file", metavar="PATH", help="patch the bytes of this file")
+    thr = p.add_mutually_exclusive_group()
+    thr.add_argument(
+        "--threshold",
+        type=float,
+        metavar="T",
+        help="global entropy threshold in nats: a patch starts after a byte whose next-byte entropy exceeds T "
+        "(overrides a BLT run's threshold)",
+    )
+    thr.add_argument("--target-len", type=float, metavar="L", help="calibrate the threshold on this text itself to give a mean patch length of L bytes")
+    p.add_argument("--png", metavar="PATH", help="also draw per-byte entropy, the threshold and the boundaries to PATH")
+    p.set_defaults(func=cmd_patch)
 
 
-def _add_workers_option(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--workers", type=int, metavar="N", help="worker processes (default: all available CPUs)"
+def cmd_patch(args: argparse.Namespace) -> int:
+    source = read_patch_source(args.run_dir)
+    if args.file is not None:
+        try:
+            data = Path(args.file).read_bytes()
+        except OSError as e:
+            raise UserError(f"cannot read --file {args.file}: {e.strerror}; give a readable file") from None
+    else:
+        data = os.fsencode(args.text)
+    kwargs = source.patch_kwargs(threshold=args.threshold, target_len=args.target_len)
+    if not data:
+        raise UserError("the text to patch is empty; give some text (--text or --file)")
+    model = EntropyModel(restore_model(source.entropy_run))
+    source.check_fingerprint(model.fingerprint)
+    result = patch_text(model, data, **kwargs)
+    print(format_patches(result.patches()))
+    if result.calibrated:
+        how = f"calibrated on this text for a target mean patch length of {result.target_len:g}"
+    elif args.threshold is not None:
+        how = "given with --threshold"
+    else:
+        how = f"from the BLT run {source.run_dir}"
+    rows = [("entropy model", f"{source.entropy_run} (fingerprint {model.fingerprint[:16]})")]
+    if result.threshold is not None:
+        rows.append(("threshold", f"{result.threshold:.6g} nats ({how})"))
+    if result.monotonic_threshold is not None:
+        rows.append(("monotonic", f"{result.monotonic_threshold:.6g} nats (from the BLT run)"))
+    if result.max_patch_len is not None:
+        rows.append(("max patch len", str(result.max_patch_len)))
+    rows.append(
+        (
+            "mean patch len",
+            f"{result.text_mean_patch_len:.3f} bytes ({len(data)} bytes in {result.n_patches} patches; "
+            f"{result.mean_patch_len:.3f} counting the BOS patch, as calibration does)",
+        )
     )
+    if args.png:
+        plot_entropies(
+            args.png, data, result.entropies, result.starts, threshold=result.threshold,
+            monotonic_threshold=result.monotonic_threshold, title=f"entropy patching, {source.entropy_run.name}",
+        )
+        rows.append(("png", args.png))
+    _print_rows(rows)
+    return 0
+
+
+# -- tokenizer train ------------------------------------------------------------------------------
+def add_tokenizer_train(sub) -> None:
+    p = sub.add_parser(
+        "train",
+        help="train a byte-level BPE tokenizer on the train split of a corpus",
+        description="Learn a byte-level BPE merge list on the train documents of --data and write the "
+        "tokenizer directory: bytelm_bpe.json (native, versioned), tokenizer.json (HF tokenizers), "
+        "ranks.tiktoken (tiktoken) and vocab.txt (human-readable). The merge list is identical to HF "
+        "tokenizers' BpeTrainer with the same pattern.",
+    )
+    _add_data_option(p)
+    _add_config_options(p)
+    p.add_argument("--vocab-size", type=int, required=True, metavar="N", help="number of ids: 256 bytes + learned merges + special tokens (as HF counts it)")
+    p.add_argument(
+        "--pattern",
+        default="cl100k",
+        metavar="gpt2|cl100k|REGEX",
+        help="pre-tokenization pattern: 'cl100k' (default; digits in runs of 1-3), 'gpt2', or a regex",
+    )
+    p.add_argument(
+        "--special",
+        action="append",
+        default=[],
+        metavar="TOKEN",
+        help="reserve a special token, e.g. --special '<|endoftext|>' (repeatable; ids after the merges)",
+    )
+    _add_workers_option(p)
+    p.add_argument("--out", required=True, metavar="DIR", help="directory to write the tokenizer files into")
+    p.set_defaults(func=cmd_tokenizer_train)
 
 
 def cmd_tokenizer_train(args: argparse.Namespace) -> int:
-    from bytelm.baselines.bpe import train_bpe  # noqa: PLC0415
-    from bytelm.progress import ProgressBar  # noqa: PLC0415
-
-    cfg = _resolve_config(args)
-    corpus = _load_corpus(cfg.data)
+    corpus = _load_corpus(_resolve_config(args).data)
     count_bar = ProgressBar("pre-tokenizing", unit=" MB")
     merge_bar = ProgressBar("merging", unit=" merges")
     bars_open = [count_bar]
@@ -160,22 +328,35 @@ def cmd_tokenizer_train(args: argparse.Namespace) -> int:
         for bar in bars_open:
             bar.close()
     tok.save(args.out)
-    rows = [
-        ("tokenizer", args.out),
-        ("data", f"{corpus.spec} (train split: {corpus.split_bytes('train'):,} bytes)"),
-        ("pattern", args.pattern),
-        ("ids", f"{tok.n_vocab:,} = 256 bytes + {len(tok.merges):,} merges + {len(tok.special_tokens)} special"),
-        ("fingerprint", tok.fingerprint),
-    ]
-    width = max(len(k) for k, _ in rows)
-    for key, value in rows:
-        print(f"{key:<{width}}  {value}")
+    _print_rows(
+        [
+            ("tokenizer", args.out),
+            ("data", f"{corpus.spec} (train split: {corpus.split_bytes('train'):,} bytes)"),
+            ("pattern", args.pattern),
+            ("ids", f"{tok.n_vocab:,} = 256 bytes + {len(tok.merges):,} merges + {len(tok.special_tokens)} special"),
+            ("fingerprint", tok.fingerprint),
+        ]
+    )
     return 0
 
 
-def cmd_tokenizer_encode(args: argparse.Namespace) -> int:
-    from bytelm.baselines.bpe import load_tokenizer  # noqa: PLC0415
+# -- tokenizer encode / decode -------------------------------------------------------------------
+def add_tokenizer_encode(sub) -> None:
+    p = sub.add_parser(
+        "encode",
+        help="encode stdin (raw bytes) to token ids on stdout",
+        description="Read raw bytes on stdin (any bytes) and print their token ids, space-separated, on "
+        "one line. A special token's spelling in the input is an error unless --allow-special or "
+        "--special-as-text is given.",
+    )
+    _add_tokenizer_option(p)
+    special = p.add_mutually_exclusive_group()
+    special.add_argument("--allow-special", action="store_true", help="encode special tokens' spellings as the special tokens")
+    special.add_argument("--special-as-text", action="store_true", help="encode special tokens' spellings as ordinary text")
+    p.set_defaults(func=cmd_tokenizer_encode)
 
+
+def cmd_tokenizer_encode(args: argparse.Namespace) -> int:
     tok = load_tokenizer(args.tokenizer)
     data = sys.stdin.buffer.read()
     if args.allow_special:
@@ -192,9 +373,17 @@ def cmd_tokenizer_encode(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_tokenizer_decode(args: argparse.Namespace) -> int:
-    from bytelm.baselines.bpe import load_tokenizer  # noqa: PLC0415
+def add_tokenizer_decode(sub) -> None:
+    p = sub.add_parser(
+        "decode",
+        help="decode token ids on stdin to raw bytes on stdout",
+        description="Read whitespace-separated token ids on stdin and write the exact bytes they stand for.",
+    )
+    _add_tokenizer_option(p)
+    p.set_defaults(func=cmd_tokenizer_decode)
 
+
+def cmd_tokenizer_decode(args: argparse.Namespace) -> int:
     tok = load_tokenizer(args.tokenizer)
     ids = []
     for field in sys.stdin.buffer.read().split():
@@ -214,21 +403,36 @@ def cmd_tokenizer_decode(args: argparse.Namespace) -> int:
     return 0
 
 
+# -- tokenizer stats --------------------------------------------------------------------------------
+def add_tokenizer_stats(sub) -> None:
+    p = sub.add_parser(
+        "stats",
+        help="print bytes per token overall and per document group (the token tax table)",
+        description="Encode the documents of --data and print bytes per token overall and per document "
+        "group (directory), with each group's token tax: its tokens per byte relative to the whole corpus.",
+    )
+    _add_tokenizer_option(p)
+    _add_data_option(p)
+    _add_config_options(p)
+    p.add_argument("--split", choices=["all", "train", "heldout"], default="all", help="which documents to measure (default: all)")
+    p.add_argument(
+        "--group-by",
+        choices=["group", "dir"],
+        default="group",
+        help="'group': the corpus's document groups (stdlib: top-level package; files: each file); "
+        "'dir': the first directory of each document's path, e.g. one per language (default: group)",
+    )
+    _add_workers_option(p)
+    p.add_argument("--json", metavar="FILE", help="also write the numbers as JSON to FILE")
+    p.set_defaults(func=cmd_tokenizer_stats)
+
+
 def cmd_tokenizer_stats(args: argparse.Namespace) -> int:
-    import json  # noqa: PLC0415
-
-    from bytelm.atomic import atomic_write_text  # noqa: PLC0415
-    from bytelm.baselines.bpe import load_tokenizer, tokenizer_stats  # noqa: PLC0415
-    from bytelm.progress import ProgressBar  # noqa: PLC0415
-
     tok = load_tokenizer(args.tokenizer)
-    cfg = _resolve_config(args)
-    corpus = _load_corpus(cfg.data)
+    corpus = _load_corpus(_resolve_config(args).data)
     bar = ProgressBar("encoding", unit=" docs")
     try:
-        stats = tokenizer_stats(
-            tok, corpus, split=args.split, group_by=args.group_by, num_workers=args.workers, progress=bar.update
-        )
+        stats = tokenizer_stats(tok, corpus, split=args.split, group_by=args.group_by, num_workers=args.workers, progress=bar.update)
     finally:
         bar.close()
     print(stats.format_table())
@@ -237,110 +441,57 @@ def cmd_tokenizer_stats(args: argparse.Namespace) -> int:
     return 0
 
 
-# -- patch --------------------------------------------------------------------------------
-def cmd_patch(args: argparse.Namespace) -> int:
-    import os  # noqa: PLC0415
-    from pathlib import Path  # noqa: PLC0415
-
-    from flax import nnx  # noqa: PLC0415
-
-    from bytelm.patching import EntropyModel, format_patches, patch_text, read_patch_source  # noqa: PLC0415
-    from bytelm.patching.plot import plot_entropies  # noqa: PLC0415
-    from bytelm.training.trainer import restore_trainer  # noqa: PLC0415
-
-    source = read_patch_source(args.run_dir)
-    if args.file is not None:
-        try:
-            data = Path(args.file).read_bytes()
-        except OSError as e:
-            raise UserError(f"cannot read --file {args.file}: {e.strerror}; give a readable file") from None
-    else:
-        data = os.fsencode(args.text)
-    kwargs = source.patch_kwargs(threshold=args.threshold, target_len=args.target_len)
-    if not data:
-        raise UserError("the text to patch is empty; give some text (--text or --file)")
-    trainer = restore_trainer(source.entropy_run)
-    model = EntropyModel(nnx.merge(trainer.graphdef, trainer.params))
-    source.check_fingerprint(model.fingerprint)
-    result = patch_text(model, data, **kwargs)
-    print(format_patches(result.patches()))
-    if result.calibrated:
-        how = f"calibrated on this text for a target mean patch length of {result.target_len:g}"
-    elif args.threshold is not None:
-        how = "given with --threshold"
-    else:
-        how = f"from the BLT run {source.run_dir}"
-    rows = [("entropy model", f"{source.entropy_run} (fingerprint {model.fingerprint[:16]})")]
-    if result.threshold is not None:
-        rows.append(("threshold", f"{result.threshold:.6g} nats ({how})"))
-    if result.monotonic_threshold is not None:
-        rows.append(("monotonic", f"{result.monotonic_threshold:.6g} nats (from the BLT run)"))
-    if result.max_patch_len is not None:
-        rows.append(("max patch len", str(result.max_patch_len)))
-    rows.append(
-        (
-            "mean patch len",
-            f"{result.text_mean_patch_len:.3f} bytes ({len(data)} bytes in {result.n_patches} patches; "
-            f"{result.mean_patch_len:.3f} counting the BOS patch, as calibration does)",
-        )
+# -- eval -----------------------------------------------------------------------------------------
+def add_eval(sub) -> None:
+    p = sub.add_parser(
+        "eval",
+        help="score trained runs (and outside scores) on the identical held-out bytes",
+        description="Restore the latest checkpoint of each RUN_DIR (any family), score every held-out segment "
+        "from BOS, print the BPB table (with per-directory breakdown) and write the report JSON. Runs must share "
+        "one fingerprint (the same held-out bytes); a BPE run whose tokenizer changed is refused.",
     )
-    if args.png:
-        plot_entropies(
-            args.png,
-            data,
-            result.entropies,
-            result.starts,
-            threshold=result.threshold,
-            monotonic_threshold=result.monotonic_threshold,
-            title=f"entropy patching, {source.entropy_run.name}",
-        )
-        rows.append(("png", args.png))
-    width = max(len(k) for k, _ in rows)
-    for key, value in rows:
-        print(f"{key:<{width}}  {value}")
-    return 0
-
-
-# -- eval / compare / export ------------------------------------------------------------------
-def _stage_bars():
-    """``progress(stage, done, total, suffix)`` for the library, one bar per stage; ``close()``."""
-    from bytelm.progress import ProgressBar  # noqa: PLC0415
-
-    current: dict = {}
-
-    def progress(stage: str, done: int, total: int | None, suffix: str = "") -> None:
-        if current.get("stage") != stage:
-            close()
-            current["stage"], current["bar"] = stage, ProgressBar(stage)
-        current["bar"].update(done, total, suffix)
-
-    def close() -> None:
-        if current.get("bar") is not None:
-            current["bar"].close()
-        current.clear()
-
-    return progress, close
+    p.add_argument("run_dirs", nargs="*", metavar="RUN_DIR", help="run directories written by 'bytelm train' or 'bytelm compare'")
+    _add_data_option(p)
+    p.add_argument("--json", default="report.json", metavar="PATH", help="where to write the report JSON (default: report.json)")
+    p.add_argument(
+        "--external",
+        action="append",
+        default=[],
+        metavar="NAME=SCORES.jsonl",
+        help="add a model scored elsewhere: per-segment nats for the segments of 'bytelm data export-heldout' "
+        "(format: bytelm/evaluation/external.py); checked against the segment ids and fingerprint (repeatable)",
+    )
+    p.set_defaults(func=cmd_eval)
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from bytelm.evaluation.evaluator import evaluate_runs  # noqa: PLC0415
-    from bytelm.evaluation.report import terminal_report  # noqa: PLC0415
-
     progress, close = _stage_bars()
     try:
         report = evaluate_runs(args.run_dirs, data_spec=args.data, externals=args.external, json_path=args.json, progress=progress)
     finally:
         close()
-
     print(terminal_report(report))
     print(f"report: {args.json}")
     return 0
 
 
-def cmd_compare(args: argparse.Namespace) -> int:
-    from bytelm.evaluation.compare import CompareStopped, compare  # noqa: PLC0415
-    from bytelm.evaluation.report import seconds, terminal_report  # noqa: PLC0415
+# -- compare --------------------------------------------------------------------------------------
+def add_compare(sub) -> None:
+    p = sub.add_parser(
+        "compare",
+        help="the main job: train every family at a matched FLOP budget and compare them in BPB",
+        description="Prepare the corpus, train the BPE tokenizer and BPE-token LM, the byte LM, MegaByte, the "
+        "entropy model and BLT with a preset's configs at a matched training-FLOP budget, score all on the same "
+        "held-out segments and write report.md, report.json and bpb.png. Re-running with the same --out skips "
+        "finished stages and resumes an interrupted training.",
+    )
+    p.add_argument("--preset", default="tiny", metavar="NAME|FILE", help="a preset in configs/compare/ (tiny, test) or a preset TOML file (default: tiny)")
+    _add_data_option(p)
+    p.add_argument("--out", default="runs/compare", metavar="DIR", help="output directory (default: runs/compare)")
+    p.set_defaults(func=cmd_compare)
 
+
+def cmd_compare(args: argparse.Namespace) -> int:
     progress, close = _stage_bars()
 
     def note(message: str) -> None:
@@ -360,17 +511,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_data_export_heldout(args: argparse.Namespace) -> int:
-    from bytelm.evaluation.evaluator import EvalSet  # noqa: PLC0415
-    from bytelm.evaluation.external import export_heldout  # noqa: PLC0415
-
-    cfg = _resolve_config(args)
-    header = export_heldout(EvalSet.from_corpus(_load_corpus(cfg.data)), args.out)
-    print(f"wrote {args.out}: {header['segments']:,} segments, {header['bytes']:,} bytes, fingerprint {header['fingerprint']}")
-    return 0
-
-
-# -- parser -------------------------------------------------------------------------------
+# -- the parser -----------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="bytelm",
@@ -379,208 +520,33 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="log debug messages to stderr")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True, help="what to do")
-
     data = sub.add_parser("data", help="inspect and export corpora", description="Inspect and export corpora.")
     data_sub = data.add_subparsers(dest="data_command", metavar="SUBCOMMAND", required=True, help="data command")
-    info = data_sub.add_parser(
-        "info",
-        help="print documents, bytes, split sizes, evaluation segments and the fingerprint",
-        description="Prepare (or reuse from the cache) a corpus and print its summary: documents, "
-        "bytes, train/held-out sizes, the number of evaluation segments and the 64-hex fingerprint "
-        "of the scored held-out bytes.",
-    )
-    _add_data_option(info)
-    _add_config_options(info)
-    info.set_defaults(func=cmd_data_info)
-    exp = data_sub.add_parser(
-        "export-heldout",
-        help="write the exact scored held-out segments as JSON Lines (to score outside models)",
-        description="Write the evaluation segments (id, group, length, base64 bytes), after a header line with "
-        "the fingerprint, to --out. Score them with any model and add the result to 'bytelm eval --external "
-        "NAME=SCORES.jsonl' (header {format: bytelm-scores, version: 1, fingerprint}, then one {id, nats} per "
-        "segment; see bytelm/evaluation/external.py).",
-    )
-    _add_data_option(exp)
-    _add_config_options(exp)
-    exp.add_argument("--out", required=True, metavar="FILE.jsonl", help="the JSON Lines file to write")
-    exp.set_defaults(func=cmd_data_export_heldout)
-
-    tr = sub.add_parser(
-        "train",
-        help="train (or resume) a model from a config file",
-        description="Train any model family from a TOML config. Re-running with the same --out resumes "
-        "from the latest checkpoint (the config must match). SIGTERM/SIGINT save a checkpoint and stop.",
-    )
-    tr.add_argument("config", help="TOML config file, e.g. configs/tiny/byte.toml")
-    tr.add_argument("--out", metavar="RUN_DIR", help="run directory (default: runs/<config name>)")
-    _add_config_options(tr, with_config=False)
-    tr.set_defaults(func=cmd_train)
-
-    pa = sub.add_parser(
-        "patch",
-        help="show the entropy patches of a text (and the BLT-paper entropy figure)",
-        description="Run an entropy model on a text and print the text with '|' between patches (bytes that "
-        "are not printable, or UTF-8 split across patches, shown escaped) and the mean patch length. RUN_DIR is "
-        "a BLT run (its entropy model and recorded patching settings are used) or an entropy-model run (family "
-        "'byte'; give --threshold or --target-len).",
-    )
-    pa.add_argument("run_dir", metavar="RUN_DIR", help="a BLT run directory, or an entropy-model (byte LM) run directory")
-    text = pa.add_mutually_exclusive_group(required=True)
-    text.add_argument("--text", metavar="TEXT", help="the text to patch")
-    text.add_argument("--file", metavar="PATH", help="patch the bytes of this file")
-    thr = pa.add_mutually_exclusive_group()
-    thr.add_argument(
-        "--threshold",
-        type=float,
-        metavar="T",
-        help="global entropy threshold in nats: a patch starts after a byte whose next-byte entropy exceeds T "
-        "(overrides a BLT run's threshold)",
-    )
-    thr.add_argument(
-        "--target-len",
-        type=float,
-        metavar="L",
-        help="calibrate the threshold on this text itself to give a mean patch length of L bytes",
-    )
-    pa.add_argument("--png", metavar="PATH", help="also draw per-byte entropy, the threshold and the boundaries to PATH")
-    pa.set_defaults(func=cmd_patch)
+    add_data_info(data_sub)
+    add_data_export_heldout(data_sub)
+    add_train(sub)
+    add_patch(sub)
     tok = sub.add_parser(
         "tokenizer",
         help="train and use the byte-level BPE baseline tokenizer",
         description="Train, apply and measure the byte-level BPE tokenizer of the subword baseline.",
     )
     tok_sub = tok.add_subparsers(dest="tokenizer_command", metavar="SUBCOMMAND", required=True, help="tokenizer command")
-    tt = tok_sub.add_parser(
-        "train",
-        help="train a byte-level BPE tokenizer on the train split of a corpus",
-        description="Learn a byte-level BPE merge list on the train documents of --data and write the "
-        "tokenizer directory: bytelm_bpe.json (native, versioned), tokenizer.json (HF tokenizers), "
-        "ranks.tiktoken (tiktoken) and vocab.txt (human-readable). The merge list is identical to HF "
-        "tokenizers' BpeTrainer with the same pattern.",
-    )
-    _add_data_option(tt)
-    _add_config_options(tt)
-    tt.add_argument(
-        "--vocab-size",
-        type=int,
-        required=True,
-        metavar="N",
-        help="number of ids: 256 bytes + learned merges + special tokens (as HF counts it)",
-    )
-    tt.add_argument(
-        "--pattern",
-        default="cl100k",
-        metavar="gpt2|cl100k|REGEX",
-        help="pre-tokenization pattern: 'cl100k' (default; digits in runs of 1-3), 'gpt2', or a regex",
-    )
-    tt.add_argument(
-        "--special",
-        action="append",
-        default=[],
-        metavar="TOKEN",
-        help="reserve a special token, e.g. --special '<|endoftext|>' (repeatable; ids after the merges)",
-    )
-    _add_workers_option(tt)
-    tt.add_argument("--out", required=True, metavar="DIR", help="directory to write the tokenizer files into")
-    tt.set_defaults(func=cmd_tokenizer_train)
-
-    te = tok_sub.add_parser(
-        "encode",
-        help="encode stdin (raw bytes) to token ids on stdout",
-        description="Read raw bytes on stdin (any bytes) and print their token ids, space-separated, on "
-        "one line. A special token's spelling in the input is an error unless --allow-special or "
-        "--special-as-text is given.",
-    )
-    _add_tokenizer_option(te)
-    special = te.add_mutually_exclusive_group()
-    special.add_argument(
-        "--allow-special", action="store_true", help="encode special tokens' spellings as the special tokens"
-    )
-    special.add_argument(
-        "--special-as-text", action="store_true", help="encode special tokens' spellings as ordinary text"
-    )
-    te.set_defaults(func=cmd_tokenizer_encode)
-
-    td = tok_sub.add_parser(
-        "decode",
-        help="decode token ids on stdin to raw bytes on stdout",
-        description="Read whitespace-separated token ids on stdin and write the exact bytes they stand for.",
-    )
-    _add_tokenizer_option(td)
-    td.set_defaults(func=cmd_tokenizer_decode)
-
-    ts = tok_sub.add_parser(
-        "stats",
-        help="print bytes per token overall and per document group (the token tax table)",
-        description="Encode the documents of --data and print bytes per token overall and per document "
-        "group (directory), with each group's token tax: its tokens per byte relative to the whole corpus.",
-    )
-    _add_tokenizer_option(ts)
-    _add_data_option(ts)
-    _add_config_options(ts)
-    ts.add_argument(
-        "--split",
-        choices=["all", "train", "heldout"],
-        default="all",
-        help="which documents to measure (default: all)",
-    )
-    ts.add_argument(
-        "--group-by",
-        choices=["group", "dir"],
-        default="group",
-        help="'group': the corpus's document groups (stdlib: top-level package; files: each file); "
-        "'dir': the first directory of each document's path, e.g. one per language (default: group)",
-    )
-    _add_workers_option(ts)
-    ts.add_argument("--json", metavar="FILE", help="also write the numbers as JSON to FILE")
-    ts.set_defaults(func=cmd_tokenizer_stats)
-    ev = sub.add_parser(
-        "eval",
-        help="score trained runs (and outside scores) on the identical held-out bytes",
-        description="Restore the latest checkpoint of each RUN_DIR (any family), score every held-out segment "
-        "from BOS, print the BPB table (with per-directory breakdown) and write the report JSON. Runs must share "
-        "one fingerprint (the same held-out bytes); a BPE run whose tokenizer changed is refused.",
-    )
-    ev.add_argument("run_dirs", nargs="*", metavar="RUN_DIR", help="run directories written by 'bytelm train' or 'bytelm compare'")
-    _add_data_option(ev)
-    ev.add_argument("--json", default="report.json", metavar="PATH", help="where to write the report JSON (default: report.json)")
-    ev.add_argument(
-        "--external",
-        action="append",
-        default=[],
-        metavar="NAME=SCORES.jsonl",
-        help="add a model scored elsewhere: per-segment nats for the segments of 'bytelm data export-heldout' "
-        "(format: bytelm/evaluation/external.py); checked against the segment ids and fingerprint (repeatable)",
-    )
-    ev.set_defaults(func=cmd_eval)
-
-    cmp_ = sub.add_parser(
-        "compare",
-        help="the main job: train every family at a matched FLOP budget and compare them in BPB",
-        description="Prepare the corpus, train the BPE tokenizer and BPE-token LM, the byte LM, MegaByte, the "
-        "entropy model and BLT with a preset's configs at a matched training-FLOP budget, score all on the same "
-        "held-out segments and write report.md, report.json and bpb.png. Re-running with the same --out skips "
-        "finished stages and resumes an interrupted training.",
-    )
-    cmp_.add_argument("--preset", default="tiny", metavar="NAME|FILE", help="a preset in configs/compare/ (tiny, test) or a preset TOML file (default: tiny)")
-    _add_data_option(cmp_)
-    cmp_.add_argument("--out", default="runs/compare", metavar="DIR", help="output directory (default: runs/compare)")
-    cmp_.set_defaults(func=cmd_compare)
-
+    for add in (add_tokenizer_train, add_tokenizer_encode, add_tokenizer_decode, add_tokenizer_stats):
+        add(tok_sub)
+    add_eval(sub)
+    add_compare(sub)
     return parser
 
 
 def _enable_compilation_cache() -> None:
     """Reuse compiled XLA programs across runs (resumes, evals, compare stages) unless the user
     configured JAX's cache themselves."""
-    import os  # noqa: PLC0415
-
-    if "JAX_COMPILATION_CACHE_DIR" in os.environ:
+    if "JAX_COMPILATION_CACHE_DIR" in os.environ or jax.config.jax_compilation_cache_dir:
         return
-    from bytelm.data import default_cache_dir  # noqa: PLC0415
-
-    os.environ["JAX_COMPILATION_CACHE_DIR"] = str(default_cache_dir() / "jax")
-    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "1")
+    jax.config.update("jax_compilation_cache_dir", str(default_cache_dir() / "jax"))
+    if "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS" not in os.environ:
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -595,9 +561,7 @@ def main(argv: list[str] | None = None) -> int:
         for noisy in ("absl", "jax", "orbax"):
             logging.getLogger(noisy).setLevel(logging.WARNING)
     _enable_compilation_cache()
-    from bytelm.training.host import configure_cpu_devices  # noqa: PLC0415
-
-    configure_cpu_devices()
+    configure_cpu_devices()  # before the first computation starts JAX's CPU backend
     func: Callable[[argparse.Namespace], int] = args.func
     try:
         return func(args)
@@ -607,25 +571,3 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("bytelm: interrupted", file=sys.stderr)
         return 130
-
-
-def entry() -> int:
-    """The ``bytelm`` command: :func:`main`, in a process whose ``malloc`` uses huge pages for
-    XLA's per-step buffers (the process re-executes itself once with the glibc tunable set; see
-    :func:`bytelm.training.host.huge_page_malloc_env`). ``main`` itself never re-executes, so
-    calling it in-process (tests, notebooks) is unaffected."""
-    import os  # noqa: PLC0415
-
-    from bytelm.training.host import huge_page_malloc_env  # noqa: PLC0415
-
-    env = huge_page_malloc_env()
-    if env is not None:
-        try:
-            os.execve(sys.executable, [sys.executable, "-m", "bytelm", *sys.argv[1:]], env)
-        except OSError:
-            pass  # run as we are
-    return main()
-
-
-if __name__ == "__main__":
-    raise SystemExit(entry())

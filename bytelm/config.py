@@ -7,15 +7,16 @@ includes resolved first), then the including file, then ``--set`` overrides in c
 Tables merge key by key; any other value replaces the inherited one.
 
 The ``[model]`` table picks its dataclass by ``family`` (``byte``, ``megabyte``, ``blt``, ``bpe``,
-...) from a registry filled by :func:`register_model`. Every key is checked: an unknown key fails
-with the closest valid key, a value of the wrong type names the key, the value and the expected
-type.
+...) through the one registry of families, :data:`bytelm.training.tasks.FAMILIES` (each task names
+its config class). Every key is checked: an unknown key fails with the closest valid key, a value
+of the wrong type names the key, the value and the expected type.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
+import importlib.resources
 import tomllib
 import types
 import typing
@@ -24,6 +25,7 @@ from typing import Any
 
 from bytelm.atomic import atomic_write_text
 from bytelm.errors import UserError
+from bytelm.training.tasks import FAMILIES
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,28 +101,6 @@ class EvalConfig:
             )
 
 
-_MODEL_REGISTRY: dict[str, type] = {}
-
-
-def register_model(family: str):
-    """Class decorator: make a frozen dataclass the ``[model]`` config of ``family``.
-
-    The dataclass must have a ``family: str`` field whose default is ``family``.
-    """
-
-    def wrap(cls: type) -> type:
-        _MODEL_REGISTRY[family] = cls
-        return cls
-
-    return wrap
-
-
-def model_families() -> dict[str, type]:
-    import bytelm.models.configs  # noqa: F401, PLC0415  (registers the built-in families)
-
-    return dict(_MODEL_REGISTRY)
-
-
 @dataclasses.dataclass(frozen=True)
 class Config:
     data: DataConfig = dataclasses.field(default_factory=DataConfig)
@@ -159,9 +139,31 @@ def _merge(base: dict, top: dict) -> dict:
     return out
 
 
+def shipped_configs() -> Path:
+    """The configs and presets that ship inside the package (``bytelm/configs``, package data;
+    ``configs/`` at the repository root is a link to it)."""
+    return Path(str(importlib.resources.files("bytelm") / "configs"))
+
+
+def resolve_config_path(path: str | Path) -> Path:
+    """``path`` itself when it exists; otherwise the shipped config it names, so that
+    ``configs/tiny/byte.toml``, ``tiny/byte.toml`` and ``tiny/byte`` work from any directory
+    (and from an installed wheel). A path that names neither is returned as given."""
+    p = Path(path)
+    if p.exists():
+        return p
+    rel = p.parts[1:] if p.parts[:1] == ("configs",) else p.parts
+    if not p.is_absolute() and rel:
+        for candidate in (shipped_configs().joinpath(*rel), shipped_configs().joinpath(*rel).with_suffix(".toml")):
+            if candidate.is_file():
+                return candidate
+    return p
+
+
 def load_raw(path: str | Path, _stack: tuple[Path, ...] = ()) -> dict:
-    """The merged dict of ``path`` and everything it includes (no validation)."""
-    path = Path(path).resolve()
+    """The merged dict of ``path`` (see :func:`resolve_config_path`) and everything it includes
+    (no validation)."""
+    path = (resolve_config_path(path) if not _stack else Path(path)).resolve()
     if path in _stack:
         chain = " -> ".join(str(p) for p in (*_stack, path))
         raise UserError(f"config include cycle: {chain}")
@@ -330,15 +332,14 @@ def build_config(raw: dict) -> Config:
         model_raw = raw["model"]
         if not isinstance(model_raw, dict):
             raise UserError(f"'model' must be a table ([model]), got {model_raw!r}")
-        families = model_families()
         family = str(model_raw.get("family", ""))
-        if family not in families:
-            close = difflib.get_close_matches(family, list(families), n=1)
+        if family not in FAMILIES:
+            close = difflib.get_close_matches(family, list(FAMILIES), n=1)
             hint = f"; did you mean '{close[0]}'?" if close else ""
             raise UserError(
-                f"model.family = {family!r} is not a known family ({', '.join(sorted(families))}){hint}"
+                f"model.family = {family!r} is not a known family ({', '.join(sorted(FAMILIES))}){hint}"
             )
-        model = _build_section("model", families[family], model_raw)
+        model = _build_section("model", FAMILIES[family].config_class, model_raw)
     return Config(model=model, **sections)
 
 

@@ -16,7 +16,7 @@ import pytest
 from bytelm.baselines.bpe import train_bpe_on_corpus
 from bytelm.config import load_config
 from bytelm.data import load_corpus_from_config
-from bytelm.training.tasks import make_task
+from bytelm.training.trainer import make_task
 from bytelm.training.trainer import Trainer, train
 
 from conftest import word_corpus

@@ -122,11 +122,11 @@ def test_one_byte_per_patch_reduces_to_flat_byte_transformer():
     flat = lm.norm(lm.stack(e))
     h = e + flat
     h = h * jax.lax.rsqrt(jnp.mean(h * h, axis=-1, keepdims=True) + 1e-6)  # unit-scale RMSNorm
-    expected = np.asarray(h @ lm.head[...])[..., :260]
+    expected = np.asarray(h @ lm.head.w[...])[..., :260]
     np.testing.assert_allclose(np.asarray(blt(ids, lengths))[..., :260], expected, rtol=2e-4, atol=2e-4)
     # and shifting the alignment by one patch breaks the equality (the test can fail)
     shifted = np.asarray(jnp.concatenate([flat[:, :1], flat[:, :-1]], axis=1) + e)
-    assert not np.allclose(np.asarray(blt(ids, lengths))[..., :260], (shifted / np.sqrt((shifted**2).mean(-1, keepdims=True))) @ np.asarray(lm.head[...])[:, :260], atol=1e-2)
+    assert not np.allclose(np.asarray(blt(ids, lengths))[..., :260], (shifted / np.sqrt((shifted**2).mean(-1, keepdims=True))) @ np.asarray(lm.head.w[...])[:, :260], atol=1e-2)
 
 
 def test_padding_rows_and_empty_patches_are_finite():
@@ -203,7 +203,7 @@ GOLDEN_BLT_LOSSES = [6.06792, 5.71039]
 
 def test_missing_and_mismatched_entropy_run(corpus_dir, entropy_run, tmp_path):  # noqa: F811
     from bytelm.data import load_corpus
-    from bytelm.training.tasks import make_task
+    from bytelm.training.trainer import make_task
 
     corpus = load_corpus(f"files:{corpus_dir}")
     with pytest.raises(UserError, match="model.entropy_run is empty"):

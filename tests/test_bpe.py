@@ -1,4 +1,4 @@
-"""Byte-level BPE: NOTES.md worked cases, properties, bad input, files and the CLI.
+"""Byte-level BPE: docs/tokenizers.md worked cases, properties, bad input, files and the CLI.
 
 Parity with tiktoken / HF tokenizers lives in test_bpe_parity.py.
 """
@@ -32,6 +32,7 @@ from bytelm.baselines.bpe import (
     train_bpe,
 )
 from bytelm.baselines.bpe.asciisplit import cl100k_starts, factorize, number_chunks, pack_chunks, unpack_chunk
+from bytelm.baselines.bpe.fast import FastEncoder
 from bytelm.baselines.bpe.bytelevel import BYTE_TO_CHAR, HF_BYTE_ORDER, bytes_to_chars, chars_to_bytes
 from bytelm.baselines.bpe.parallel import balanced_shards
 from conftest import write_files
@@ -67,7 +68,7 @@ def sample_tok() -> Tokenizer:
     return train_bpe(stdlib_sample(150_000), vocab_size=1000, special_tokens=SPECIALS, num_workers=1)
 
 
-# -- NOTES.md worked cases ------------------------------------------------------------------
+# -- docs/tokenizers.md worked cases ------------------------------------------------------------------
 def test_encoding_is_lowest_rank_first_not_longest_match():
     tok = Tokenizer([(a, b), (c, d), (256, c)], pattern=WS)  # ab=256, cd=257, abc=258
     assert pieces(tok, tok.encode("abcd")) == [b"ab", b"cd"]
@@ -93,7 +94,9 @@ def test_whole_chunk_shortcut_only_for_tokens_that_encode_to_themselves():
     tok = Tokenizer([(b, c), (a, b), (257, c)], pattern=WS)
     assert pieces(tok, tok.encode("abc")) == [b"a", b"bc"]
     assert pieces(tok, tok.encode("ab")) == [b"ab"]  # a token that does encode to itself
-    assert tok.token_id(b"abc") == 258 and b"abc" not in tok._whole_tokens
+    fast = FastEncoder(tok)
+    fast._prepare()
+    assert tok.token_id(b"abc") == 258 and b"abc" not in fast._whole_tokens
 
 
 def test_training_counts_abab_abac():
@@ -106,9 +109,9 @@ def test_training_counts_abab_abac():
 
 
 def naive_train(words: dict[bytes, int], n_merges: int, tie: str) -> list[tuple[bytes, bytes]]:
-    """Reference trainer: recount every pair after every merge (NOTES.md's slow version).
+    """Reference trainer: recount every pair after every merge (the slow version of docs/tokenizers.md).
 
-    tie="first": ties go to the pair seen first in the corpus (NOTES.md's Wikipedia example);
+    tie="first": ties go to the pair seen first in the corpus (the classic Wikipedia example);
     tie="hf": ties go to the smallest pair with bytes numbered in HF order (this trainer's rule).
     """
     seqs = {tuple(bytes([x]) for x in w): n for w, n in words.items()}
@@ -148,7 +151,7 @@ def naive_train(words: dict[bytes, int], n_merges: int, tie: str) -> list[tuple[
 
 def test_wikipedia_example_and_tie_rules():
     text = b"aaabdaaabac"
-    # ties broken by first occurrence (NOTES.md): aa, aa+a, aaa+b
+    # ties broken by first occurrence: aa, aa+a, aaa+b
     assert naive_train({text: 1}, 3, tie="first") == [(b"a", b"a"), (b"aa", b"a"), (b"aaa", b"b")]
     tok = Tokenizer([(a, a), (256, a), (257, b)], pattern=WS)
     assert tok.encode(text) == [258, 100, 258, 97, 99]
@@ -358,7 +361,7 @@ def test_long_single_character_runs(sample_tok):
         assert sample_tok.decode(ids) == text
         # the heap merger for long chunks agrees with the simple one
         piece = text.encode()[:600]
-        assert sample_tok._bpe_long(piece) == _simple_bpe(sample_tok, piece)
+        assert FastEncoder(sample_tok)._bpe_long(piece) == _simple_bpe(sample_tok, piece) == sample_tok.bpe(piece)
 
 
 def _simple_bpe(tok: Tokenizer, piece: bytes) -> tuple[int, ...]:
@@ -369,8 +372,46 @@ def _simple_bpe(tok: Tokenizer, piece: bytes) -> tuple[int, ...]:
         if not cands:
             break
         r, i = min(cands)
-        ids[i : i + 2] = [tok._results[r]]
+        ids[i : i + 2] = [tok.merge_results[r]]
     return tuple(ids)
+
+
+def test_a_merge_that_remakes_a_token_applies_one_occurrence_at_a_time():
+    """merges [b+c, a+b, ab+c, abc+a, a+bc]: the last re-makes "abc". In "abcabc", b+c merges
+    twice first, leaving [a, bc, a, bc]; one merge of a+bc makes "abc", and abc+a (rank 3, below
+    a+bc's 4) then takes the next "a": [abca, bc]. Merging both a+bc at once would give [abc, abc]."""
+    tok = Tokenizer([(b, c), (a, b), (257, c), (258, a), (a, 256)], pattern=WS)
+    assert pieces(tok, tok.encode("abcabc")) == [b"abca", b"bc"]
+    fast = FastEncoder(tok)
+    fast._prepare()
+    assert fast._bpe(b"abcabc") == fast._bpe_long(b"abcabc") == fast._bpe_vectorized([b"abcabc"])[0] == tok.bpe(b"abcabc")
+
+
+@st.composite
+def _merge_lists(draw):
+    """Random merge lists over a 3-letter alphabet, so that different pairs often spell the same
+    bytes (merges that re-make an older token) and repeated pairs occur."""
+    n_ids, merges = 256, []
+    for _ in range(draw(st.integers(1, 14))):
+        left = draw(st.sampled_from([97, 98, 99, *range(256, n_ids)]))
+        right = draw(st.sampled_from([97, 98, 99, *range(256, n_ids)]))
+        merges.append((left, right))
+        n_ids = Tokenizer(merges).n_mergeable
+    return merges
+
+
+@settings(max_examples=300, deadline=None)
+@given(_merge_lists(), st.lists(st.binary(min_size=1, max_size=40).map(lambda b: bytes(97 + x % 3 for x in b)), min_size=1, max_size=6))
+def test_reference_bpe_equals_one_merge_at_a_time_and_the_fast_mergers(merges, chunks):
+    """Tokenizer.bpe (every occurrence of a new token's pair per pass) against a plain loop that
+    merges one leftmost occurrence at a time, and the fast path's mergers, on random merge lists."""
+    tok = Tokenizer(merges)
+    fast = FastEncoder(tok)
+    fast._prepare()
+    want = [_simple_bpe(tok, c) for c in chunks]
+    assert [tok.bpe(c) for c in chunks] == want
+    assert [fast._bpe(c) for c in chunks] == want == [fast._bpe_long(c) for c in chunks]
+    assert fast._bpe_vectorized([c for c in chunks if len(c) > 1]) == [w for c, w in zip(chunks, want) if len(c) > 1]
 
 
 @settings(max_examples=60, deadline=None)
@@ -378,8 +419,9 @@ def _simple_bpe(tok: Tokenizer, piece: bytes) -> tuple[int, ...]:
 def test_vectorized_bpe_equals_simple_bpe(sample_tok, pieces):
     """The numpy merger (all new chunks at once, one merge per chunk per round) against a plain
     per-chunk loop over the merge list, on random byte strings and repeated-pair runs."""
-    sample_tok._prepare()
-    assert sample_tok._bpe_vectorized(pieces) == [_simple_bpe(sample_tok, p) for p in pieces]
+    fast = FastEncoder(sample_tok)
+    fast._prepare()
+    assert fast._bpe_vectorized(pieces) == [_simple_bpe(sample_tok, p) for p in pieces] == [sample_tok.bpe(p) for p in pieces]
 
 
 # the characters whose neighbours decide cl100k's boundaries, and a few of everything else

@@ -8,7 +8,7 @@ import pytest
 
 from bytelm import cli
 from bytelm.errors import UserError
-from bytelm.evaluation.compare import load_preset
+from bytelm.experiments.compare import load_preset
 from bytelm.evaluation.report import REPORT_SCHEMA, schema_errors
 
 from conftest import word_corpus
@@ -59,7 +59,7 @@ def test_compare_test_preset_end_to_end_and_resume(corpus_dir, tmp_path, capsys)
 
 def test_compare_resumes_an_interrupted_training(corpus_dir, tmp_path, monkeypatch):
     """A run stopped mid-way (as by Ctrl-C) is continued from its checkpoint by the next compare."""
-    from bytelm.evaluation import compare as cmp  # noqa: PLC0415
+    from bytelm.experiments import compare as cmp  # noqa: PLC0415
     from bytelm.training import trainer as trainer_mod  # noqa: PLC0415
 
     preset = load_preset("test")

@@ -1,4 +1,4 @@
-"""The evaluation protocol, `bytelm eval`, the report schema and outside scores (DESIGN.md section 5)."""
+"""The evaluation protocol, `bytelm eval`, the report schema and outside scores (docs/evaluation.md)."""
 
 import base64
 import json

@@ -44,7 +44,7 @@ def test_causality_by_gradient_across_patches(P, T):
     model = MegaByte(mb_cfg(P), rngs=nnx.Rngs(P))
     rng = np.random.default_rng(T)
     ids = rng.integers(BYTE_OFFSET, 260, size=(1, T))
-    Tp = model.padded_length(T)
+    Tp = model.cfg.padded_length(T)
     padded = np.pad(ids, ((0, 0), (0, Tp - T)), constant_values=PAD_ID)
     x = onehot(padded, model.vocab_rows)
     # dep[t, s] = sum_v |d NLL_t / d x[s, v]| for every position pair, from one Jacobian
@@ -115,7 +115,7 @@ def test_bad_configs_are_clear():
 
 
 def test_task_rejects_indivisible_context_without_padding(tmp_path):
-    from bytelm.training.tasks import make_task
+    from bytelm.training.trainer import make_task
 
     from conftest import write_files
 

@@ -9,7 +9,8 @@ from flax import nnx
 from bytelm.config import load_config
 from bytelm.constants import BYTE_OFFSET
 from bytelm.models.byte_lm import ByteLM
-from bytelm.models.core import Attention, halving_causal_attention, rotary, swiglu_mlp
+from bytelm.models.attention import attend, halving_causal_attention
+from bytelm.models.core import Attention, rotary, swiglu_mlp
 from bytelm.training import flops
 
 jax.config.update("jax_numpy_rank_promotion", "raise")
@@ -60,15 +61,13 @@ def test_causal_attention_matches_numpy(attn):
 
 @pytest.mark.parametrize("T, window", [(16, 0), (24, 0), (13, 0), (16, 3), (23, 6)])
 def test_long_sequence_attention_paths_match_numpy(T, window):
-    """From 2 blocks on, causal self-attention takes the halving path (no window) or the
+    """From 2 blocks on, the halving kernel takes the halving path (no window) or the
     query-blocked path (window): both must equal dense masked attention."""
-    attn = Attention(32, 4, rngs=nnx.Rngs(0), attention_block=4)
-    x = np.random.default_rng(T).normal(size=(2, T, 32)).astype(np.float32)
+    q, k, v = np.random.default_rng(T).normal(size=(3, 2, T, 4, 8)).astype(np.float32)
     i, j = np.indices((T, T))
     mask = np.broadcast_to((j <= i) & ((i - j < window) if window else True), (2, T, T))
-    np.testing.assert_allclose(
-        run_attention(attn, x, window=window), reference_self_attention(attn, x, mask), rtol=2e-4, atol=2e-5
-    )
+    out = attend(q, k, v, causal=True, window=window, implementation="halving", block=4)
+    np.testing.assert_allclose(np.asarray(out), np_attention(q, k, v, mask), rtol=2e-4, atol=2e-5)
 
 
 def test_halving_attention_gradients_equal_dense():
@@ -174,7 +173,7 @@ def test_byte_lm_causality_by_gradient(window):
 
     def nll_at(e, t):
         h = model.norm(model.stack(e))
-        logits = h @ model.head[...]
+        logits = h @ model.head.w[...]
         return jax.nn.log_softmax(logits)[0, t, 7]
 
     grad = jax.jit(jax.grad(nll_at), static_argnums=1)

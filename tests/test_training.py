@@ -144,7 +144,7 @@ def test_data_parallel_step_equals_single_device(corpus_dir, tmp_path):
         from bytelm.config import load_config
         from bytelm.data import load_corpus
         from bytelm.training.sharding import make_mesh
-        from bytelm.training.tasks import make_task
+        from bytelm.training.trainer import make_task
         from bytelm.training.trainer import Trainer
         assert jax.device_count() == 8
         cfg = load_config(None, {tiny_overrides(corpus_dir)!r})

@@ -13,21 +13,14 @@ import numpy as np
 from bytelm.errors import UserError
 
 
-def _process_layout(process_index: int | None, process_count: int | None) -> tuple[int, int]:
-    if process_index is None or process_count is None:
-        import jax  # noqa: PLC0415  (only when the caller did not say)
-
-        process_index = jax.process_index() if process_index is None else process_index
-        process_count = jax.process_count() if process_count is None else process_count
-    return process_index, process_count
-
-
 class WindowBatches:
     """Iterator over ``int32`` arrays of shape ``(batch_size // process_count, window)``.
 
     ``stream`` is any 1-D integer array (a ``uint16`` memmap of byte ids, or of BPE ids); each row
     is ``stream[s : s + window]`` for a start ``s`` drawn uniformly from the valid range. For a
-    language model use ``window = T + 1`` (inputs ``row[:-1]``, targets ``row[1:]``).
+    language model use ``window = T + 1`` (inputs ``row[:-1]``, targets ``row[1:]``). The host
+    layout (``process_index`` of ``process_count``, e.g. ``jax.process_index()``) is always given:
+    a default would silently hand every host the same rows.
     """
 
     def __init__(
@@ -38,8 +31,8 @@ class WindowBatches:
         window: int,
         seed: int = 0,
         step: int = 0,
-        process_index: int | None = None,
-        process_count: int | None = None,
+        process_index: int,
+        process_count: int,
     ) -> None:
         if stream.ndim != 1:
             raise ValueError(f"stream must be 1-D, got shape {stream.shape}")
@@ -50,7 +43,9 @@ class WindowBatches:
                 f"the training stream has {len(stream)} ids, fewer than one window of {window}: "
                 "use a shorter train.seq_len or a larger corpus"
             )
-        self.process_index, self.process_count = _process_layout(process_index, process_count)
+        if not 0 <= process_index < process_count:
+            raise ValueError(f"process_index {process_index} must lie in [0, process_count {process_count})")
+        self.process_index, self.process_count = process_index, process_count
         if batch_size % self.process_count:
             raise UserError(
                 f"train.batch_size {batch_size} is not divisible by the number of hosts {self.process_count}"

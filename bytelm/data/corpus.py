@@ -1,6 +1,6 @@
 """Corpus: documents as bytes, a stable train/held-out split, evaluation segments, fingerprint.
 
-DESIGN.md section 3. The prepared corpus lives in a cache directory (one per source signature and
+docs/evaluation.md describes the split and the fingerprint. The prepared corpus lives in a cache directory (one per source signature and
 split) holding
 
 - ``bytes.u8``: every document's bytes, concatenated in source order (flat ``uint8``);

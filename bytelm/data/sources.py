@@ -1,4 +1,4 @@
-"""Data sources: a spec string names a corpus (DESIGN.md section 2).
+"""Data sources: a spec string names a corpus (README.md, Data sources).
 
 ``stdlib``
     Every ``*.py`` file of the running Python's standard library (``site-packages`` excluded),

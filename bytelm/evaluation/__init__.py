@@ -1,1 +1,1 @@
-"""Bits-per-byte evaluation on the identical held-out bytes (DESIGN.md section 5)."""
+"""Bits-per-byte evaluation on the identical held-out bytes (docs/evaluation.md)."""

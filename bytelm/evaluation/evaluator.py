@@ -1,10 +1,11 @@
 """Score trained runs (any family), outside models and reference models on one evaluation set.
 
-DESIGN.md section 5. An :class:`EvalSet` is the corpus's held-out segments with their fingerprint;
-every :class:`ModelResult` carries per-segment nats, bytes and *global steps* (the positions of
-the model's outermost, most expensive stack: bytes for the byte LM, ``bytes / P`` for MegaByte,
-patches for BLT, tokens for the BPE LM), so reports can break BPB and bytes per global step down
-per document group. Results on different fingerprints are never put in one table.
+The protocol is docs/evaluation.md. An :class:`~bytelm.evaluation.results.EvalSet` is the
+corpus's held-out segments with their fingerprint; every
+:class:`~bytelm.evaluation.results.ModelResult` carries per-segment nats, bytes and *global steps*
+(the positions of the model's outermost, most expensive stack, counted by the family's task:
+:meth:`bytelm.training.tasks.Task.global_steps`), so reports can break BPB and bytes per global
+step down per document group. Results on different fingerprints are never put in one table.
 """
 
 from __future__ import annotations
@@ -13,118 +14,23 @@ import dataclasses
 import json
 import logging
 import math
-import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
 
-from bytelm.constants import BYTE_OFFSET
+from bytelm.config import load_config
+from bytelm.data import load_corpus_from_config
 from bytelm.errors import UserError
-from bytelm.evaluation.bpb import SegmentScores, UnigramByteModel, breakdown, byte_counts, top_directory
+from bytelm.evaluation.bpb import SegmentScores, UnigramByteModel, byte_counts
+from bytelm.evaluation.external import parse_external_arg, read_external_scores
+from bytelm.evaluation.report import build_report, write_report_json
+from bytelm.evaluation.results import EvalSet, ModelResult
+from bytelm.training.trainer import restore_trainer
 
 log = logging.getLogger(__name__)
 
 Progress = Callable[[int, int], None]
-
-
-@dataclasses.dataclass
-class EvalSet:
-    """The scored held-out bytes of a corpus: segments in canonical order and their fingerprint."""
-
-    corpus: object  # bytelm.data.Corpus
-    segments: list  # list[bytelm.data.Segment]
-    data: list[bytes]
-    fingerprint: str
-
-    @classmethod
-    def from_corpus(cls, corpus) -> EvalSet:
-        return cls(corpus, list(corpus.segments), corpus.segment_data(), corpus.fingerprint)
-
-    @property
-    def ids(self) -> list[str]:
-        return [s.id for s in self.segments]
-
-    @property
-    def groups(self) -> list[str]:
-        return [s.group for s in self.segments]
-
-    @property
-    def dirs(self) -> list[str]:
-        return [top_directory(s.name) for s in self.segments]
-
-    @property
-    def n_bytes(self) -> int:
-        return sum(len(d) for d in self.data)
-
-    def describe(self) -> dict:
-        s = self.corpus.summary()
-        return {
-            "spec": s["spec"],
-            "source": s["source"],
-            "python": sys.version.split()[0],
-            "eval_segments": len(self.segments),
-            "eval_bytes": self.n_bytes,
-            "segment_bytes": s["segment_bytes"],
-            "max_eval_bytes": s["max_eval_bytes"],
-            "heldout_documents": s["heldout_documents"],
-            "train_bytes": s["train_bytes"],
-        }
-
-
-@dataclasses.dataclass
-class ModelResult:
-    """One row of a report. ``kind`` is ``"run"`` (a run directory), ``"external"`` (scores
-    computed elsewhere, :mod:`bytelm.evaluation.external`) or ``"baseline"`` (a reference model)."""
-
-    name: str
-    family: str
-    kind: str
-    fingerprint: str
-    scores: SegmentScores
-    global_steps: np.ndarray | None = None  # float64 per segment
-    run_dir: str | None = None
-    step: int | None = None
-    params: dict | None = None
-    flops: float | None = None
-    train_flops_per_byte: float | None = None
-    bytes_seen: float | None = None
-    wall_s: float | None = None
-    note: str = ""
-
-    @property
-    def bpb(self) -> float:
-        return self.scores.bpb
-
-    @property
-    def mean_bytes_per_global_step(self) -> float | None:
-        if self.global_steps is None:
-            return None
-        steps = float(np.sum(self.global_steps))
-        return self.scores.total_bytes / steps if steps else None
-
-    def to_dict(self, eval_set: EvalSet) -> dict:
-        return {
-            "name": self.name,
-            "family": self.family,
-            "kind": self.kind,
-            "run_dir": self.run_dir,
-            "step": self.step,
-            "bpb": self.bpb,
-            "nats": self.scores.total_nats,
-            "bytes": self.scores.total_bytes,
-            "segments": len(self.scores.nats),
-            "params": self.params,
-            "flops": self.flops,
-            "train_flops_per_byte": self.train_flops_per_byte,
-            "bytes_seen": self.bytes_seen,
-            "mean_bytes_per_global_step": self.mean_bytes_per_global_step,
-            "wall_s": self.wall_s,
-            "fingerprint": self.fingerprint,
-            "note": self.note,
-            "groups": breakdown(self.scores, eval_set.groups, self.global_steps),
-            "dirs": breakdown(self.scores, eval_set.dirs, self.global_steps),
-        }
 
 
 # -- corpora ---------------------------------------------------------------------------------
@@ -142,8 +48,6 @@ def read_run_json(run_dir: str | Path) -> dict:
 
 def run_config(run_dir: str | Path, data_spec: str | None = None):
     """The resolved config of a run, with ``data.source`` replaced by ``data_spec`` if given."""
-    from bytelm.config import load_config  # noqa: PLC0415
-
     path = Path(run_dir) / "config.toml"
     if not path.is_file():
         raise UserError(f"{run_dir} is not a run directory (no config.toml); train one with 'bytelm train CONFIG --out {run_dir}'")
@@ -158,11 +62,9 @@ class CorpusCache:
         self.progress = progress
 
     def get(self, cfg):
-        from bytelm.training.trainer import load_corpus_for  # noqa: PLC0415
-
         key = dataclasses.astuple(cfg.data)
         if key not in self._by_data:
-            self._by_data[key] = load_corpus_for(cfg, progress=self.progress)
+            self._by_data[key] = load_corpus_from_config(cfg.data, progress=self.progress)
         return self._by_data[key]
 
     def add(self, corpus, cfg) -> None:
@@ -216,28 +118,14 @@ def check_same_fingerprint(fingerprints: dict[str, str], corpora: dict[str, obje
 
 
 # -- scoring a run ---------------------------------------------------------------------------
-def _global_steps_of_batch(family: str, task, batch: dict, n_real: int) -> np.ndarray:
-    """Positions of the outermost stack per real row of an eval batch (see the module docstring)."""
-    ids = np.asarray(batch["ids"])[:n_real]
-    scored = (ids[:, 1:] >= BYTE_OFFSET).sum(axis=1).astype(np.float64)  # bytes, or tokens for BPE
-    if family == "megabyte":
-        nbytes = scored
-        return nbytes / float(task.cfg.model.patch_size)
-    if family == "blt":
-        lengths = np.asarray(batch["patch_lengths"])[:n_real]
-        # the first patch holds the BOS alone; the others cover the segment's bytes
-        return ((lengths > 0).sum(axis=1) - 1).astype(np.float64)
-    return scored
-
-
 def evaluate_trainer(trainer, eval_set: EvalSet, *, progress: Progress | None = None) -> tuple[SegmentScores, np.ndarray]:
-    """Score every segment of ``eval_set`` with a restored trainer; returns scores and global steps."""
-    family = trainer.cfg.model.family
+    """Score every segment of ``eval_set`` with a restored trainer; returns scores and the global
+    steps of each segment (counted by the family's task)."""
     steps: list[np.ndarray] = []
     done = [0]
 
     def on_batch(batch, n_real):
-        steps.append(_global_steps_of_batch(family, trainer.task, batch, n_real))
+        steps.append(trainer.task.global_steps(batch, n_real))
         done[0] += n_real
         if progress:
             progress(done[0], len(eval_set.data))
@@ -261,8 +149,6 @@ def evaluate_run(
     positions per step x bytes per position. A BPE run whose tokenizer (or a BLT run whose entropy
     model) changed since training is refused with :class:`UserError`.
     """
-    from bytelm.training.trainer import restore_trainer  # noqa: PLC0415
-
     run_dir = Path(run_dir)
     info = read_run_json(run_dir)
     trainer = restore_trainer(run_dir, corpus=corpus if corpus is not None else eval_set.corpus)
@@ -271,11 +157,6 @@ def evaluate_run(
     positions = float(info.get("positions_per_step") or trainer.task.positions_per_step())
     per_position = info.get("train_flops_per_position")
     bytes_per_position = info.get("bytes_per_position")
-    note = ""
-    if trainer.cfg.model.family == "blt":
-        achieved = (info.get("patching") or {}).get("achieved_mean_patch_len")
-        if achieved:
-            note = f"train mean patch {achieved:.2f} (BOS patches counted)"
     return ModelResult(
         name=name or run_dir.name,
         family=trainer.cfg.model.family,
@@ -290,7 +171,7 @@ def evaluate_run(
         train_flops_per_byte=info.get("train_flops_per_byte"),
         bytes_seen=step * positions * bytes_per_position if bytes_per_position is not None else None,
         wall_s=info.get("wall_s"),
-        note=note,
+        note=trainer.task.report_note(info),
     )
 
 
@@ -341,9 +222,6 @@ def evaluate_runs(
 
     Every fingerprint is checked before anything is scored. Without runs, the evaluation set is
     the held-out part of ``data_spec`` (default config otherwise)."""
-    from bytelm.evaluation.external import parse_external_arg, read_external_scores  # noqa: PLC0415
-    from bytelm.evaluation.report import build_report, write_report_json  # noqa: PLC0415
-
     if not run_dirs and not externals:
         raise UserError("nothing to evaluate: give one or more RUN_DIRs and/or --external NAME=SCORES.jsonl")
     names = [Path(r).name or str(r) for r in run_dirs]
@@ -360,8 +238,6 @@ def evaluate_runs(
     if run_dirs:
         eval_set, per_run = eval_sets_for_runs(run_dirs, data_spec=data_spec, corpora=corpora)
     else:
-        from bytelm.config import load_config  # noqa: PLC0415
-
         eval_set = EvalSet.from_corpus(corpora.get(load_config(None, [f"data.source={data_spec}"] if data_spec else [])))
         per_run = {}
     external_results = [read_external_scores(path, eval_set, name=name) for name, path in parsed]

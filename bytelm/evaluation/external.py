@@ -46,9 +46,10 @@ from pathlib import Path
 import numpy as np
 
 from bytelm.atomic import atomic_write_text
+from bytelm.data import fingerprint_segments
 from bytelm.errors import UserError
 from bytelm.evaluation.bpb import SegmentScores
-from bytelm.evaluation.evaluator import EvalSet, ModelResult
+from bytelm.evaluation.results import EvalSet, ModelResult
 
 HELDOUT_FORMAT = "bytelm-heldout"
 SCORES_FORMAT = "bytelm-scores"
@@ -87,8 +88,6 @@ def read_heldout(path: str | Path) -> tuple[dict, list[dict]]:
     """Parse a held-out file: ``(header, [{"id", "group", "length", "data": bytes}, ...])``.
 
     Checks the fingerprint against the decoded bytes (a damaged or edited file is refused)."""
-    from bytelm.data.corpus import fingerprint_segments  # noqa: PLC0415
-
     (_, header), rows = _read_jsonl(path, HELDOUT_FORMAT)
     out = []
     for n, row in rows:

@@ -1,4 +1,5 @@
-"""The comparison figure: held-out BPB against training FLOPs, one line per model (matplotlib Agg)."""
+"""The comparison figure: held-out BPB against training FLOPs, one line per model (matplotlib's Agg
+canvas: no pyplot, no display needed)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,9 @@ import io
 import json
 from collections.abc import Sequence
 from pathlib import Path
+
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
 
 from bytelm.atomic import atomic_write_bytes
 
@@ -37,12 +41,8 @@ def plot_bpb_vs_flops(
     """Draw ``curves`` (name -> [(flops, bpb), ...]) on a log-FLOPs axis; ``finals`` (name ->
     (flops, bpb)) are the full evaluation-set scores, drawn as markers; ``baselines`` (name -> bpb)
     as horizontal dashed lines. Written atomically as PNG."""
-    import matplotlib  # noqa: PLC0415
-
-    matplotlib.use("Agg")
-    from matplotlib.figure import Figure  # noqa: PLC0415
-
     fig = Figure(figsize=(7.5, 4.8), dpi=120)
+    FigureCanvasAgg(fig)
     ax = fig.add_subplot()
     colors = {}
     for name, pts in curves.items():

@@ -29,10 +29,11 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Sequence
 
 from bytelm.atomic import atomic_write_text
-from bytelm.evaluation.evaluator import EvalSet, ModelResult
+from bytelm.evaluation.results import EvalSet, ModelResult
 
 FORMAT = "bytelm-report"
 VERSION = 1
@@ -136,8 +137,6 @@ def schema_errors(value, schema: dict, path: str = "$") -> list[str]:
     """Violations of ``schema`` by ``value`` (the JSON Schema keywords used in this module:
     type, const, enum, required, properties, additionalProperties, items, minimum, minLength,
     pattern). An empty list means valid."""
-    import re  # noqa: PLC0415
-
     errors: list[str] = []
     if "type" in schema:
         types = schema["type"] if isinstance(schema["type"], list) else [schema["type"]]

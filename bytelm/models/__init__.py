@@ -2,19 +2,30 @@
 
 Shape letters used in array names throughout the package (``bytes_BxT``, ``logits_BxTxV``):
 
-==== ==========================================
-B    batch
-T    positions (bytes, or tokens for the BPE LM)
+==== ==========================================================================================
+B    batch rows
+T    positions of a sequence: a window's inputs (bytes, or tokens for the BPE LM)
+L    ids of a row with its first input: ``T + 1`` (patching, entropy rows)
+W    a fixed, padded row width (the entropy model's single-row program)
+S    key/value positions of an attention call (the source of a cross-attention)
+Q    query positions of an attention call (BLT: the ``P * k`` patch-query slots)
 P    patches per sequence
-S    bytes per patch (patch length / size)
-D    model width
+C    bytes per MegaByte patch (its fixed patch size)
+D    model width (the local width of MegaByte and BLT)
+G    global model width (MegaByte, BLT)
+E    MegaByte's per-byte global embedding width (``G = C * E``)
 F    MLP hidden width
 H    attention heads
-K    head dimension
-V    vocabulary (padded)
-N    n-gram order
-Q    queries per patch (BLT)
-==== ==========================================
+K    head dimension (``K2``: half of it, for rotary)
+V    vocabulary rows (padded)
+N    flattened leading dimensions (``B * T`` rows of a matmul, ``B * H`` attention problems)
+1    a broadcast axis of size one
+==== ==========================================================================================
 
-This module imports no JAX: config dataclasses live in :mod:`bytelm.models.configs`.
+Layout: :mod:`~bytelm.models.configs` (one frozen dataclass per family, no JAX),
+:mod:`~bytelm.models.kernels` (the kernel choices), :mod:`~bytelm.models.attention` (``attend``),
+:mod:`~bytelm.models.core` (the shared layers and head), :mod:`~bytelm.models.scoring` (the one
+scoring interface), then one module per family: :mod:`~bytelm.models.byte_lm`,
+:mod:`~bytelm.models.token_lm` (both :mod:`~bytelm.models.lm`), :mod:`~bytelm.models.megabyte`,
+:mod:`~bytelm.models.blt`. This package imports nothing from patching, training or evaluation.
 """

@@ -37,10 +37,10 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from bytelm.constants import BYTE_OFFSET, NUM_BYTE_IDS, PAD_ID
-from bytelm.models.core import Attention, Embed, RMSNorm, Transformer, pad_vocab, param
-from bytelm.models.lm import DTYPES
-from bytelm.models.scoring import Scores, mask_invalid_logits, token_nll
+from bytelm.constants import NUM_BYTE_IDS, PAD_ID
+from bytelm.models.core import COMPUTE_DTYPES, Attention, Embed, OutputHead, RMSNorm, Transformer, pad_vocab, param
+from bytelm.models.kernels import resolve_kernels
+from bytelm.models.scoring import Scores, next_id_scores
 
 _HASH_MULT = np.uint32(1_000_003)
 
@@ -65,27 +65,27 @@ def patch_ids_from_lengths(lengths_BxP: jax.Array, length: int) -> jax.Array:
 class BLT(nnx.Module):
     def __init__(self, cfg, *, rngs: nnx.Rngs):
         self.cfg = cfg
-        self.n_valid = NUM_BYTE_IDS
         self.vocab_rows = pad_vocab(NUM_BYTE_IDS, cfg.vocab_multiple)
-        dt = DTYPES[cfg.dtype]
+        dt = COMPUTE_DTYPES[cfg.dtype]
+        kernels = resolve_kernels(cfg.attention, cfg.mlp, dtype=cfg.dtype)
         self.dtype = dt
         dl, dg, k = cfg.local_d_model, cfg.global_d_model, cfg.queries_per_patch
         self.byte_embed = Embed(self.vocab_rows, dl, rngs=rngs)
         self.ngram_embeds = nnx.List([Embed(cfg.hash_table_size, dl, rngs=rngs) for _ in cfg.ngram_sizes])
-        self.encoder = Transformer(dl, cfg.encoder_layers, cfg.local_heads, cfg.local_mlp_dim, rngs=rngs, window=cfg.local_window, rope_base=cfg.rope_base, dtype=dt)
+        self.encoder = Transformer(dl, cfg.encoder_layers, cfg.local_heads, cfg.local_mlp_dim, rngs=rngs, kernels=kernels, window=cfg.local_window, rope_base=cfg.rope_base, dtype=dt)
         self.to_queries = param(rngs, (dl, k * dl), ("embed", "mlp"))
         self.to_global = param(rngs, (k * dl, dg), ("mlp", "embed"))
-        self.global_stack = Transformer(dg, cfg.global_layers, cfg.global_heads, cfg.global_mlp_dim, rngs=rngs, rope_base=cfg.rope_base, dtype=dt)
+        self.global_stack = Transformer(dg, cfg.global_layers, cfg.global_heads, cfg.global_mlp_dim, rngs=rngs, kernels=kernels, rope_base=cfg.rope_base, dtype=dt)
         self.global_norm = RMSNorm(dg)
         self.from_global = param(rngs, (dg, k * dl), ("embed", "mlp"))
         if cfg.cross_attention:
-            self.encoder_cross = Attention(dl, cfg.cross_heads, rngs=rngs, dtype=dt)
+            self.encoder_cross = Attention(dl, cfg.cross_heads, rngs=rngs, dtype=dt, implementation=kernels.attention)
             self.encoder_cross_norm = RMSNorm(dl)
-            self.decoder_cross = Attention(dl, cfg.cross_heads, rngs=rngs, dtype=dt)
+            self.decoder_cross = Attention(dl, cfg.cross_heads, rngs=rngs, dtype=dt, implementation=kernels.attention)
             self.decoder_cross_norm = RMSNorm(dl)
-        self.decoder = Transformer(dl, cfg.decoder_layers, cfg.local_heads, cfg.local_mlp_dim, rngs=rngs, window=cfg.local_window, rope_base=cfg.rope_base, dtype=dt)
+        self.decoder = Transformer(dl, cfg.decoder_layers, cfg.local_heads, cfg.local_mlp_dim, rngs=rngs, kernels=kernels, window=cfg.local_window, rope_base=cfg.rope_base, dtype=dt)
         self.decoder_norm = RMSNorm(dl)
-        self.head = param(rngs, (dl, self.vocab_rows), ("embed", "vocab"))
+        self.head = OutputHead(dl, NUM_BYTE_IDS, cfg.vocab_multiple, rngs=rngs, dtype=dt)
 
     def embed(self, inputs_BxT: jax.Array) -> jax.Array:
         """Byte embedding + hashed n-gram embeddings of the n-grams ending at each position."""
@@ -103,9 +103,9 @@ class BLT(nnx.Module):
         B, T = inputs_BxT.shape
         P = patch_lengths_BxP.shape[1]
         k, dl = cfg.queries_per_patch, cfg.local_d_model
-        pid_BxT1 = patch_ids_from_lengths(patch_lengths_BxP, T + 1)
-        enc_pid_BxT = pid_BxT1[:, :T]  # patch of each input position
-        src_pid_BxT = pid_BxT1[:, 1:] - 1  # decoder: the patch before the target's patch
+        pid_BxL = patch_ids_from_lengths(patch_lengths_BxP, T + 1)  # L = T + 1 ids of the window
+        enc_pid_BxT = pid_BxL[:, :T]  # patch of each input position
+        src_pid_BxT = pid_BxL[:, 1:] - 1  # decoder: the patch before the target's patch
         patch_valid_BxP = patch_lengths_BxP > 0
 
         # 1. local encoder
@@ -119,39 +119,33 @@ class BLT(nnx.Module):
         n_inputs = jax.ops.segment_sum(jnp.ones(B * T, jnp.int32), seg, num_segments=B * P + 1)[: B * P]
         has_inputs_BxP = (n_inputs > 0).reshape(B, P)  # a patch made only of the final target has none
         pooled_BxPxD = jnp.where(has_inputs_BxP[..., None], pooled.reshape(B, P, dl), 0.0).astype(dt)
-        queries_BxPkxD = (pooled_BxPxD @ self.to_queries[...].astype(dt)).reshape(B, P * k, dl)
+        queries_BxQxD = (pooled_BxPxD @ self.to_queries[...].astype(dt)).reshape(B, P * k, dl)
         if cfg.cross_attention:
-            q_patch_Pk = jnp.repeat(jnp.arange(P), k)
-            own_BxPkxT = q_patch_Pk[None, :, None] == enc_pid_BxT[:, None, :]
-            attended = self.encoder_cross(self.encoder_cross_norm(queries_BxPkxD), kv_BxSxD=h_BxTxD, mask_BxTxS=own_BxPkxT)
-            has_bytes = jnp.any(own_BxPkxT, axis=-1, keepdims=True)
-            queries_BxPkxD = queries_BxPkxD + jnp.where(has_bytes, attended, 0.0)
-        patches_BxPxG = queries_BxPkxD.reshape(B, P, k * dl) @ self.to_global[...].astype(dt)
+            q_patch_Q = jnp.repeat(jnp.arange(P), k)
+            own_BxQxT = q_patch_Q[None, :, None] == enc_pid_BxT[:, None, :]
+            attended = self.encoder_cross(self.encoder_cross_norm(queries_BxQxD), kv_BxSxD=h_BxTxD, mask_BxTxS=own_BxQxT)
+            has_bytes = jnp.any(own_BxQxT, axis=-1, keepdims=True)
+            queries_BxQxD = queries_BxQxD + jnp.where(has_bytes, attended, 0.0)
+        patches_BxPxG = queries_BxQxD.reshape(B, P, k * dl) @ self.to_global[...].astype(dt)
         patches_BxPxG = jnp.where((patch_valid_BxP & has_inputs_BxP)[..., None], patches_BxPxG, 0.0)
 
         # 3. global latent transformer over patches
         global_BxPxG = self.global_norm(self.global_stack(patches_BxPxG))
 
         # 4. local decoder: byte i reads the global output of the patch before its target's patch
-        kv_BxPkxD = (global_BxPxG @ self.from_global[...].astype(dt)).reshape(B, P * k, dl)
+        kv_BxQxD = (global_BxPxG @ self.from_global[...].astype(dt)).reshape(B, P * k, dl)
         has_src_BxT = src_pid_BxT >= 0
         if cfg.cross_attention:
-            kv_patch_Pk = jnp.repeat(jnp.arange(P), k)
-            reads_BxTxPk = kv_patch_Pk[None, None, :] == src_pid_BxT[:, :, None]
-            ctx = self.decoder_cross(self.decoder_cross_norm(h_BxTxD), kv_BxSxD=kv_BxPkxD, mask_BxTxS=reads_BxTxPk)
+            kv_patch_Q = jnp.repeat(jnp.arange(P), k)
+            reads_BxTxQ = kv_patch_Q[None, None, :] == src_pid_BxT[:, :, None]
+            ctx = self.decoder_cross(self.decoder_cross_norm(h_BxTxD), kv_BxSxD=kv_BxQxD, mask_BxTxS=reads_BxTxQ)
         else:  # the projected global state of the source patch, summed over its k slots
-            per_patch = kv_BxPkxD.reshape(B, P, k, dl).sum(axis=2)
+            per_patch = kv_BxQxD.reshape(B, P, k, dl).sum(axis=2)
             ctx = jnp.take_along_axis(per_patch, jnp.clip(src_pid_BxT, 0, P - 1)[..., None], axis=1)
         h_BxTxD = h_BxTxD + jnp.where(has_src_BxT[..., None], ctx, 0.0)
-        h_BxTxD = self.decoder_norm(self.decoder(h_BxTxD))
-        logits = (h_BxTxD @ self.head[...].astype(dt)).astype(jnp.float32)
-        return mask_invalid_logits(logits, self.n_valid)
+        return self.head(self.decoder_norm(self.decoder(h_BxTxD)))
 
     def score(self, batch: dict) -> Scores:
         """``batch["ids"]`` ``(B, T+1)`` and ``batch["patch_lengths"]`` ``(B, P)`` over the window."""
         ids = batch["ids"]
-        inputs_BxT, targets_BxT = ids[:, :-1], ids[:, 1:]
-        logits = self(inputs_BxT, batch["patch_lengths"])
-        mask_BxT = (targets_BxT >= BYTE_OFFSET).astype(jnp.float32)
-        nll_BxT = token_nll(logits, targets_BxT) * mask_BxT
-        return Scores(nll_BxT, mask_BxT, mask_BxT)
+        return next_id_scores(self(ids[:, :-1], batch["patch_lengths"]), ids[:, 1:])

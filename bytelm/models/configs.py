@@ -1,18 +1,25 @@
-"""One small frozen dataclass per model family, registered as ``[model]`` configs.
+"""One small frozen dataclass per model family: the ``[model]`` table of a config.
 
-Invariants are checked in ``__post_init__`` and raise ``ValueError`` naming the values.
+Every family config derives from :class:`ModelConfig`, which holds the fields all families share
+(compute dtype, vocabulary padding, rotary base, kernel choices) and checks them once. Each
+family's own invariants are checked in its ``__post_init__`` and raise ``ValueError`` naming the
+values. This module imports no JAX (only :mod:`bytelm.errors`): the config loader reads it, and a config
+can be validated without building a model.
 """
 
 from __future__ import annotations
 
 import dataclasses
 
-from bytelm.config import register_model
+from bytelm.errors import UserError
 
-_DTYPES = ("float32", "bfloat16", "float16")
+DTYPES = ("float32", "bfloat16", "float16")  # compute dtypes; parameters stay float32
+ATTENTION_KERNELS = ("auto", "xla", "cudnn", "halving")  # bytelm.models.kernels chooses "auto"
+MLP_KERNELS = ("auto", "autodiff", "manual")
 
 
-def _check_transformer(prefix: str, d_model: int, n_heads: int, n_layers: int, mlp_dim: int) -> None:
+def check_transformer(prefix: str, d_model: int, n_heads: int, n_layers: int, mlp_dim: int) -> None:
+    """The shape rules of one transformer stack (``prefix`` names its config keys)."""
     if d_model < 1 or n_heads < 1 or n_layers < 0 or mlp_dim < 1:
         raise ValueError(
             f"{prefix}d_model ({d_model}), n_heads ({n_heads}), mlp_dim ({mlp_dim}) must be >= 1 "
@@ -26,9 +33,30 @@ def _check_transformer(prefix: str, d_model: int, n_heads: int, n_layers: int, m
         )
 
 
-@register_model("byte")
 @dataclasses.dataclass(frozen=True)
-class ByteLMConfig:
+class ModelConfig:
+    """The fields every family shares. ``family`` picks the dataclass when a config is read."""
+
+    family: str = ""
+    rope_base: float = 10000.0
+    dtype: str = "float32"  # compute dtype; params stay float32
+    vocab_multiple: int = 128  # embedding/logit rows are padded up to a multiple of this
+    attention: str = "auto"  # auto | xla | cudnn | halving (bytelm/models/kernels.py)
+    mlp: str = "auto"  # auto | autodiff | manual: the SwiGLU backward (bytelm/models/kernels.py)
+
+    def __post_init__(self) -> None:
+        if self.dtype not in DTYPES:
+            raise ValueError(f"model.dtype {self.dtype!r} is not one of {DTYPES}")
+        if self.vocab_multiple < 1:
+            raise ValueError(f"model.vocab_multiple must be >= 1, got {self.vocab_multiple}")
+        if self.attention not in ATTENTION_KERNELS:
+            raise ValueError(f"model.attention {self.attention!r} is not one of {ATTENTION_KERNELS}")
+        if self.mlp not in MLP_KERNELS:
+            raise ValueError(f"model.mlp {self.mlp!r} is not one of {MLP_KERNELS}")
+
+
+@dataclasses.dataclass(frozen=True)
+class ByteLMConfig(ModelConfig):
     """ByT5-style decoder-only transformer over byte ids (also the BLT entropy model)."""
 
     family: str = "byte"
@@ -37,21 +65,14 @@ class ByteLMConfig:
     n_heads: int = 4
     mlp_dim: int = 768  # SwiGLU hidden width
     window: int = 0  # sliding-window attention span in positions; 0 = full causal attention
-    rope_base: float = 10000.0
-    dtype: str = "float32"  # compute dtype; params stay float32
-    vocab_multiple: int = 128  # embedding/logit rows are padded up to a multiple of this
 
     def __post_init__(self) -> None:
-        _check_transformer("model.", self.d_model, self.n_heads, self.n_layers, self.mlp_dim)
-        if self.dtype not in _DTYPES:
-            raise ValueError(f"model.dtype {self.dtype!r} is not one of {_DTYPES}")
+        super().__post_init__()
+        check_transformer("model.", self.d_model, self.n_heads, self.n_layers, self.mlp_dim)
         if self.window < 0:
             raise ValueError(f"model.window must be >= 0 (0 = full attention), got {self.window}")
-        if self.vocab_multiple < 1:
-            raise ValueError(f"model.vocab_multiple must be >= 1, got {self.vocab_multiple}")
 
 
-@register_model("bpe")
 @dataclasses.dataclass(frozen=True)
 class TokenLMConfig(ByteLMConfig):
     """The subword baseline: the same decoder over the ids of a BPE tokenizer directory."""
@@ -60,29 +81,26 @@ class TokenLMConfig(ByteLMConfig):
     tokenizer: str = ""  # tokenizer directory (bytelm tokenizer train --out DIR)
 
 
-@register_model("megabyte")
 @dataclasses.dataclass(frozen=True)
-class MegaByteConfig:
+class MegaByteConfig(ModelConfig):
     """MegaByte (Yu et al. 2023): a global transformer over patches of ``patch_size`` bytes and a
     local transformer within each patch. ``global_d_model`` must equal ``patch_size * embed_dim``."""
 
     family: str = "megabyte"
-    patch_size: int = 8  # P
-    embed_dim: int = 32  # d_G: per-byte global embedding width
-    global_d_model: int = 256  # P * d_G
+    patch_size: int = 8  # bytes per patch
+    embed_dim: int = 32  # per-byte global embedding width
+    global_d_model: int = 256  # patch_size * embed_dim
     global_layers: int = 4
     global_heads: int = 4
     global_mlp_dim: int = 704
-    local_d_model: int = 128  # d_L
+    local_d_model: int = 128
     local_layers: int = 2
     local_heads: int = 2
     local_mlp_dim: int = 352
-    pad_to_patch: bool = True  # pad sequences to a multiple of P (masked); False = require T % P == 0
-    rope_base: float = 10000.0
-    dtype: str = "float32"
-    vocab_multiple: int = 128
+    pad_to_patch: bool = True  # pad sequences to a multiple of patch_size (masked); False = require it
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if self.patch_size < 1:
             raise ValueError(f"model.patch_size must be >= 1, got {self.patch_size}")
         if self.embed_dim * self.patch_size != self.global_d_model:
@@ -90,15 +108,23 @@ class MegaByteConfig:
                 f"model.global_d_model {self.global_d_model} must equal model.patch_size {self.patch_size} x "
                 f"model.embed_dim {self.embed_dim} = {self.patch_size * self.embed_dim} (the concatenated patch width)"
             )
-        _check_transformer("model.global_", self.global_d_model, self.global_heads, self.global_layers, self.global_mlp_dim)
-        _check_transformer("model.local_", self.local_d_model, self.local_heads, self.local_layers, self.local_mlp_dim)
-        if self.dtype not in _DTYPES:
-            raise ValueError(f"model.dtype {self.dtype!r} is not one of {_DTYPES}")
+        check_transformer("model.global_", self.global_d_model, self.global_heads, self.global_layers, self.global_mlp_dim)
+        check_transformer("model.local_", self.local_d_model, self.local_heads, self.local_layers, self.local_mlp_dim)
+
+    def padded_length(self, length: int, *, what: str = "sequence length") -> int:
+        """``length`` rounded up to whole patches; raises :class:`UserError` when it is not a
+        multiple of the patch size and padding is off (the one place this rule lives)."""
+        P = self.patch_size
+        if length % P and not self.pad_to_patch:
+            raise UserError(
+                f"{what} {length} is not a multiple of model.patch_size {P} and model.pad_to_patch is "
+                "false: set model.pad_to_patch = true or use a length divisible by the patch size"
+            )
+        return -(-length // P) * P
 
 
-@register_model("blt")
 @dataclasses.dataclass(frozen=True)
-class BLTConfig:
+class BLTConfig(ModelConfig):
     """BLT (Pagnoni et al. 2024): entropy patches, a local encoder with hashed n-grams and
     cross-attention pooling, a latent global transformer over patches, a local decoder."""
 
@@ -124,11 +150,9 @@ class BLTConfig:
     queries_per_patch: int = 2  # k
     cross_heads: int = 2
     cross_attention: bool = True  # False: pooled patch states / global states enter by projection
-    rope_base: float = 10000.0
-    dtype: str = "float32"
-    vocab_multiple: int = 128
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if not self.target_patch_len >= 1.0:
             raise ValueError(f"model.target_patch_len must be >= 1 byte, got {self.target_patch_len}")
         if self.max_patch_len < 1 or self.max_patches < 0:
@@ -137,8 +161,8 @@ class BLTConfig:
             )
         if self.threshold < 0 or self.monotonic_threshold < 0:
             raise ValueError("model.threshold and model.monotonic_threshold must be >= 0 (0 = off / calibrate)")
-        _check_transformer("model.local_", self.local_d_model, self.local_heads, max(self.encoder_layers, self.decoder_layers), self.local_mlp_dim)
-        _check_transformer("model.global_", self.global_d_model, self.global_heads, self.global_layers, self.global_mlp_dim)
+        check_transformer("model.local_", self.local_d_model, self.local_heads, max(self.encoder_layers, self.decoder_layers), self.local_mlp_dim)
+        check_transformer("model.global_", self.global_d_model, self.global_heads, self.global_layers, self.global_mlp_dim)
         if self.local_d_model % self.cross_heads or (self.local_d_model // self.cross_heads) % 2:
             raise ValueError(f"model.local_d_model {self.local_d_model} must split into model.cross_heads {self.cross_heads} even-sized heads")
         if any(n < 1 for n in self.ngram_sizes) or self.hash_table_size < 1 or self.queries_per_patch < 1:
@@ -148,8 +172,6 @@ class BLTConfig:
             )
         if self.local_window < 0:
             raise ValueError(f"model.local_window must be >= 0 (0 = full), got {self.local_window}")
-        if self.dtype not in _DTYPES:
-            raise ValueError(f"model.dtype {self.dtype!r} is not one of {_DTYPES}")
 
     def patches_for(self, seq_len: int) -> int:
         """Static number of patch slots for windows of ``seq_len + 1`` ids. The default (one slot per

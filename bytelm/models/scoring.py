@@ -1,7 +1,8 @@
 """The scoring interface shared by every family: per-position NLL, mask, and bytes covered.
 
 Training loss and the evaluator both reduce the same :class:`Scores`:
-``loss = sum(nll * mask) / sum(mask)`` and ``BPB = sum(nll * mask) / (sum(nbytes * mask) * ln 2)``.
+``loss = sum(nll * mask) / sum(mask)`` and ``BPB = sum(nll * mask) / (sum(nbytes * mask) * ln 2)``
+(docs/evaluation.md). Every family's ``score(batch)`` ends in :func:`next_id_scores`.
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+
+from bytelm.constants import BYTE_OFFSET
 
 
 class Scores(NamedTuple):
@@ -26,13 +29,14 @@ def token_nll(logits_BxTxV: jax.Array, targets_BxT: jax.Array) -> jax.Array:
     return lse_BxT - picked_BxT
 
 
-def mask_invalid_logits(logits_BxTxV: jax.Array, n_valid: int) -> jax.Array:
-    """Padding rows of the vocabulary can never be predicted (finite, so no NaN downstream)."""
-    if n_valid >= logits_BxTxV.shape[-1]:
-        return logits_BxTxV
-    valid_V = jnp.arange(logits_BxTxV.shape[-1]) < n_valid
-    valid_V = valid_V.reshape((1,) * (logits_BxTxV.ndim - 1) + (-1,))
-    return jnp.where(valid_V, logits_BxTxV, jnp.asarray(-1e9, logits_BxTxV.dtype))
+def next_id_scores(logits_BxTxV: jax.Array, targets_BxT: jax.Array, nbytes_BxT: jax.Array | None = None) -> Scores:
+    """The :class:`Scores` of predicting ``targets`` with ``logits``. Positions whose target is a
+    control id (PAD, BOS, EOS, SEP) are not scored; each scored position covers ``nbytes`` bytes
+    (a token's length) or, when None, one byte."""
+    mask_BxT = (targets_BxT >= BYTE_OFFSET).astype(jnp.float32)
+    nll_BxT = token_nll(logits_BxTxV, targets_BxT) * mask_BxT
+    nbytes_BxT = mask_BxT if nbytes_BxT is None else nbytes_BxT.astype(jnp.float32) * mask_BxT
+    return Scores(nll_BxT, mask_BxT, nbytes_BxT)
 
 
 def mean_loss(scores: Scores) -> jax.Array:

@@ -103,10 +103,10 @@ def lengths_to_patch_ids(lengths_BxP, L: int, *, fill: int | None = None) -> np.
     total_B = cum_BxP[:, -1] if P else np.zeros(B, np.int64)
     if (total_B > L).any():
         raise ValueError(f"patch lengths cover {int(total_B.max())} positions, more than L = {L}")
-    marks_BxL1 = np.zeros((B, L + 1), dtype=np.int32)
+    marks = np.zeros((B, L + 1), dtype=np.int32)  # a 1 where a patch starts (one spare column)
     rows, cols = np.nonzero(positive_BxP)
-    marks_BxL1[rows, (cum_BxP - lengths_BxP)[rows, cols]] = 1
-    pid_BxL = np.cumsum(marks_BxL1[:, :L], axis=1) - 1
+    marks[rows, (cum_BxP - lengths_BxP)[rows, cols]] = 1
+    pid_BxL = np.cumsum(marks[:, :L], axis=1) - 1
     tail_BxL = np.arange(L)[None, :] >= total_B[:, None]
     fill_B = patch_counts(lengths_BxP) if fill is None else np.full(B, fill)
     return np.where(tail_BxL, fill_B[:, None], pid_BxL).astype(np.int32)

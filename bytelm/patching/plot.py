@@ -10,6 +10,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
 
 from bytelm.errors import UserError
 
@@ -35,9 +37,6 @@ def plot_entropies(
 ) -> Path:
     """Write a PNG of ``entropies[j]`` (nats) per byte ``j`` of ``data`` with vertical lines where
     ``starts[j]`` (``j >= 1``) begins a patch and the global threshold as a horizontal line."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: PLC0415
-    from matplotlib.figure import Figure  # noqa: PLC0415
-
     path = Path(path)
     if not path.parent.is_dir():
         raise UserError(f"cannot write {path}: the directory {path.parent} does not exist; create it first")

@@ -22,6 +22,9 @@ from __future__ import annotations
 
 import time
 
+import jax
+import jax.numpy as jnp
+
 from bytelm.constants import NUM_BYTE_IDS
 from bytelm.models.core import pad_vocab
 
@@ -52,9 +55,6 @@ def token_lm_train_flops_per_byte(mcfg, n_valid: int, seq_len: int, bytes_per_to
 
 def measure_matmul_peak(n: int = 2048, repeats: int = 5, dtype=None) -> float:
     """Best observed FLOP/s of an ``n x n`` matmul on the default device (the MFU denominator)."""
-    import jax  # noqa: PLC0415
-    import jax.numpy as jnp  # noqa: PLC0415
-
     dtype = dtype or jnp.float32
     a = jax.random.normal(jax.random.key(0), (n, n), dtype)
     b = jax.random.normal(jax.random.key(1), (n, n), dtype)

@@ -10,6 +10,7 @@ platform, and JAX picks the GPU/TPU devices when they exist.
 from __future__ import annotations
 
 import os
+import platform
 
 _FLAG = "--xla_force_host_platform_device_count"
 
@@ -46,8 +47,6 @@ def huge_page_malloc_env(environ: dict[str, str] | None = None) -> dict[str, str
     only takes effect when the kernel's transparent huge pages are in ``madvise`` or ``always``
     mode, and glibc reads it at process start, so a process must be started with it.
     """
-    import platform  # noqa: PLC0415
-
     environ = dict(os.environ if environ is None else environ)
     if environ.get(OPT_OUT) or "glibc.malloc.hugetlb" in environ.get("GLIBC_TUNABLES", ""):
         return None

@@ -1,34 +1,71 @@
-"""How each model family meets the data: model construction, train batches, eval batches, FLOPs.
+"""How each model family meets the data: the Task seam, and the one registry of families.
 
-A *task* binds a resolved config and a prepared corpus to one family. The trainer and the
-evaluator only talk to tasks, so adding a family means adding a task here (and its model in
-``bytelm/models``), not touching the training loop.
+A *task* binds a resolved config and a prepared corpus to one family: it builds the model, makes
+train and eval batches, counts FLOPs, bytes per position and global steps, and describes the run
+for reports. The trainer, the evaluator and the compare pipeline only talk to tasks, so adding a
+family means a model file, its config dataclass, its task here (with its :data:`FAMILIES` entry)
+and a preset (docs/architecture.md lists the files).
+
+A family that needs artefacts besides its config (a tokenizer, an entropy model) names them in
+:attr:`Task.artefacts`: config field -> artefact kind (:data:`ARTEFACT_KINDS`). Artefacts that are
+run directories are restored by :func:`bytelm.training.trainer.make_task` and handed to the task
+as modules (by config field); this module never loads another run itself.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 from flax import nnx
 
+from bytelm.atomic import atomic_directory
+from bytelm.baselines.bpe import load_tokenizer
 from bytelm.constants import BOS_ID, BYTE_OFFSET, EOS_ID, NUM_BYTE_IDS, PAD_ID
 from bytelm.data import Corpus, WindowBatches
 from bytelm.errors import UserError
+from bytelm.models.blt import BLT
+from bytelm.models.byte_lm import ByteLM
+from bytelm.models.configs import BLTConfig, ByteLMConfig, MegaByteConfig, ModelConfig, TokenLMConfig
+from bytelm.models.megabyte import MegaByte
+from bytelm.models.token_lm import TokenLM
+from bytelm.patching import EntropyModel, EntropyPatcher
 from bytelm.training import flops
+
+@dataclasses.dataclass(frozen=True)
+class ArtefactKind:
+    """Something a family needs besides its config, named by a model config field."""
+
+    noun: str  # "entropy model"
+    made_by: str  # the command that makes one
+    run_family: str | None = None  # a run directory of this family, restored by the trainer; None: a plain directory
+
+
+ARTEFACT_KINDS = {
+    "tokenizer": ArtefactKind("tokenizer", "bytelm tokenizer train --out DIR"),
+    "entropy_model": ArtefactKind("entropy model", "bytelm train configs/tiny/entropy.toml", run_family="byte"),
+}
 
 
 class Task:
     """Base class: a family's view of the data. Subclasses fill in the model-specific parts."""
 
-    family: str = ""
+    family: ClassVar[str] = ""
+    description: ClassVar[str] = ""  # "a byte LM": for messages and reports
+    config_class: ClassVar[type[ModelConfig]] = ModelConfig
+    artefacts: ClassVar[Mapping[str, str]] = {}  # model config field -> artefact kind
+    uses_nbytes: ClassVar[bool] = False  # batches carry each target's byte length ("nbytes")
 
-    def __init__(self, cfg, corpus: Corpus, run_dir: Path | None = None):
+    def __init__(self, cfg, corpus: Corpus | None, run_dir: Path | None = None, *, modules: Mapping[str, nnx.Module] | None = None):
         self.cfg = cfg
         self.corpus = corpus
         self.run_dir = run_dir
+        self.modules = dict(modules or {})  # restored run artefacts, by config field
 
     # model
     def build_model(self, rngs: nnx.Rngs) -> nnx.Module:
@@ -39,6 +76,8 @@ class Task:
         raise NotImplementedError
 
     def train_batches(self, start_step: int, process_index: int = 0, process_count: int = 1) -> Iterator[dict]:
+        """Training batches from step ``start_step`` on: this host's rows (``process_index`` of
+        ``process_count``, the trainer passes JAX's) of each global batch, with family arrays."""
         t = self.cfg.train
         it = WindowBatches(
             self.train_stream(),
@@ -85,7 +124,10 @@ class Task:
                 batch["nbytes"] = nbytes
             yield self.decorate(batch), len(chunk)
 
-    uses_nbytes = False
+    def global_steps(self, batch: dict, n_real: int) -> np.ndarray:
+        """Positions of the model's outermost (most expensive) stack for each of the first ``n_real``
+        rows of an eval batch: here the scored positions (bytes, or tokens)."""
+        return (np.asarray(batch["ids"])[:n_real, 1:] >= BYTE_OFFSET).sum(axis=1).astype(np.float64)
 
     # accounting
     def positions_per_step(self) -> int:
@@ -93,6 +135,10 @@ class Task:
 
     def bytes_per_position(self) -> float:
         return 1.0
+
+    def mean_bytes_per_global_step(self) -> float:
+        """Training bytes per position of the outermost stack (1, P, the mean patch length, bytes per token)."""
+        return self.bytes_per_position()
 
     def train_flops_per_position(self) -> float:
         raise NotImplementedError
@@ -102,17 +148,22 @@ class Task:
 
     def run_info(self) -> dict:
         """Extra facts recorded in the run (e.g. the tokenizer fingerprint)."""
-        return {"mean_bytes_per_global_step": self.bytes_per_position()}
+        return {"mean_bytes_per_global_step": self.mean_bytes_per_global_step()}
+
+    @classmethod
+    def report_note(cls, run_info: dict) -> str:
+        """A short note for a report row, from the run's ``run.json`` ("" for none)."""
+        return ""
 
 
 class ByteTask(Task):
     """ByT5-style byte LM: the corpus's train stream as is; segments as ``[BOS, b+4, ...]``."""
 
     family = "byte"
+    description = "a byte LM"
+    config_class = ByteLMConfig
 
     def build_model(self, rngs: nnx.Rngs) -> nnx.Module:
-        from bytelm.models.byte_lm import ByteLM  # noqa: PLC0415
-
         return ByteLM(self.cfg.model, rngs=rngs)
 
     def train_stream(self) -> np.ndarray:
@@ -132,26 +183,24 @@ class MegaByteTask(ByteTask):
     """MegaByte: the same byte windows and segments as the byte LM (its pads replace the BOS input)."""
 
     family = "megabyte"
+    description = "a MegaByte model"
+    config_class = MegaByteConfig
 
-    def __init__(self, cfg, corpus, run_dir=None):
-        super().__init__(cfg, corpus, run_dir)
-        P = cfg.model.patch_size
-        if cfg.train.seq_len % P and not cfg.model.pad_to_patch:
-            raise UserError(
-                f"train.seq_len {cfg.train.seq_len} is not a multiple of model.patch_size {P} and "
-                "model.pad_to_patch is false: change one of them or set model.pad_to_patch = true"
-            )
+    def __init__(self, cfg, corpus, run_dir=None, *, modules=None):
+        super().__init__(cfg, corpus, run_dir, modules=modules)
+        cfg.model.padded_length(cfg.train.seq_len, what="train.seq_len")
 
     def build_model(self, rngs: nnx.Rngs) -> nnx.Module:
-        from bytelm.models.megabyte import MegaByte  # noqa: PLC0415
-
         return MegaByte(self.cfg.model, rngs=rngs)
+
+    def global_steps(self, batch: dict, n_real: int) -> np.ndarray:
+        return super().global_steps(batch, n_real) / float(self.cfg.model.patch_size)
 
     def train_flops_per_position(self) -> float:
         return flops.megabyte_train_flops_per_byte(self.cfg.model, self.cfg.train.seq_len)
 
-    def run_info(self) -> dict:
-        return {"mean_bytes_per_global_step": float(self.cfg.model.patch_size)}
+    def mean_bytes_per_global_step(self) -> float:
+        return float(self.cfg.model.patch_size)
 
 
 class TokenTask(Task):
@@ -159,12 +208,13 @@ class TokenTask(Task):
     each on its own (tokens never cross a segment boundary), with every token's byte length."""
 
     family = "bpe"
+    description = "a subword LM on BPE tokens"
+    config_class = TokenLMConfig
+    artefacts = {"tokenizer": "tokenizer"}
     uses_nbytes = True
 
-    def __init__(self, cfg, corpus, run_dir=None):
-        super().__init__(cfg, corpus, run_dir)
-        from bytelm.baselines.bpe import load_tokenizer  # noqa: PLC0415
-
+    def __init__(self, cfg, corpus, run_dir=None, *, modules=None):
+        super().__init__(cfg, corpus, run_dir, modules=modules)
         if not cfg.model.tokenizer:
             raise UserError(
                 "model.tokenizer is empty: point it at a tokenizer directory (bytelm tokenizer train --out DIR)"
@@ -177,13 +227,9 @@ class TokenTask(Task):
         self._bytes_per_token = None
 
     def build_model(self, rngs: nnx.Rngs) -> nnx.Module:
-        from bytelm.models.token_lm import TokenLM  # noqa: PLC0415
-
         return TokenLM(self.cfg.model, self.tokenizer.n_vocab, rngs=rngs)
 
     def _load_stream(self) -> None:
-        from bytelm.atomic import atomic_directory  # noqa: PLC0415
-
         corpus = self.corpus
         path = corpus.path.parent.parent / "tokens" / f"{corpus.path.name}-{self.tokenizer.fingerprint[:24]}"
         if not (path / "manifest.json").is_file():
@@ -233,10 +279,10 @@ class TokenTask(Task):
 
     def run_info(self) -> dict:
         return {
+            **super().run_info(),
             "tokenizer": str(Path(self.cfg.model.tokenizer).absolute()),
             "tokenizer_fingerprint": self.tokenizer.fingerprint,
             "tokenizer_n_vocab": self.tokenizer.n_vocab,
-            "mean_bytes_per_global_step": self.bytes_per_position(),
         }
 
 
@@ -245,66 +291,69 @@ class BLTTask(ByteTask):
     (computed in the input pipeline, no gradient through it) with a calibrated threshold."""
 
     family = "blt"
+    description = "a BLT model"
+    config_class = BLTConfig
+    artefacts = {"entropy_run": "entropy_model"}
     calibration_rows = 64
 
-    def __init__(self, cfg, corpus, run_dir=None):
-        super().__init__(cfg, corpus, run_dir)
-        from bytelm.patching import EntropyModel, EntropyPatcher  # noqa: PLC0415
-
-        m = cfg.model
-        if not m.entropy_run:
-            raise UserError("model.entropy_run is empty: train an entropy model (bytelm train configs/tiny/entropy.toml) and point to its run directory")
-        entropy_dir = Path(m.entropy_run)
-        run_json = entropy_dir / "run.json"
-        if not run_json.is_file():
-            raise UserError(f"model.entropy_run {entropy_dir} is not a finished run directory (no run.json); train the entropy model first")
-        family = json.loads(run_json.read_text()).get("family")
-        if family != "byte":
-            raise UserError(f"model.entropy_run {entropy_dir} is a {family!r} run; the entropy model must be a byte LM (family 'byte')")
-        from bytelm.training.trainer import restore_trainer  # noqa: PLC0415  (cycle: trainer imports tasks)
-
-        entropy_trainer = restore_trainer(entropy_dir)
+    def __init__(self, cfg, corpus, run_dir=None, *, modules=None):
+        super().__init__(cfg, corpus, run_dir, modules=modules)
         # one fixed row width (the training window) for training and evaluation rows alike, so a
         # segment's entropies, and hence its patches, never depend on its batch
-        self.entropy_model = EntropyModel(nnx.merge(entropy_trainer.graphdef, entropy_trainer.params), width=cfg.train.seq_len + 1)
-        self.max_patches = m.patches_for(cfg.train.seq_len)
+        self.entropy_model = EntropyModel(self.modules["entropy_run"], width=cfg.train.seq_len + 1)
+        self.max_patches = cfg.model.patches_for(cfg.train.seq_len)
+
+    @functools.cached_property
+    def _patching(self) -> tuple[EntropyPatcher, float | None]:
+        """The patcher and the mean patch length calibration achieved (None when not calibrated):
+        a run keeps the threshold it was trained with; else the configured threshold; else a
+        threshold calibrated on training windows (computed on first use, not at construction)."""
+        m = self.cfg.model
         mono = m.monotonic_threshold or None
         recorded = {}
-        if run_dir is not None and (Path(run_dir) / "run.json").is_file():
-            recorded = json.loads((Path(run_dir) / "run.json").read_text()).get("patching") or {}
-        if recorded.get("threshold") is not None:  # a run keeps the threshold it was trained with
-            self.patcher = EntropyPatcher.from_settings(self.entropy_model, recorded)
-            self.achieved = recorded.get("achieved_mean_patch_len")
-        elif m.threshold > 0:
-            self.patcher = EntropyPatcher(self.entropy_model, m.threshold, mono, m.max_patch_len)
-            self.achieved = None
-        else:
-            sample = WindowBatches(
-                self.corpus.train_stream, batch_size=self.calibration_rows, window=cfg.train.seq_len + 1,
-                seed=cfg.train.seed + 7919, process_index=0, process_count=1,
-            ).batch(0)
-            self.patcher, self.achieved = EntropyPatcher.calibrated(
-                self.entropy_model, sample, m.target_patch_len, monotonic_threshold=mono, max_patch_len=m.max_patch_len
-            )
+        if self.run_dir is not None and (Path(self.run_dir) / "run.json").is_file():
+            recorded = json.loads((Path(self.run_dir) / "run.json").read_text()).get("patching") or {}
+        if recorded.get("threshold") is not None:
+            return EntropyPatcher.from_settings(self.entropy_model, recorded), recorded.get("achieved_mean_patch_len")
+        if m.threshold > 0:
+            return EntropyPatcher(self.entropy_model, m.threshold, mono, m.max_patch_len), None
+        sample = WindowBatches(
+            self.corpus.train_stream, batch_size=self.calibration_rows, window=self.cfg.train.seq_len + 1,
+            seed=self.cfg.train.seed + 7919, process_index=0, process_count=1,
+        ).batch(0)
+        return EntropyPatcher.calibrated(
+            self.entropy_model, sample, m.target_patch_len, monotonic_threshold=mono, max_patch_len=m.max_patch_len
+        )
+
+    @property
+    def patcher(self) -> EntropyPatcher:
+        return self._patching[0]
+
+    @property
+    def achieved(self) -> float | None:
+        return self._patching[1]
 
     def build_model(self, rngs: nnx.Rngs) -> nnx.Module:
-        from bytelm.models.blt import BLT  # noqa: PLC0415
-
         return BLT(self.cfg.model, rngs=rngs)
 
     def decorate(self, batch: dict) -> dict:
         batch["patch_lengths"] = self.patcher.lengths(batch["ids"], self.max_patches)
         return batch
 
-    def mean_patch_len(self) -> float:
+    def global_steps(self, batch: dict, n_real: int) -> np.ndarray:
+        lengths = np.asarray(batch["patch_lengths"])[:n_real]
+        # the first patch holds the BOS alone; the others cover the segment's bytes
+        return ((lengths > 0).sum(axis=1) - 1).astype(np.float64)
+
+    def mean_bytes_per_global_step(self) -> float:
         return self.achieved or self.cfg.model.target_patch_len
 
     def train_flops_per_position(self) -> float:
-        return flops.blt_train_flops_per_byte(self.cfg.model, self.cfg.train.seq_len, self.mean_patch_len())
+        return flops.blt_train_flops_per_byte(self.cfg.model, self.cfg.train.seq_len, self.mean_bytes_per_global_step())
 
     def run_info(self) -> dict:
         return {
-            "mean_bytes_per_global_step": self.mean_patch_len(),
+            **super().run_info(),
             "entropy_run": str(Path(self.cfg.model.entropy_run).absolute()),
             "entropy_fingerprint": self.entropy_model.fingerprint,
             "patching": {
@@ -316,18 +365,18 @@ class BLTTask(ByteTask):
             },
         }
 
-
-_TASKS: dict[str, type[Task]] = {"byte": ByteTask, "megabyte": MegaByteTask, "bpe": TokenTask, "blt": BLTTask}
-
-
-def register_task(family: str, cls: type[Task]) -> None:
-    _TASKS[family] = cls
+    @classmethod
+    def report_note(cls, run_info: dict) -> str:
+        achieved = (run_info.get("patching") or {}).get("achieved_mean_patch_len")
+        return f"train mean patch {achieved:.2f} (BOS patches counted)" if achieved else ""
 
 
-def make_task(cfg, corpus: Corpus, run_dir: Path | None = None) -> Task:
-    if cfg.model is None:
-        raise UserError("the config has no [model] section: set model.family (e.g. --set model.family=byte)")
-    family = cfg.model.family
-    if family not in _TASKS:
-        raise UserError(f"model.family {family!r} has no trainer task; known: {', '.join(sorted(_TASKS))}")
-    return _TASKS[family](cfg, corpus, run_dir)
+# The one registry: family name -> its task (and through it, its config dataclass).
+FAMILIES: dict[str, type[Task]] = {cls.family: cls for cls in (ByteTask, TokenTask, MegaByteTask, BLTTask)}
+
+
+def task_class(family: str) -> type[Task]:
+    """The task of ``family``; :class:`UserError` naming the known families otherwise."""
+    if family not in FAMILIES:
+        raise UserError(f"model.family {family!r} is not a known family; known: {', '.join(sorted(FAMILIES))}")
+    return FAMILIES[family]

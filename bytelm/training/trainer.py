@@ -1,4 +1,4 @@
-"""The one trainer (DESIGN.md section 6): every family, one loop.
+"""The one trainer (docs/architecture.md): every family, one loop.
 
 Shape-first initialisation on a mesh (``eval_shape`` -> shardings -> ``jit(init,
 out_shardings=...)``), a jitted step with donated state and gradient accumulation, metrics to
@@ -36,11 +36,12 @@ from bytelm.config import Config, config_to_dict, load_config, save_config
 from bytelm.data import load_corpus_from_config
 from bytelm.errors import UserError
 from bytelm.evaluation.bpb import LN2, score_segments
+from bytelm.models.core import EMBEDDING_AXIS
 from bytelm.training.checkpoint import Checkpointer
 from bytelm.training.flops import measure_matmul_peak
 from bytelm.training.optim import learning_rate_schedule, make_optimizer
 from bytelm.training.sharding import batch_sharding, make_mesh, param_shardings
-from bytelm.training.tasks import Task, make_task
+from bytelm.training.tasks import ARTEFACT_KINDS, FAMILIES, Task, task_class
 
 log = logging.getLogger(__name__)
 
@@ -68,17 +69,16 @@ class TrainResult:
     stopped_by_signal: bool = False
 
 
-def load_corpus_for(cfg: Config, progress=None):
-    return load_corpus_from_config(cfg.data, progress=progress)
-
-
 def count_params(state: nnx.State) -> dict:
+    """``total``, ``embedding`` and ``non_embedding`` parameter counts. An embedding is a lookup
+    table, told by its logical axes (first axis ``vocab``: byte/token embeddings, BLT's n-gram hash
+    tables), not by its name; an output head (``embed, vocab``) is a non-embedding matrix."""
     total = embedding = 0
-    for path, leaf in jax.tree_util.tree_leaves_with_path(state):
-        n = int(np.prod(leaf.shape))
+    for v in jax.tree.leaves(state, is_leaf=lambda x: isinstance(x, nnx.Variable)):
+        n = int(np.prod(v.shape))
         total += n
-        keys = [str(getattr(k, "key", getattr(k, "name", k))) for k in path]
-        if any("embed" in k or "ngram" in k for k in keys[:-1]) and keys[-1] in ("table", "value"):
+        axes = v.get_metadata().get("logical_axes") if isinstance(v, nnx.Variable) else None
+        if axes and axes[0] == EMBEDDING_AXIS:
             embedding += n
     return {"total": total, "embedding": embedding, "non_embedding": total - embedding}
 
@@ -322,13 +322,57 @@ def _finished_result(run_dir: Path, cfg: Config) -> TrainResult | None:
     return TrainResult(run_dir, run["step"], run.get("final_loss", float("nan")), run.get("final_eval_bpb"))
 
 
+def make_task(cfg: Config, corpus, run_dir: Path | None = None) -> Task:
+    """The family's task for ``cfg``, with the run directories it names as artefacts (an entropy
+    model) restored and handed over as modules."""
+    if cfg.model is None:
+        raise UserError("the config has no [model] section: set model.family (e.g. --set model.family=byte)")
+    cls = task_class(cfg.model.family)
+    modules = {}
+    for field, kind_name in cls.artefacts.items():
+        kind = ARTEFACT_KINDS[kind_name]
+        if kind.run_family is not None:
+            modules[field] = _restore_artefact_run(getattr(cfg.model, field), field, kind)
+    return cls(cfg, corpus, run_dir, modules=modules)
+
+
+def _restore_artefact_run(value: str, field: str, kind) -> nnx.Module:
+    if not value:
+        raise UserError(
+            f"model.{field} is empty: point it at the run directory of the {kind.noun} (train one with '{kind.made_by}')"
+        )
+    run_dir = Path(value)
+    run_json = run_dir / "run.json"
+    if not run_json.is_file():
+        raise UserError(f"model.{field} {run_dir} is not a finished run directory (no run.json); train the {kind.noun} first")
+    family = json.loads(run_json.read_text()).get("family")
+    if family != kind.run_family:
+        raise UserError(
+            f"model.{field} {run_dir} is a {family!r} run; the {kind.noun} must be {FAMILIES[kind.run_family].description} "
+            f"(family {kind.run_family!r})"
+        )
+    return restore_model(run_dir)
+
+
 def restore_trainer(run_dir: str | Path, *, corpus=None, step: int | None = None) -> Trainer:
     """Rebuild the trainer of ``run_dir`` from its config and load its latest (or ``step``) checkpoint."""
-    run_dir = Path(run_dir)
-    if not (run_dir / "config.toml").is_file():
+    cfg = _run_config(run_dir)
+    return _restore(Path(run_dir), cfg, corpus if corpus is not None else load_corpus_from_config(cfg.data), step)
+
+
+def restore_model(run_dir: str | Path, *, step: int | None = None) -> nnx.Module:
+    """The model of ``run_dir`` with its latest (or ``step``) parameters, its corpus not loaded."""
+    trainer = _restore(Path(run_dir), _run_config(run_dir), None, step)
+    return nnx.merge(trainer.graphdef, trainer.params)
+
+
+def _run_config(run_dir: str | Path) -> Config:
+    if not (Path(run_dir) / "config.toml").is_file():
         raise UserError(f"{run_dir} is not a run directory (no config.toml); train one with 'bytelm train CONFIG --out {run_dir}'")
-    cfg = load_config(run_dir / "config.toml")
-    corpus = corpus if corpus is not None else load_corpus_for(cfg)
+    return load_config(Path(run_dir) / "config.toml")
+
+
+def _restore(run_dir: Path, cfg: Config, corpus, step: int | None) -> Trainer:
     task = make_task(cfg, corpus, run_dir)
     check_fingerprints(run_dir, task)
     trainer = Trainer(cfg, task)
@@ -356,6 +400,168 @@ def eval_slice(corpus, eval_bytes: int) -> list[bytes]:
     return out
 
 
+class _Run:
+    """One invocation of :func:`train` on a run directory: its checkpoints, metrics, periodic
+    evaluations and ``run.json``, around the trainer's steps."""
+
+    def __init__(self, cfg: Config, run_dir: Path, trainer: Trainer, corpus):
+        self.cfg, self.run_dir, self.trainer, self.task = cfg, run_dir, trainer, trainer.task
+        self.ckpt = Checkpointer(run_dir / "checkpoints", keep=cfg.train.keep_checkpoints)
+        self.wall0 = 0.0
+        self.last_good_step = self.ckpt.latest_step()
+        if self.last_good_step is not None:
+            self._resume(self.last_good_step)
+        self.peak_total = self._peak_flops()
+        self.flops_per_step = self.task.train_flops_per_position() * self.task.positions_per_step()
+        self.info = self._run_info(corpus)
+        self.metrics: _Metrics | None = None
+        self.segments = eval_slice(corpus, cfg.eval.eval_bytes) if cfg.eval.every else []
+        self.t_start = time.perf_counter()
+        self.last_loss, self.last_eval, self.stopped_by_signal = float("nan"), None, False
+
+    # -- setup ----------------------------------------------------------------------------
+    def _resume(self, step: int) -> None:
+        tree, meta = self.ckpt.restore(step, self.trainer.state_tree())
+        self.trainer.load_state_tree(tree)
+        self.trainer.step = int(meta["step"])
+        if meta["data"]["seed"] != self.cfg.train.seed or meta["data"]["step"] != self.trainer.step:
+            raise UserError(f"checkpoint {step} in {self.run_dir} has an inconsistent data-iterator state {meta['data']}")
+        self.wall0 = float(meta.get("wall_s", 0.0))
+        log.info("resumed %s at step %d", self.run_dir, self.trainer.step)
+
+    def _peak_flops(self) -> float:
+        """The MFU denominator: the configured per-device peak, or a measured matmul peak (on CPU
+        all virtual devices share one set of cores, so the peak is the machine's)."""
+        n_devices = self.trainer.mesh.devices.size
+        if self.cfg.train.peak_flops > 0:
+            return self.cfg.train.peak_flops * n_devices
+        peak = measure_matmul_peak()
+        return peak if jax.default_backend() == "cpu" else peak * n_devices
+
+    def _run_info(self, corpus) -> dict:
+        task, trainer = self.task, self.trainer
+        return {
+            "family": self.cfg.model.family,
+            "fingerprint": corpus.fingerprint,
+            "data": corpus.summary(),
+            "params": trainer.param_counts,
+            "train_flops_per_byte": task.train_flops_per_byte(),
+            "train_flops_per_position": task.train_flops_per_position(),
+            "bytes_per_position": task.bytes_per_position(),
+            "positions_per_step": task.positions_per_step(),
+            "peak_flops": self.peak_total,
+            "devices": trainer.mesh.devices.size,
+            "backend": jax.default_backend(),
+            **task.run_info(),
+        }
+
+    # -- records ----------------------------------------------------------------------------
+    def wall_s(self) -> float:
+        return self.wall0 + time.perf_counter() - self.t_start
+
+    def write_status(self, status: str, **extra) -> None:
+        record = {**self.info, "status": status, "step": self.trainer.step, **extra}
+        atomic_write_text(self.run_dir / "run.json", json.dumps(record, indent=1))
+
+    def save(self, step: int) -> None:
+        meta = {"step": step, "wall_s": self.wall_s(), "data": {"step": step, "seed": self.cfg.train.seed}}
+        self.ckpt.save(step, self.trainer.state_tree(), meta)
+        self.last_good_step = step
+
+    def bytes_seen(self) -> float:
+        return self.trainer.step * self.task.positions_per_step() * self.task.bytes_per_position()
+
+    def log_train(self, m: dict, loss: float, step_s: float, progress) -> None:
+        trainer, steps = self.trainer, self.cfg.train.steps
+        nbytes = float(m["bytes"])
+        rec = {
+            "kind": "train",
+            "step": trainer.step,
+            "loss": loss,
+            "bpb": float(m["bpb"]),
+            "grad_norm": float(m["grad_norm"]),
+            "lr": float(trainer._lr(trainer.step - 1)),
+            "step_s": step_s,
+            "bytes_s": nbytes / step_s,
+            "tokens_s": float(m["positions"]) / step_s,
+            "mfu": self.flops_per_step / step_s / self.peak_total,
+            "flops": self.flops_per_step * trainer.step,
+            "bytes_seen": self.bytes_seen(),
+        }
+        self.metrics.write(rec)
+        if progress:
+            progress(trainer.step, steps, f"loss {loss:.3f} bpb {rec['bpb']:.3f} {rec['bytes_s']:,.0f} B/s mfu {rec['mfu']:.2f}")
+
+    def evaluate(self) -> None:
+        scores = self.trainer.evaluate(self.segments)
+        self.metrics.write(
+            {
+                "kind": "eval",
+                "step": self.trainer.step,
+                "bpb": scores.bpb,
+                "nats": scores.total_nats,
+                "bytes": scores.total_bytes,
+                "flops": self.flops_per_step * self.trainer.step,
+                "bytes_seen": self.bytes_seen(),
+            }
+        )
+        self.last_eval = scores.bpb
+
+    # -- the loop ---------------------------------------------------------------------------
+    def loop(self, progress, stop_after: int | None) -> None:
+        """Train until ``train.steps`` (or a signal, or ``stop_after`` steps of this invocation),
+        logging, evaluating and checkpointing on their schedules."""
+        cfg, trainer, tcfg = self.cfg, self.trainer, self.cfg.train
+        self.write_status("running")
+        self.metrics = _Metrics(self.run_dir / "metrics.jsonl", trainer.step)
+        batches = self.task.train_batches(trainer.step, jax.process_index(), jax.process_count())
+        t_log, steps_since_log, steps_this_run = time.perf_counter(), 0, 0
+        with _SignalFlag() as flag:
+            while trainer.step < tcfg.steps:
+                m = trainer.train_step(next(batches))
+                loss = float(m["loss"])
+                steps_since_log += 1
+                steps_this_run += 1
+                if not math.isfinite(loss):
+                    self.write_status("diverged", diverged_at_step=trainer.step, last_good_checkpoint=self.last_good_step)
+                    raise TrainingDiverged(
+                        f"loss became {loss} at step {trainer.step}; the last good checkpoint "
+                        f"(step {self.last_good_step}) is kept in {self.run_dir / 'checkpoints'}. Lower train.learning_rate or "
+                        "raise train.warmup_steps, then resume or start a new run."
+                    )
+                self.last_loss = loss
+                if trainer.step % tcfg.log_every == 0 or trainer.step == tcfg.steps:
+                    now = time.perf_counter()
+                    self.log_train(m, loss, (now - t_log) / steps_since_log, progress)
+                    t_log, steps_since_log = now, 0
+                if cfg.eval.every and (trainer.step % cfg.eval.every == 0 or trainer.step == tcfg.steps):
+                    self.evaluate()
+                if trainer.step % tcfg.checkpoint_every == 0:
+                    self.save(trainer.step)
+                if flag.signum is not None:
+                    self.save(trainer.step)
+                    self.stopped_by_signal = True
+                    log.warning("signal %d: saved checkpoint at step %d and stopped", flag.signum, trainer.step)
+                    break
+                if stop_after is not None and steps_this_run >= stop_after:
+                    break
+            if trainer.step >= tcfg.steps and self.last_good_step != trainer.step:
+                self.save(trainer.step)
+
+    def close(self) -> None:
+        self.ckpt.close()
+        if self.metrics is not None:
+            self.metrics.close()
+
+    def result(self) -> TrainResult:
+        """Record the final status in ``run.json`` and return the result."""
+        done = self.trainer.step >= self.cfg.train.steps
+        self.write_status(
+            "finished" if done else "stopped", wall_s=self.wall_s(), final_loss=self.last_loss, final_eval_bpb=self.last_eval
+        )
+        return TrainResult(self.run_dir, self.trainer.step, self.last_loss, self.last_eval, self.stopped_by_signal)
+
+
 def train(
     cfg: Config,
     run_dir: str | Path,
@@ -373,145 +579,12 @@ def train(
     if finished is not None:  # nothing left to do: leave the run as it is
         return finished
     save_config(cfg, run_dir)
-    corpus = corpus if corpus is not None else load_corpus_for(cfg)
+    corpus = corpus if corpus is not None else load_corpus_from_config(cfg.data)
     task = make_task(cfg, corpus, run_dir)
     check_fingerprints(run_dir, task)
-    trainer = Trainer(cfg, task)
-    tcfg = cfg.train
-
-    ckpt = Checkpointer(run_dir / "checkpoints", keep=tcfg.keep_checkpoints)
-    meta = {"step": 0, "wall_s": 0.0, "data": {"step": 0, "seed": tcfg.seed}}
-    latest = ckpt.latest_step()
-    if latest is not None:
-        tree, meta = ckpt.restore(latest, trainer.state_tree())
-        trainer.load_state_tree(tree)
-        trainer.step = int(meta["step"])
-        if meta["data"]["seed"] != tcfg.seed or meta["data"]["step"] != trainer.step:
-            raise UserError(f"checkpoint {latest} in {run_dir} has an inconsistent data-iterator state {meta['data']}")
-        log.info("resumed %s at step %d", run_dir, trainer.step)
-
-    n_devices = trainer.mesh.devices.size
-    if tcfg.peak_flops > 0:
-        peak_total = tcfg.peak_flops * n_devices
-    else:  # measured: on CPU all virtual devices share one set of cores, so the peak is the machine's
-        peak = measure_matmul_peak()
-        peak_total = peak if jax.default_backend() == "cpu" else peak * n_devices
-    flops_per_step = task.train_flops_per_position() * task.positions_per_step()
-    run_info = {
-        "family": cfg.model.family,
-        "fingerprint": corpus.fingerprint,
-        "data": corpus.summary(),
-        "params": trainer.param_counts,
-        "train_flops_per_byte": task.train_flops_per_byte(),
-        "train_flops_per_position": task.train_flops_per_position(),
-        "bytes_per_position": task.bytes_per_position(),
-        "positions_per_step": task.positions_per_step(),
-        "peak_flops": peak_total,
-        "devices": n_devices,
-        "backend": jax.default_backend(),
-        **task.run_info(),
-    }
-
-    def write_run(status: str, **extra) -> None:
-        atomic_write_text(run_dir / "run.json", json.dumps({**run_info, "status": status, "step": trainer.step, **extra}, indent=1))
-
-    write_run("running")
-    metrics = _Metrics(run_dir / "metrics.jsonl", trainer.step)
-    segments = eval_slice(corpus, cfg.eval.eval_bytes) if cfg.eval.every else []
-    batches = task.train_batches(trainer.step, jax.process_index(), jax.process_count())
-    wall0 = float(meta.get("wall_s", 0.0))
-    t_start = time.perf_counter()
-    t_log = t_start
-    steps_since_log = 0
-    last_good_step = latest
-    last_loss = float("nan")
-    last_eval = None
-    stopped_by_signal = False
-
-    def save(step: int) -> None:
-        nonlocal last_good_step
-        ckpt.save(
-            step,
-            trainer.state_tree(),
-            {"step": step, "wall_s": wall0 + time.perf_counter() - t_start, "data": {"step": step, "seed": tcfg.seed}},
-        )
-        last_good_step = step
-
-    def run_eval() -> float:
-        scores = trainer.evaluate(segments)
-        rec = {
-            "kind": "eval",
-            "step": trainer.step,
-            "bpb": scores.bpb,
-            "nats": scores.total_nats,
-            "bytes": scores.total_bytes,
-            "flops": flops_per_step * trainer.step,
-            "bytes_seen": trainer.step * task.positions_per_step() * task.bytes_per_position(),
-        }
-        metrics.write(rec)
-        return scores.bpb
-
-    steps_this_run = 0
+    run = _Run(cfg, run_dir, Trainer(cfg, task), corpus)
     try:
-        with _SignalFlag() as flag:
-            while trainer.step < tcfg.steps:
-                batch = next(batches)
-                m = trainer.train_step(batch)
-                loss = float(m["loss"])
-                steps_since_log += 1
-                steps_this_run += 1
-                if not math.isfinite(loss):
-                    write_run("diverged", diverged_at_step=trainer.step, last_good_checkpoint=last_good_step)
-                    raise TrainingDiverged(
-                        f"loss became {loss} at step {trainer.step}; the last good checkpoint "
-                        f"(step {last_good_step}) is kept in {run_dir / 'checkpoints'}. Lower train.learning_rate or "
-                        "raise train.warmup_steps, then resume or start a new run."
-                    )
-                last_loss = loss
-                if trainer.step % tcfg.log_every == 0 or trainer.step == tcfg.steps:
-                    now = time.perf_counter()
-                    dt = (now - t_log) / steps_since_log
-                    t_log, steps_since_log = now, 0
-                    positions = float(m["positions"])
-                    nbytes = float(m["bytes"])
-                    rec = {
-                        "kind": "train",
-                        "step": trainer.step,
-                        "loss": loss,
-                        "bpb": float(m["bpb"]),
-                        "grad_norm": float(m["grad_norm"]),
-                        "lr": float(trainer._lr(trainer.step - 1)),
-                        "step_s": dt,
-                        "bytes_s": nbytes / dt,
-                        "tokens_s": positions / dt,
-                        "mfu": flops_per_step / dt / peak_total,
-                        "flops": flops_per_step * trainer.step,
-                        "bytes_seen": trainer.step * task.positions_per_step() * task.bytes_per_position(),
-                    }
-                    metrics.write(rec)
-                    if progress:
-                        progress(trainer.step, tcfg.steps, f"loss {loss:.3f} bpb {rec['bpb']:.3f} {rec['bytes_s']:,.0f} B/s mfu {rec['mfu']:.2f}")
-                if cfg.eval.every and (trainer.step % cfg.eval.every == 0 or trainer.step == tcfg.steps):
-                    last_eval = run_eval()
-                if trainer.step % tcfg.checkpoint_every == 0:
-                    save(trainer.step)
-                if flag.signum is not None:
-                    save(trainer.step)
-                    stopped_by_signal = True
-                    log.warning("signal %d: saved checkpoint at step %d and stopped", flag.signum, trainer.step)
-                    break
-                if stop_after is not None and steps_this_run >= stop_after:
-                    break
-            if trainer.step >= tcfg.steps and last_good_step != trainer.step:
-                save(trainer.step)
+        run.loop(progress, stop_after)
     finally:
-        ckpt.close()
-        metrics.close()
-    done = trainer.step >= tcfg.steps
-    write_run(
-        "finished" if done else "stopped",
-        wall_s=wall0 + time.perf_counter() - t_start,
-        final_loss=last_loss,
-        final_eval_bpb=last_eval,
-    )
-    return TrainResult(run_dir, trainer.step, last_loss, last_eval, stopped_by_signal)
+        run.close()
+    return run.result()

@@ -2,7 +2,7 @@
 
 Adding tokens to a trained model means new embedding rows (and output rows, if untied). A new
 token's row starts as the mean of the rows of the pieces its bytes split into under the *old*
-tokenizer (NOTES.md), so the model initially reads it roughly as it read those pieces.
+tokenizer (docs/tokenizers.md), so the model initially reads it roughly as it read those pieces.
 
 >>> import numpy as np
 >>> old = Tokenizer([], pattern=r"\\S+|\\s+")

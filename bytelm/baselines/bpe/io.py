@@ -2,7 +2,8 @@
 
 A tokenizer directory holds:
 
-- ``bytelm_bpe.json``: the native, versioned file that :func:`load_tokenizer` reads:
+- ``bytelm_bpe.json``: the native, versioned file that
+  :meth:`~bytelm.baselines.bpe.tokenizer.Tokenizer.load` reads (through :func:`read_native`):
   ``{"format": "bytelm-bpe", "version": 1, "pattern", "merges", "special_tokens",
   "added_tokens", "n_vocab", "fingerprint"}``. ``merges`` is the ordered merge list as id pairs;
   special and added tokens are ``[{"id", "content"}, ...]``. The fingerprint is checked on load.
@@ -18,6 +19,8 @@ A tokenizer directory holds:
   made them). Written for people; never loaded back.
 
 Every file is written atomically; ``bytelm_bpe.json`` last, so a directory with it is complete.
+This module knows the formats and imports nothing of the tokenizer: the writers take any object
+with the :class:`~bytelm.baselines.bpe.tokenizer.Tokenizer` attributes they read.
 """
 
 from __future__ import annotations
@@ -29,9 +32,9 @@ from pathlib import Path
 
 from bytelm.atomic import atomic_write_text
 from bytelm.baselines.bpe.bytelevel import bytes_to_chars
-from bytelm.baselines.bpe.tokenizer import FORMAT_NAME, Tokenizer
 from bytelm.errors import UserError
 
+FORMAT_NAME = "bytelm-bpe"
 FORMAT_VERSION = 1
 NATIVE_FILE = "bytelm_bpe.json"
 HF_FILE = "tokenizer.json"
@@ -40,7 +43,7 @@ VOCAB_DUMP_FILE = "vocab.txt"
 
 
 # -- writing ------------------------------------------------------------------------------------
-def native_json(tok: Tokenizer) -> str:
+def native_json(tok) -> str:
     """The versioned native file's text."""
     doc = {
         "format": FORMAT_NAME,
@@ -72,7 +75,7 @@ def _hf_added_token(token_id: int, content: str, *, special: bool) -> dict:
     }
 
 
-def hf_tokenizer_json(tok: Tokenizer) -> str:
+def hf_tokenizer_json(tok) -> str:
     """``tokenizer.json`` text for HF ``tokenizers`` (same ids as ``tok``)."""
     vocab = {bytes_to_chars(tok.token_bytes(i)): i for i in range(tok.n_mergeable)}
     added = [_hf_added_token(i, s, special=True) for s, i in tok.special_tokens.items()]
@@ -108,18 +111,18 @@ def hf_tokenizer_json(tok: Tokenizer) -> str:
     return json.dumps(doc, ensure_ascii=False, indent=1) + "\n"
 
 
-def tiktoken_ranks(tok: Tokenizer) -> str:
+def tiktoken_ranks(tok) -> str:
     """``ranks.tiktoken`` text: ``base64(bytes) rank`` per mergeable token, in rank order."""
     return "".join(
         f"{base64.b64encode(tok.token_bytes(i)).decode('ascii')} {i}\n" for i in range(tok.n_mergeable)
     )
 
 
-def vocab_dump(tok: Tokenizer) -> str:
+def vocab_dump(tok) -> str:
     """The human-readable vocabulary (never loaded back)."""
     made_by: dict[int, tuple[int, int, int]] = {}
     for rank, (a, b) in enumerate(tok.merges):
-        made_by.setdefault(tok._results[rank], (rank, a, b))
+        made_by.setdefault(tok.merge_results[rank], (rank, a, b))
     lines = [
         f"# bytelm byte-level BPE vocabulary: {tok.n_vocab} ids ({tok.n_mergeable} mergeable = 256 bytes + "
         f"{tok.n_mergeable - 256} learned, {len(tok.special_tokens)} special, "
@@ -140,7 +143,7 @@ def vocab_dump(tok: Tokenizer) -> str:
     return "\n".join(lines) + "\n"
 
 
-def save_tokenizer(tok: Tokenizer, directory: str | os.PathLike) -> Path:
+def write_tokenizer_files(tok, directory: str | os.PathLike) -> Path:
     """Write all tokenizer files into ``directory`` (created if needed); return its path."""
     d = Path(directory)
     if d.exists() and not d.is_dir():
@@ -153,8 +156,8 @@ def save_tokenizer(tok: Tokenizer, directory: str | os.PathLike) -> Path:
 
 
 # -- reading ------------------------------------------------------------------------------------
-def load_tokenizer(directory: str | os.PathLike) -> Tokenizer:
-    """Read the tokenizer saved in ``directory`` by :func:`save_tokenizer`.
+def read_native(directory: str | os.PathLike) -> tuple[Path, dict]:
+    """``(path, document)`` of the native file in ``directory``, its format and version checked.
 
     Raises :class:`~bytelm.errors.UserError` (a ``ValueError``) naming the file when the
     directory or file is missing, truncated, corrupted or of an unknown version.
@@ -165,36 +168,20 @@ def load_tokenizer(directory: str | os.PathLike) -> Tokenizer:
     path = d / NATIVE_FILE
     if not path.is_file():
         raise UserError(f"{path} is missing: {d} is not a bytelm tokenizer directory (or its save did not finish)")
-
-    def bad(why: str) -> UserError:
-        return UserError(f"{path} is not a valid bytelm tokenizer file ({why}); re-save or re-train the tokenizer")
-
     try:
         doc = json.loads(path.read_text(encoding="utf-8"))
     except UnicodeDecodeError as e:
-        raise bad(f"not UTF-8: {e}") from None
+        raise invalid(path, f"not UTF-8: {e}") from None
     except json.JSONDecodeError as e:
-        raise bad(f"truncated or corrupted JSON: {e}") from None
+        raise invalid(path, f"truncated or corrupted JSON: {e}") from None
     if not isinstance(doc, dict) or doc.get("format") != FORMAT_NAME:
-        raise bad(f"the 'format' field is not {FORMAT_NAME!r}")
+        raise invalid(path, f"the 'format' field is not {FORMAT_NAME!r}")
     version = doc.get("version")
     if version != FORMAT_VERSION:
-        raise bad(f"format version {version!r}; this bytelm reads version {FORMAT_VERSION}")
-    try:
-        specials = list(doc["special_tokens"])
-        added = list(doc["added_tokens"])
-        tok = Tokenizer(
-            [tuple(m) for m in doc["merges"]],
-            pattern=doc["pattern"],
-            special_tokens=[e["content"] for e in specials],
-            added_tokens=[e["content"] for e in added],
-        )
-        expected_ids = {e["content"]: e["id"] for e in specials + added}
-    except (KeyError, TypeError, ValueError) as e:
-        raise bad(f"{type(e).__name__}: {e}") from None
-    actual_ids = {**tok.special_tokens, **tok.added_tokens}
-    if actual_ids != expected_ids or tok.n_vocab != doc.get("n_vocab"):
-        raise bad("the token ids do not match the merges and token lists")
-    if tok.fingerprint != doc.get("fingerprint"):
-        raise bad(f"fingerprint mismatch: the file says {doc.get('fingerprint')}, its contents hash to {tok.fingerprint}")
-    return tok
+        raise invalid(path, f"format version {version!r}; this bytelm reads version {FORMAT_VERSION}")
+    return path, doc
+
+
+def invalid(path: Path, why: str) -> UserError:
+    """The error for a native file that cannot be read back."""
+    return UserError(f"{path} is not a valid bytelm tokenizer file ({why}); re-save or re-train the tokenizer")

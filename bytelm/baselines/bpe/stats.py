@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from bytelm.baselines.bpe.tokenizer import Tokenizer
+from bytelm.data import load_corpus
 from bytelm.errors import UserError
 
 Progress = Callable[[int, int], None]
@@ -116,8 +117,6 @@ def tokenizer_stats(
     each document's name (e.g. one directory per language). ``progress(documents_done,
     documents_total)`` is called as blocks finish.
     """
-    from bytelm.data import load_corpus  # noqa: PLC0415
-
     if group_by not in ("group", "dir"):
         raise UserError(f"group_by must be 'group' or 'dir', got {group_by!r}")
     corpus = load_corpus(data) if isinstance(data, str) else data

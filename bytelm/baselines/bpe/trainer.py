@@ -41,6 +41,7 @@ from bytelm.baselines.bpe.bytelevel import HF_BYTE_ORDER
 from bytelm.baselines.bpe.parallel import balanced_shards, resolve_workers, shard_map
 from bytelm.baselines.bpe.pretokenize import PreTokenizer
 from bytelm.baselines.bpe.tokenizer import Tokenizer, check_special_tokens
+from bytelm.data import load_corpus
 from bytelm.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -57,42 +58,6 @@ _PARALLEL_BYTES = 1 << 20  # smaller corpora are pre-tokenized in-process
 
 
 # -- small pure helpers (reference semantics, used by tests) -------------------------------
-def pair_counts(words: dict[tuple[int, ...], int]) -> Counter:
-    """Sliding-window counts of adjacent pairs over ``{word: count}``.
-
-    >>> a, b, c = 97, 98, 99
-    >>> pair_counts({(a, b, a, b): 3, (a, b, a, c): 1})[(a, b)]
-    7
-    >>> pair_counts({(a, a, a): 1})[(a, a)]     # overlapping occurrences both count
-    2
-    """
-    out: Counter = Counter()
-    for word, n in words.items():
-        for pair in zip(word, word[1:]):
-            out[pair] += n
-    return out
-
-
-def merge(ids: Sequence[int], pair: tuple[int, int], new_id: int) -> list[int]:
-    """Replace every occurrence of ``pair`` in ``ids`` by ``new_id``, left to right.
-
-    >>> merge([97, 97, 97], (97, 97), 256)        # 'aaa' -> [aa, a]
-    [256, 97]
-    >>> merge([1, 2, 3, 1, 2], (1, 2), 9)
-    [9, 3, 9]
-    """
-    out: list[int] = []
-    i = 0
-    while i < len(ids):
-        if i + 1 < len(ids) and ids[i] == pair[0] and ids[i + 1] == pair[1]:
-            out.append(new_id)
-            i += 2
-        else:
-            out.append(ids[i])
-            i += 1
-    return out
-
-
 # -- 1. counting chunks -------------------------------------------------------------------
 def _count_shard(payload: tuple[PreTokenizer, list[bytes], list[tuple[int, int]]], i: int) -> dict[str, int]:
     pretok, docs, shards = payload
@@ -413,8 +378,6 @@ def train_bpe_on_corpus(
 ):
     """:func:`train_bpe` on the ``split`` documents of a corpus (a data spec string such as
     ``"stdlib"`` or ``"files:PATH"``, or a loaded :class:`~bytelm.data.Corpus`)."""
-    from bytelm.data import load_corpus  # noqa: PLC0415
-
     corpus = load_corpus(data) if isinstance(data, str) else data
     return train_bpe(
         corpus.documents(split),

@@ -31,8 +31,8 @@ A **preset** (``configs/compare/NAME.toml``) names the budget, the model configs
     flop_budget = 5e11          # optional: this model's own budget
     set = ["model.d_model=96"]  # optional: overrides for this model
 
-The compare stage sets ``model.tokenizer`` of ``bpe`` models and ``model.entropy_run`` of ``blt``
-models itself.
+The compare stage fills in every artefact a family's task names (:attr:`Task.artefacts`: the
+tokenizer directory of a subword model, the entropy-model run of BLT) itself.
 """
 
 from __future__ import annotations
@@ -49,13 +49,22 @@ from pathlib import Path
 import numpy as np
 
 from bytelm.atomic import atomic_directory, atomic_write_text
+from bytelm.baselines.bpe import train_bpe_on_corpus
+from bytelm.config import Config, load_config, shipped_configs
 from bytelm.errors import UserError
 from bytelm.evaluation.bpb import SegmentScores
+from bytelm.evaluation.evaluator import CorpusCache, check_same_fingerprint, evaluate_run, unigram_baselines
+from bytelm.evaluation.plots import eval_curve, plot_bpb_vs_flops
+from bytelm.evaluation.report import breakdown_table, build_report, header_lines, human, results_table, seconds, table, write_report_json
+from bytelm.evaluation.results import EvalSet, ModelResult
+from bytelm.training import trainer
+from bytelm.training.tasks import ARTEFACT_KINDS, task_class
 
 log = logging.getLogger(__name__)
 
-PRESET_DIR = Path(__file__).resolve().parents[2] / "configs" / "compare"
-ROLES = ("compared", "entropy")
+PRESET_DIR = shipped_configs() / "compare"
+# role -> the artefact kind its run becomes for the other models ("compared" runs are compared)
+ROLES = {"compared": None, "entropy": "entropy_model"}
 
 # progress(stage, done, total, suffix) and note(message): the CLI turns them into bars and lines
 StageProgress = Callable[[str, int, "int | None", str], None]
@@ -180,9 +189,7 @@ def _result_to_json(r) -> dict:
     return d
 
 
-def _result_from_json(d: dict):
-    from bytelm.evaluation.evaluator import ModelResult  # noqa: PLC0415
-
+def _result_from_json(d: dict) -> ModelResult:
     d = dict(d)
     scores = SegmentScores(np.asarray(d.pop("nats"), np.float64), np.asarray(d.pop("nbytes"), np.int64))
     gs = d.pop("global_steps")
@@ -211,19 +218,19 @@ class _Stages:
         atomic_write_text(self.path, json.dumps(self.times, indent=1))
 
 
-def model_config(spec: ModelSpec, preset: Preset, *, data_spec: str | None, tokenizer_dir: Path, entropy_dir: Path | None, extra=()):
-    from bytelm.config import load_config, load_raw  # noqa: PLC0415
-
-    family = (load_raw(spec.config).get("model") or {}).get("family")
-    overrides = [*preset.overrides, *spec.overrides]
-    if data_spec:
-        overrides.append(f"data.source={data_spec}")
-    if family == "bpe":
-        overrides.append(f"model.tokenizer={tokenizer_dir.absolute()}")
-    if family == "blt":
-        if entropy_dir is None:
-            raise UserError(f"preset {preset.path}: model {spec.name!r} is a BLT model but no [[model]] has role = 'entropy'")
-        overrides.append(f"model.entropy_run={entropy_dir.absolute()}")
+def model_config(spec: ModelSpec, preset: Preset, *, data_spec: str | None, artefacts: dict[str, Path], extra=()) -> Config:
+    """The config of one preset model: its file, the preset's and its own overrides, the data spec,
+    and every artefact its family names (``artefacts``: kind -> path) set in its config field."""
+    overrides = [*preset.overrides, *spec.overrides, *([f"data.source={data_spec}"] if data_spec else [])]
+    cfg = load_config(spec.config, overrides)
+    for field, kind in task_class(cfg.model.family).artefacts.items():
+        if artefacts.get(kind) is None:
+            makers = [role for role, made in ROLES.items() if made == kind]
+            how = f"no [[model]] has role = {makers[0]!r}" if makers else "a preset cannot make one"
+            raise UserError(
+                f"preset {preset.path}: model {spec.name!r} ({cfg.model.family}) needs {ARTEFACT_KINDS[kind].noun}, but {how}"
+            )
+        overrides.append(f"model.{field}={artefacts[kind].absolute()}")
     return load_config(spec.config, [*overrides, *extra])
 
 
@@ -250,13 +257,13 @@ class _PlannedTask:
         return self.positions
 
     @classmethod
-    def of(cls, cfg, corpus, run_dir: Path, make_task):
+    def of(cls, cfg, corpus, run_dir: Path):
         path = run_dir / "run.json"
         if path.is_file():
             info = json.loads(path.read_text())
             if info.get("train_flops_per_position") and info.get("positions_per_step"):
                 return cls(float(info["train_flops_per_position"]), int(info["positions_per_step"]))
-        return make_task(cfg, corpus, run_dir)
+        return trainer.make_task(cfg, corpus, run_dir)
 
 
 def _run_finished(run_dir: Path, steps: int) -> bool:
@@ -265,6 +272,150 @@ def _run_finished(run_dir: Path, steps: int) -> bool:
         return False
     info = json.loads(path.read_text())
     return info.get("status") == "finished" and info.get("step") == steps
+
+
+class _Job:
+    """One ``bytelm compare`` invocation: the stages of the module docstring, one method each."""
+
+    def __init__(self, preset: Preset, out: Path, data_spec: str | None, progress: StageProgress | None, note: Note | None):
+        self.preset, self.out, self.data_spec, self.progress = preset, out, data_spec, progress
+        self.say = note or (lambda msg: log.info("%s", msg))
+        self.stages = _Stages(out)
+        self.ordered = sorted(preset.models, key=lambda m: ROLES[m.role] is None)  # artefact makers first
+        self.artefacts: dict[str, Path] = {"tokenizer": out / "tokenizer"}
+        for m in preset.models:
+            if ROLES[m.role] is not None:
+                self.artefacts[ROLES[m.role]] = out / "runs" / m.name
+        self.configs = {m.name: self.config_of(m) for m in self.ordered}
+        self.plan: dict[str, dict] = {}
+
+    def config_of(self, spec: ModelSpec, extra=()) -> Config:
+        return model_config(spec, self.preset, data_spec=self.data_spec, artefacts=self.artefacts, extra=extra)
+
+    def bar(self, stage: str):
+        progress = self.progress
+        return (lambda done, total=None, suffix="": progress(stage, done, total, suffix)) if progress else None
+
+    def timed(self, stage: str, t0: float) -> float:
+        dt = time.perf_counter() - t0
+        self.stages.record(stage, dt)
+        return dt
+
+    # 1.
+    def prepare_corpus(self) -> None:
+        """One ``[data]`` section for every model, checked through the fingerprints."""
+        t0 = time.perf_counter()
+        corpora = CorpusCache(progress=self.bar("corpus"))
+        self.corpus = {name: corpora.get(cfg) for name, cfg in self.configs.items()}
+        check_same_fingerprint({name: c.fingerprint for name, c in self.corpus.items()}, self.corpus)
+        self.main_corpus = self.corpus[self.ordered[0].name]
+        self.eval_set = EvalSet.from_corpus(self.main_corpus)
+        e = self.eval_set
+        self.say(f"corpus {self.main_corpus.spec}: {e.n_bytes:,} held-out bytes in {len(e.data):,} segments, fingerprint {e.fingerprint[:16]}...")
+        self.timed("corpus", t0)
+
+    # 2.
+    def train_tokenizer(self) -> None:
+        """The subword tokenizer, when some model's family needs one, on the train split."""
+        if not any("tokenizer" in task_class(cfg.model.family).artefacts.values() for cfg in self.configs.values()):
+            return
+        tokenizer_dir, p = self.artefacts["tokenizer"], self.preset
+        if (tokenizer_dir / "bytelm_bpe.json").is_file():
+            self.say(f"tokenizer: {tokenizer_dir} exists, skipped")
+            return
+        t0 = time.perf_counter()
+        tok = train_bpe_on_corpus(self.main_corpus, vocab_size=p.vocab_size, pattern=p.pattern, progress=self.bar("tokenizer (merges)"))
+        with atomic_directory(tokenizer_dir) as tmp:
+            tok.save(tmp)
+        dt = self.timed("tokenizer", t0)
+        self.say(f"tokenizer: {tok.n_vocab} ids ({p.pattern}) in {dt:.1f}s -> {tokenizer_dir}")
+
+    # 3-4.
+    def train_models(self) -> None:
+        """Every model at its budget, the artefact makers (the entropy model) first."""
+        for spec in self.ordered:
+            run_dir = self.out / "runs" / spec.name
+            cfg = self.configs[spec.name]
+            budget = spec.flop_budget or self.preset.flop_budget
+            planned = _PlannedTask.of(cfg, self.corpus[spec.name], run_dir)
+            extra, steps, per_step = derived_schedule(cfg, planned, budget, self.preset.eval_points)
+            cfg = self.config_of(spec, extra)
+            self.plan[spec.name] = {
+                "family": cfg.model.family, "role": spec.role, "config": str(spec.config), "overrides": list(spec.overrides),
+                "flop_budget": budget, "flops_per_step": per_step, "steps": steps, "run_dir": str(run_dir),
+            }
+            trainer.check_run_config(run_dir, cfg)
+            if _run_finished(run_dir, steps):
+                self.say(f"train {spec.name}: finished earlier ({steps} steps), skipped")
+                continue
+            self.say(f"train {spec.name} ({cfg.model.family}): {steps} steps x {per_step:.3g} FLOPs = {steps * per_step:.3g} FLOPs")
+            t0 = time.perf_counter()
+            label = f"train {spec.name}"
+            result = trainer.train(cfg, run_dir, corpus=self.corpus[spec.name], progress=self.bar(label))
+            self.timed(label, t0)
+            if result.stopped_by_signal or result.step < steps:
+                raise CompareStopped(
+                    f"training {spec.name} stopped at step {result.step} of {steps} (checkpoint saved in {run_dir}); "
+                    f"run the same compare again (same --out {self.out}) to resume"
+                )
+
+    # 5.
+    def evaluate_models(self) -> list[ModelResult]:
+        """Every run on every held-out segment, each result cached in ``OUT/evals/<name>.json``."""
+        results = []
+        for spec in self.ordered:
+            cache = self.out / "evals" / f"{spec.name}.json"
+            plan = self.plan[spec.name]
+            if cache.is_file():
+                cached = json.loads(cache.read_text())
+                if cached.get("fingerprint") == self.eval_set.fingerprint and cached.get("step") == plan["steps"]:
+                    results.append(_result_from_json(cached))
+                    self.say(f"eval {spec.name}: done earlier, BPB {results[-1].bpb:.4f}")
+                    continue
+            t0 = time.perf_counter()
+            label = f"eval {spec.name}"
+            r = evaluate_run(self.out / "runs" / spec.name, self.eval_set, name=spec.name, corpus=self.corpus[spec.name], progress=self.bar(label))
+            if ROLES[spec.role] is not None:
+                made = ARTEFACT_KINDS[ROLES[spec.role]].noun
+                r.note = (r.note + "; " if r.note else "") + f"the {made} of the other runs (own budget {plan['flop_budget']:.3g} FLOPs)"
+            atomic_write_text(cache, json.dumps(_result_to_json(r)))
+            dt = self.timed(label, t0)
+            self.say(f"eval {spec.name}: BPB {r.bpb:.4f} in {dt:.1f}s")
+            results.append(r)
+        return results
+
+    # 6.
+    def write_report(self, results: list[ModelResult]) -> CompareResult:
+        """``report.json``, ``report.md`` and ``bpb.png``: the compared models first, then the artefact makers."""
+        t0 = time.perf_counter()
+        compared = [r for r in results if ROLES[self.plan[r.name]["role"]] is None]
+        compared += [r for r in results if ROLES[self.plan[r.name]["role"]] is not None]
+        baselines = unigram_baselines(self.eval_set)
+        p = self.preset
+        info = {
+            "preset": p.name,
+            "preset_path": str(p.path),
+            "flop_budget": p.flop_budget,
+            "tokenizer": {"vocab_size": p.vocab_size, "pattern": p.pattern, "dir": str(self.artefacts["tokenizer"])},
+            "models": self.plan,
+        }
+        report = build_report(self.eval_set, compared, baselines, compare=info)
+        plot = self.out / "bpb.png"
+        plot_bpb_vs_flops(
+            plot,
+            {r.name: eval_curve(r.run_dir) for r in compared},
+            finals={r.name: (r.flops, r.bpb) for r in compared},
+            baselines={baselines[0].name: baselines[0].bpb},
+            subtitle=f"preset {p.name}, fingerprint {self.eval_set.fingerprint[:16]}\nlines: periodic evals (first "
+            f"{self.configs[self.ordered[0].name].eval.eval_bytes:,} held-out bytes); stars: all {self.eval_set.n_bytes:,} bytes",
+        )
+        self.timed("report", t0)
+        report["compare"]["stages_s"] = dict(self.stages.times)
+        report["compare"]["wall_s"] = sum(self.stages.times.values())
+        report_json, report_md = self.out / "report.json", self.out / "report.md"
+        write_report_json(report, report_json)
+        atomic_write_text(report_md, markdown_report(report))
+        return CompareResult(self.out, report, report_md, report_json, plot)
 
 
 def compare(
@@ -276,146 +427,19 @@ def compare(
     note: Note | None = None,
 ) -> CompareResult:
     """Run (or resume) the comparison described by ``preset`` into ``out``; see the module docstring."""
-    from bytelm.evaluation.evaluator import CorpusCache, EvalSet, check_same_fingerprint, evaluate_run, unigram_baselines  # noqa: PLC0415
-    from bytelm.evaluation.plots import eval_curve, plot_bpb_vs_flops  # noqa: PLC0415
-    from bytelm.evaluation.report import build_report, write_report_json  # noqa: PLC0415
-    from bytelm.training.tasks import make_task  # noqa: PLC0415
-    from bytelm.training.trainer import check_run_config, train  # noqa: PLC0415
-
     preset = preset if isinstance(preset, Preset) else load_preset(preset)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    stages = _Stages(out)
-    say = note or (lambda msg: log.info("%s", msg))
-
-    def bar(stage):
-        return (lambda done, total=None, suffix="": progress(stage, done, total, suffix)) if progress else None
-
-    tokenizer_dir = out / "tokenizer"
-    entropy = preset.entropy_model
-    entropy_dir = out / "runs" / entropy.name if entropy else None
-    ordered = sorted(preset.models, key=lambda m: m.role != "entropy")  # the entropy model first
-
-    # 1. corpus: one [data] section for every model (checked below through the fingerprints)
-    t0 = time.perf_counter()
-    configs = {m.name: model_config(m, preset, data_spec=data_spec, tokenizer_dir=tokenizer_dir, entropy_dir=entropy_dir) for m in ordered}
-    corpora = CorpusCache(progress=bar("corpus"))
-    corpus = {name: corpora.get(cfg) for name, cfg in configs.items()}
-    check_same_fingerprint({name: c.fingerprint for name, c in corpus.items()}, corpus)
-    main_corpus = corpus[ordered[0].name]
-    eval_set = EvalSet.from_corpus(main_corpus)
-    say(f"corpus {main_corpus.spec}: {eval_set.n_bytes:,} held-out bytes in {len(eval_set.data):,} segments, fingerprint {eval_set.fingerprint[:16]}...")
-    stages.record("corpus", time.perf_counter() - t0)
-
-    # 2. tokenizer
-    if any(cfg.model.family == "bpe" for cfg in configs.values()):
-        if (tokenizer_dir / "bytelm_bpe.json").is_file():
-            say(f"tokenizer: {tokenizer_dir} exists, skipped")
-        else:
-            from bytelm.baselines.bpe import train_bpe_on_corpus  # noqa: PLC0415
-
-            t0 = time.perf_counter()
-            tok = train_bpe_on_corpus(
-                main_corpus, vocab_size=preset.vocab_size, pattern=preset.pattern, progress=bar("tokenizer (merges)")
-            )
-            with atomic_directory(tokenizer_dir) as tmp:
-                tok.save(tmp)
-            stages.record("tokenizer", time.perf_counter() - t0)
-            say(f"tokenizer: {tok.n_vocab} ids ({preset.pattern}) in {time.perf_counter() - t0:.1f}s -> {tokenizer_dir}")
-
-    # 3-4. training, the entropy model first
-    plan: dict[str, dict] = {}
-    for spec in ordered:
-        run_dir = out / "runs" / spec.name
-        cfg = configs[spec.name]
-        budget = spec.flop_budget or preset.flop_budget
-        extra, steps, per_step = derived_schedule(cfg, _PlannedTask.of(cfg, corpus[spec.name], run_dir, make_task), budget, preset.eval_points)
-        cfg = model_config(spec, preset, data_spec=data_spec, tokenizer_dir=tokenizer_dir, entropy_dir=entropy_dir, extra=extra)
-        plan[spec.name] = {
-            "family": cfg.model.family,
-            "role": spec.role,
-            "config": str(spec.config),
-            "overrides": list(spec.overrides),
-            "flop_budget": budget,
-            "flops_per_step": per_step,
-            "steps": steps,
-            "run_dir": str(run_dir),
-        }
-        check_run_config(run_dir, cfg)
-        if _run_finished(run_dir, steps):
-            say(f"train {spec.name}: finished earlier ({steps} steps), skipped")
-            continue
-        say(f"train {spec.name} ({cfg.model.family}): {steps} steps x {per_step:.3g} FLOPs = {steps * per_step:.3g} FLOPs")
-        t0 = time.perf_counter()
-        label = f"train {spec.name}"
-        result = train(cfg, run_dir, corpus=corpus[spec.name], progress=bar(label))
-        stages.record(label, time.perf_counter() - t0)
-        if result.stopped_by_signal or result.step < steps:
-            raise CompareStopped(
-                f"training {spec.name} stopped at step {result.step} of {steps} (checkpoint saved in {run_dir}); "
-                f"run the same compare again (same --out {out}) to resume"
-            )
-
-    # 5. evaluation
-    results = []
-    for spec in ordered:
-        run_dir = out / "runs" / spec.name
-        cache = out / "evals" / f"{spec.name}.json"
-        step = plan[spec.name]["steps"]
-        if cache.is_file():
-            cached = json.loads(cache.read_text())
-            if cached.get("fingerprint") == eval_set.fingerprint and cached.get("step") == step:
-                results.append(_result_from_json(cached))
-                say(f"eval {spec.name}: done earlier, BPB {results[-1].bpb:.4f}")
-                continue
-        t0 = time.perf_counter()
-        label = f"eval {spec.name}"
-        r = evaluate_run(run_dir, eval_set, name=spec.name, corpus=corpus[spec.name], progress=bar(label))
-        if spec.role == "entropy":
-            r.note = (r.note + "; " if r.note else "") + f"BLT entropy model (own budget {plan[spec.name]['flop_budget']:.3g} FLOPs)"
-        atomic_write_text(cache, json.dumps(_result_to_json(r)))
-        stages.record(label, time.perf_counter() - t0)
-        say(f"eval {spec.name}: BPB {r.bpb:.4f} in {time.perf_counter() - t0:.1f}s")
-        results.append(r)
-
-    # 6. report
-    t0 = time.perf_counter()
-    compared = [r for r in results if plan[r.name]["role"] == "compared"] + [r for r in results if plan[r.name]["role"] == "entropy"]
-    baselines = unigram_baselines(eval_set)
-    info = {
-        "preset": preset.name,
-        "preset_path": str(preset.path),
-        "flop_budget": preset.flop_budget,
-        "tokenizer": {"vocab_size": preset.vocab_size, "pattern": preset.pattern, "dir": str(tokenizer_dir)},
-        "models": plan,
-        "stages_s": dict(stages.times),
-        "wall_s": sum(stages.times.values()),
-    }
-    report = build_report(eval_set, compared, baselines, compare=info)
-    plot = out / "bpb.png"
-    plot_bpb_vs_flops(
-        plot,
-        {r.name: eval_curve(r.run_dir) for r in compared},
-        finals={r.name: (r.flops, r.bpb) for r in compared},
-        baselines={baselines[0].name: baselines[0].bpb},
-        subtitle=f"preset {preset.name}, fingerprint {eval_set.fingerprint[:16]}\nlines: periodic evals (first "
-        f"{configs[ordered[0].name].eval.eval_bytes:,} held-out bytes); stars: all {eval_set.n_bytes:,} bytes",
-    )
-    stages.record("report", time.perf_counter() - t0)
-    report["compare"]["stages_s"] = dict(stages.times)
-    report["compare"]["wall_s"] = sum(stages.times.values())
-    report_json = out / "report.json"
-    write_report_json(report, report_json)
-    report_md = out / "report.md"
-    atomic_write_text(report_md, markdown_report(report))
-    return CompareResult(out, report, report_md, report_json, plot)
+    job = _Job(preset, out, data_spec, progress, note)
+    job.prepare_corpus()
+    job.train_tokenizer()
+    job.train_models()
+    return job.write_report(job.evaluate_models())
 
 
 def markdown_report(report: dict) -> str:
     """``report.md`` of a comparison: the BPB table, the reference rows, per-directory tables,
     the schedule of every run and the stage wall times."""
-    from bytelm.evaluation.report import breakdown_table, header_lines, human, results_table, seconds, table  # noqa: PLC0415
-
     c = report["compare"]
     lines = [
         f"# bytelm compare: preset `{c['preset']}`",

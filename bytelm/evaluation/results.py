@@ -1,0 +1,114 @@
+"""What the evaluator produces: the evaluation set and one result row per model.
+
+A leaf module (no imports from the rest of :mod:`bytelm.evaluation`), shared by the evaluator,
+outside scores (:mod:`bytelm.evaluation.external`) and reports (:mod:`bytelm.evaluation.report`).
+The protocol behind the numbers is docs/evaluation.md.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+
+import numpy as np
+
+from bytelm.evaluation.bpb import SegmentScores, breakdown, top_directory
+
+
+@dataclasses.dataclass
+class EvalSet:
+    """The scored held-out bytes of a corpus: segments in canonical order and their fingerprint."""
+
+    corpus: object  # bytelm.data.Corpus
+    segments: list  # list[bytelm.data.Segment]
+    data: list[bytes]
+    fingerprint: str
+
+    @classmethod
+    def from_corpus(cls, corpus) -> EvalSet:
+        return cls(corpus, list(corpus.segments), corpus.segment_data(), corpus.fingerprint)
+
+    @property
+    def ids(self) -> list[str]:
+        return [s.id for s in self.segments]
+
+    @property
+    def groups(self) -> list[str]:
+        return [s.group for s in self.segments]
+
+    @property
+    def dirs(self) -> list[str]:
+        return [top_directory(s.name) for s in self.segments]
+
+    @property
+    def n_bytes(self) -> int:
+        return sum(len(d) for d in self.data)
+
+    def describe(self) -> dict:
+        s = self.corpus.summary()
+        return {
+            "spec": s["spec"],
+            "source": s["source"],
+            "python": sys.version.split()[0],
+            "eval_segments": len(self.segments),
+            "eval_bytes": self.n_bytes,
+            "segment_bytes": s["segment_bytes"],
+            "max_eval_bytes": s["max_eval_bytes"],
+            "heldout_documents": s["heldout_documents"],
+            "train_bytes": s["train_bytes"],
+        }
+
+
+@dataclasses.dataclass
+class ModelResult:
+    """One row of a report. ``kind`` is ``"run"`` (a run directory), ``"external"`` (scores
+    computed elsewhere, :mod:`bytelm.evaluation.external`) or ``"baseline"`` (a reference model)."""
+
+    name: str
+    family: str
+    kind: str
+    fingerprint: str
+    scores: SegmentScores
+    global_steps: np.ndarray | None = None  # float64 per segment
+    run_dir: str | None = None
+    step: int | None = None
+    params: dict | None = None
+    flops: float | None = None
+    train_flops_per_byte: float | None = None
+    bytes_seen: float | None = None
+    wall_s: float | None = None
+    note: str = ""
+
+    @property
+    def bpb(self) -> float:
+        return self.scores.bpb
+
+    @property
+    def mean_bytes_per_global_step(self) -> float | None:
+        if self.global_steps is None:
+            return None
+        steps = float(np.sum(self.global_steps))
+        return self.scores.total_bytes / steps if steps else None
+
+    def to_dict(self, eval_set: EvalSet) -> dict:
+        return {
+            "name": self.name,
+            "family": self.family,
+            "kind": self.kind,
+            "run_dir": self.run_dir,
+            "step": self.step,
+            "bpb": self.bpb,
+            "nats": self.scores.total_nats,
+            "bytes": self.scores.total_bytes,
+            "segments": len(self.scores.nats),
+            "params": self.params,
+            "flops": self.flops,
+            "train_flops_per_byte": self.train_flops_per_byte,
+            "bytes_seen": self.bytes_seen,
+            "mean_bytes_per_global_step": self.mean_bytes_per_global_step,
+            "wall_s": self.wall_s,
+            "fingerprint": self.fingerprint,
+            "note": self.note,
+            "groups": breakdown(self.scores, eval_set.groups, self.global_steps),
+            "dirs": breakdown(self.scores, eval_set.dirs, self.global_steps),
+        }

@@ -1,0 +1,155 @@
+"""Attention, in one function: :func:`attend`, with the implementation chosen by configuration.
+
+Every family's self- and cross-attention goes through :func:`attend`; the implementation comes
+from :func:`bytelm.models.kernels.resolve_kernels` (``model.attention``), never from the layer
+looking at the backend. The long-sequence CPU paths live here too:
+
+- :func:`halving_causal_attention`: causal self-attention that skips the masked half of the
+  scores by recursive halving, merging the parts exactly through their log-sum-exp;
+- :func:`blocked_causal_attention`: query blocks over the keys they can see (sliding windows).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from bytelm.models.kernels import ATTENTION_BLOCK
+
+
+def attend(
+    q_BxTxHxK: jax.Array,
+    k_BxSxHxK: jax.Array,
+    v_BxSxHxK: jax.Array,
+    *,
+    causal: bool,
+    window: int = 0,
+    mask_BxTxS: jax.Array | None = None,
+    implementation: str = "xla",
+    block: int = ATTENTION_BLOCK,
+) -> jax.Array:
+    """Multi-head attention of ``T`` queries over ``S`` keys; returns ``B x T x H x K``.
+
+    ``causal`` (self-attention, ``T == S``) masks the future; ``window`` > 0 keeps only the last
+    ``window`` positions (the current one included); ``mask_BxTxS`` (True = may attend) is an
+    explicit mask. ``implementation`` is a resolved kernel (:mod:`bytelm.models.kernels`):
+    ``xla``, ``cudnn`` (explicit masks keep the XLA path) or ``halving`` (long causal
+    self-attention of at least two blocks of ``block`` positions skips the masked scores; anything
+    else takes XLA).
+    """
+    T = q_BxTxHxK.shape[1]
+    if implementation == "halving" and causal and mask_BxTxS is None and T >= 2 * block:
+        if window > 0:
+            return blocked_causal_attention(q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, window=window, block=block)
+        return halving_causal_attention(q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, block=block)
+    return jax.nn.dot_product_attention(
+        q_BxTxHxK,
+        k_BxSxHxK,
+        v_BxSxHxK,
+        mask=None if mask_BxTxS is None else mask_BxTxS[:, None, :, :],
+        is_causal=causal,
+        local_window_size=(window - 1, 0) if window > 0 else None,
+        implementation="cudnn" if implementation == "cudnn" and mask_BxTxS is None else "xla",
+    )
+
+
+def blocked_causal_attention(q_BxTxHxK, k_BxTxHxK, v_BxTxHxK, *, window: int = 0, block: int = ATTENTION_BLOCK) -> jax.Array:
+    """Causal (optionally windowed) self-attention that skips key blocks wholly in the future.
+
+    Queries are cut into blocks of ``block`` positions; query block ``i`` attends, through
+    ``jax.nn.dot_product_attention``, only to keys ``[start_i, end_i)`` that some query of the block
+    may see (``end_i`` = the block's end; ``start_i`` = 0, or the window's reach). Every query's
+    softmax runs over all of its visible keys, so the result equals dense masked attention; the
+    work on a causal ``T x T`` score matrix falls to about ``(n + 1) / 2n`` of it for ``n`` blocks.
+    """
+    T = q_BxTxHxK.shape[1]
+    outs = []
+    for qs in range(0, T, block):
+        qe = min(T, qs + block)
+        ks = 0 if window <= 0 else max(0, qs - (window - 1))
+        q_pos = np.arange(qs, qe)[:, None]
+        k_pos = np.arange(ks, qe)[None, :]
+        allowed = k_pos <= q_pos
+        if window > 0:
+            allowed &= q_pos - k_pos < window
+        outs.append(
+            jax.nn.dot_product_attention(
+                q_BxTxHxK[:, qs:qe],
+                k_BxTxHxK[:, ks:qe],
+                v_BxTxHxK[:, ks:qe],
+                mask=jnp.asarray(allowed)[None, None],
+            )
+        )
+    return jnp.concatenate(outs, axis=1)
+
+
+def _softmax_part(q_NxQxK, k_NxSxK, v_NxSxK, *, causal: bool):
+    """Attention of the queries over all the given keys (``causal``: Q == S, lower triangle).
+
+    Leading dims ``N`` are batch (heads included). Returns the normalised output ``N x Q x K``
+    and the log-sum-exp of the scores ``N x Q``, so that parts over disjoint key sets merge
+    exactly."""
+    scale = q_NxQxK.shape[-1] ** -0.5
+    f32 = jnp.float32  # the softmax and the merges in fp32 whatever the compute dtype
+    s_NxQxS = jnp.einsum("...qk,...sk->...qs", q_NxQxK * scale, k_NxSxK, preferred_element_type=f32)
+    if causal:
+        n = q_NxQxK.shape[-2]
+        s_NxQxS = jnp.where(np.tril(np.ones((n, n), bool)), s_NxQxS, -jnp.inf)
+    # the max only keeps exp in range: the output and the log-sum-exp do not depend on its value
+    m_NxQx1 = jax.lax.stop_gradient(jnp.max(s_NxQxS, axis=-1, keepdims=True))
+    p_NxQxS = jnp.exp(s_NxQxS - m_NxQx1)
+    l_NxQ = jnp.sum(p_NxQxS, axis=-1)
+    pv_NxQxK = jnp.einsum("...qs,...sk->...qk", p_NxQxS.astype(v_NxSxK.dtype), v_NxSxK, preferred_element_type=f32)
+    return pv_NxQxK / l_NxQ[..., None], m_NxQx1[..., 0] + jnp.log(l_NxQ)
+
+
+def _merge_parts(out_a, lse_a, out_b, lse_b):
+    """Attention over the union of two disjoint key sets, from the attention over each."""
+    lse = jnp.logaddexp(lse_a, lse_b)
+    return out_a * jnp.exp(lse_a - lse)[..., None] + out_b * jnp.exp(lse_b - lse)[..., None], lse
+
+
+def halving_causal_attention(q_BxTxHxK, k_BxTxHxK, v_BxTxHxK, *, block: int = ATTENTION_BLOCK):
+    """Causal self-attention that skips the masked half of the score matrix without slicing loops.
+
+    The sequence is halved recursively: each half attends causally to itself (both halves as one
+    batched call, through a free reshape), and the second half's queries also attend to all of the
+    first half's keys (a dense, unmasked product); the two parts merge exactly through their
+    log-sum-exp, as in flash attention. Down to ``block`` positions, the work is ``(1 + 1/n) / 2``
+    of dense attention for ``n = T / block`` (5/8 at T=512, block 128), with only matmuls,
+    one masked softmax per leaf and small merges of ``T x K`` outputs: on XLA CPU this needs
+    about 30% less work than slicing the queries into blocks (``benchmarks/RESULTS.md``). The
+    recursion runs heads-major (``B x H x T x K``), where every reshape is free.
+    """
+    heads_major = lambda x: jnp.swapaxes(x, 1, 2)  # noqa: E731
+    out_BxHxTxK = halving_attention_bhtk(heads_major(q_BxTxHxK), heads_major(k_BxTxHxK), heads_major(v_BxTxHxK), block=block)
+    return jnp.swapaxes(out_BxHxTxK, 1, 2)
+
+
+def halving_attention_bhtk(q_BxHxTxK, k_BxHxTxK, v_BxHxTxK, *, block: int = ATTENTION_BLOCK):
+    """:func:`halving_causal_attention` on ``B x H x T x K`` arrays (heads before positions)."""
+    shape = q_BxHxTxK.shape
+    flat = lambda x: x.reshape(-1, *x.shape[-2:])  # noqa: E731
+    out_NxTxK, _ = _halving(flat(q_BxHxTxK), flat(k_BxHxTxK), flat(v_BxHxTxK), block)
+    return out_NxTxK.reshape(shape).astype(q_BxHxTxK.dtype)
+
+
+def _halving(q_NxTxK, k_NxTxK, v_NxTxK, block):
+    """Recursion of :func:`halving_causal_attention` on ``N x T x K`` (every level folds its two
+    halves into the batch, so the rank stays 3 however deep it goes: XLA CPU's YNNPACK dots
+    reject operands of rank 8 or more)."""
+    N, T, K = q_NxTxK.shape
+    if T <= block or T % 2:
+        return _softmax_part(q_NxTxK, k_NxTxK, v_NxTxK, causal=True)
+    half = T // 2
+    q2, k2, v2 = (x.reshape(N, 2, half, K) for x in (q_NxTxK, k_NxTxK, v_NxTxK))
+    # each half over itself, causally, both halves as one batch of 2N
+    out_d, lse_d = _halving(q_NxTxK.reshape(2 * N, half, K), k_NxTxK.reshape(2 * N, half, K), v_NxTxK.reshape(2 * N, half, K), block)
+    out_d, lse_d = out_d.reshape(N, 2, half, K), lse_d.reshape(N, 2, half)
+    # the second half's queries over all of the first half's keys, merged into their own part
+    out_x, lse_x = _softmax_part(q2[:, 1], k2[:, 0], v2[:, 0], causal=False)
+    out_2, lse_2 = _merge_parts(out_d[:, 1], lse_d[:, 1], out_x, lse_x)
+    out = jnp.stack([out_d[:, 0], out_2], axis=1).reshape(N, T, K)
+    lse = jnp.stack([lse_d[:, 0], lse_2], axis=1).reshape(N, T)
+    return out, lse

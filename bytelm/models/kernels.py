@@ -1,0 +1,61 @@
+"""The one place where kernels are chosen: ``model.attention`` and ``model.mlp`` -> implementations.
+
+Layers never look at the backend themselves; a model resolves its config's choices here once,
+when it is built, and hands the result to its layers.
+
+``attention`` (:func:`bytelm.models.attention.attend`):
+
+- ``xla``: ``jax.nn.dot_product_attention``'s XLA path (dense scores under a mask).
+- ``cudnn``: the same call with ``implementation="cudnn"`` (fused flash attention; GPU only, for
+  bfloat16 or float16 compute; calls with an explicit mask, such as BLT's cross-attention, keep
+  the XLA path).
+- ``halving``: causal self-attention that skips the masked half of the score matrix by recursive
+  halving (or query blocks, under a sliding window) when the sequence is long; XLA otherwise.
+- ``auto``: ``cudnn`` on GPU in bfloat16/float16 (``xla`` in float32), ``xla`` on TPU (XLA's fused
+  attention), ``halving`` on CPU, where XLA evaluates the full masked score matrix
+  (``benchmarks/RESULTS.md``).
+
+``mlp`` (:func:`bytelm.models.core.swiglu`):
+
+- ``autodiff``: the SwiGLU MLP differentiated by JAX.
+- ``manual``: the hand-written backward of :func:`bytelm.models.core.swiglu_mlp`, which keeps
+  XLA CPU from recomputing the sigmoid in several fusions and from transposing the wide
+  gradients inside strided loops.
+- ``auto``: ``manual`` on CPU (the only backend it was measured on), ``autodiff`` elsewhere.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+
+ATTENTION_BLOCK = 128  # the halving/blocked paths' leaf size, and their minimum of 2 blocks
+
+
+@dataclasses.dataclass(frozen=True)
+class Kernels:
+    attention: str  # "xla" | "cudnn" | "halving"
+    mlp: str  # "autodiff" | "manual"
+
+
+def resolve_kernels(attention: str = "auto", mlp: str = "auto", *, dtype: str = "float32", backend: str | None = None) -> Kernels:
+    """The implementations for a model's ``attention`` and ``mlp`` choices in compute ``dtype`` on
+    ``backend`` (default: JAX's default backend). Raises ``ValueError`` for a kernel the backend
+    or dtype cannot run."""
+    backend = backend or jax.default_backend()
+    half = dtype in ("bfloat16", "float16")
+    if attention == "auto":
+        attention = {"gpu": "cudnn" if half else "xla", "cpu": "halving"}.get(backend, "xla")
+    if attention == "cudnn" and (backend != "gpu" or not half):
+        raise ValueError(
+            f"model.attention = 'cudnn' needs a GPU and model.dtype bfloat16 or float16 (backend {backend!r}, "
+            f"dtype {dtype!r}); use 'auto' or 'xla'"
+        )
+    if attention not in ("xla", "cudnn", "halving"):
+        raise ValueError(f"unknown attention kernel {attention!r}: use auto, xla, cudnn or halving")
+    if mlp == "auto":
+        mlp = "manual" if backend == "cpu" else "autodiff"
+    if mlp not in ("autodiff", "manual"):
+        raise ValueError(f"unknown mlp kernel {mlp!r}: use auto, autodiff or manual")
+    return Kernels(attention, mlp)
