@@ -3,7 +3,8 @@
 Every command is a pair: ``add_<command>(subparsers)`` declares its arguments and
 ``cmd_<command>(args)`` calls an importable library function and prints the result. Bad input
 raises :class:`~bytelm.errors.UserError`, printed here as one line on stderr with exit status 2.
-The ``bytelm`` executable enters through :func:`bytelm.__main__.entry`.
+The ``bytelm`` executable enters through :func:`bytelm.__main__.entry` (also importable here, as
+``bytelm.cli:entry``, for console scripts installed before it moved).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from pathlib import Path
 
 import jax
 
+from bytelm.__main__ import entry  # noqa: F401  (the console script's old home)
 from bytelm.atomic import atomic_write_text
 from bytelm.baselines.bpe import load_tokenizer, tokenizer_stats, train_bpe
 from bytelm.config import load_config

@@ -7,9 +7,9 @@ includes resolved first), then the including file, then ``--set`` overrides in c
 Tables merge key by key; any other value replaces the inherited one.
 
 The ``[model]`` table picks its dataclass by ``family`` (``byte``, ``megabyte``, ``blt``, ``bpe``,
-...) through the one registry of families, :data:`bytelm.training.tasks.FAMILIES` (each task names
-its config class). Every key is checked: an unknown key fails with the closest valid key, a value
-of the wrong type names the key, the value and the expected type.
+...) among the model configs of :mod:`bytelm.models.configs` (the same classes the task registry,
+:data:`bytelm.training.tasks.FAMILIES`, names). Every key is checked: an unknown key fails with the
+closest valid key, a value of the wrong type names the key, the value and the expected type.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from typing import Any
 
 from bytelm.atomic import atomic_write_text
 from bytelm.errors import UserError
-from bytelm.training.tasks import FAMILIES
+from bytelm.models.configs import config_classes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -333,13 +333,14 @@ def build_config(raw: dict) -> Config:
         if not isinstance(model_raw, dict):
             raise UserError(f"'model' must be a table ([model]), got {model_raw!r}")
         family = str(model_raw.get("family", ""))
-        if family not in FAMILIES:
-            close = difflib.get_close_matches(family, list(FAMILIES), n=1)
+        families = config_classes()
+        if family not in families:
+            close = difflib.get_close_matches(family, list(families), n=1)
             hint = f"; did you mean '{close[0]}'?" if close else ""
             raise UserError(
-                f"model.family = {family!r} is not a known family ({', '.join(sorted(FAMILIES))}){hint}"
+                f"model.family = {family!r} is not a known family ({', '.join(sorted(families))}){hint}"
             )
-        model = _build_section("model", FAMILIES[family].config_class, model_raw)
+        model = _build_section("model", families[family], model_raw)
     return Config(model=model, **sections)
 
 

@@ -1,4 +1,4 @@
-"""Byte-id constants shared by the whole package (docs/architecture.md).
+"""Byte-id constants shared by the whole package (docs/architecture.md, Byte ids).
 
 A byte ``b`` (0..255) has id ``b + BYTE_OFFSET``; ids below the offset are control ids.
 """

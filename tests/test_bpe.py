@@ -414,6 +414,22 @@ def test_reference_bpe_equals_one_merge_at_a_time_and_the_fast_mergers(merges, c
     assert fast._bpe_vectorized([c for c in chunks if len(c) > 1]) == [w for c, w in zip(chunks, want) if len(c) > 1]
 
 
+@settings(max_examples=120, deadline=None)
+@given(
+    _merge_lists(),
+    st.sampled_from(["cl100k", "gpt2"]),
+    st.lists(st.one_of(st.text(alphabet="abc \n'1.é", max_size=30), st.binary(max_size=20).map(lambda b: bytes(97 + x % 3 for x in b))), max_size=6),
+)
+def test_fast_documents_path_equals_the_reference_on_random_merge_lists(merges, pattern, docs):
+    """Tokenizer.encode_documents (the fast path: numpy split and packed keys for ASCII documents
+    under cl100k, the whole-token shortcut, the vectorized merger) against encode_ordinary (the
+    reference) on every document, for random merge lists, merges that re-make a token included."""
+    tok = Tokenizer(merges, pattern=pattern)
+    ids, counts = tok.encode_documents(docs, num_workers=1)
+    offsets = np.concatenate([[0], np.cumsum(counts)])
+    assert [ids[offsets[i] : offsets[i + 1]].tolist() for i in range(len(docs))] == [tok.encode_ordinary(d) for d in docs]
+
+
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.one_of(st.binary(min_size=2, max_size=64), st.sampled_from([b" " * 3, b" " * 7, b"=" * 7, b"-" * 9, b"#" * 5, b"\n" * 3, b"aaaaaaa", b"0000000"])), min_size=1, max_size=40))
 def test_vectorized_bpe_equals_simple_bpe(sample_tok, pieces):

@@ -114,3 +114,12 @@ def test_repo_configs_load():
     assert len(paths) >= 8
     for path in paths:
         load_config(path)
+
+
+def test_config_classes_agree_with_the_family_registry():
+    """The loader reads [model] tables into the ModelConfig subclasses of bytelm/models/configs.py;
+    the task registry names the same class for every family, and no family is missing on either side."""
+    from bytelm.models.configs import config_classes
+    from bytelm.training.tasks import FAMILIES
+
+    assert {name: task.config_class for name, task in FAMILIES.items()} == config_classes()

@@ -173,7 +173,7 @@ def test_byte_lm_causality_by_gradient(window):
 
     def nll_at(e, t):
         h = model.norm(model.stack(e))
-        logits = h @ model.head.w[...]
+        logits = h @ model.head[...]
         return jax.nn.log_softmax(logits)[0, t, 7]
 
     grad = jax.jit(jax.grad(nll_at), static_argnums=1)

@@ -20,6 +20,7 @@ from bytelm.patching import (
     PatchOverflowError,
     apply_max_len,
     calibrate_threshold,
+    cap_starts,
     entropy_starts,
     format_patches,
     lengths_to_patch_ids,
@@ -90,11 +91,12 @@ def test_bos_rule_and_padding():
     a, b, c, d = (ord(ch) + BYTE_OFFSET for ch in "abcd")
     ids = np.array([a, b, EOS_ID, BOS_ID, c, d, EOS_ID, BOS_ID, PAD_ID, PAD_ID])
     low = np.zeros(10, np.float32)
-    # training-window row: starts 0, the BOS at 3 and 7 and the positions after them (8 is padding)
-    np.testing.assert_array_equal(entropy_starts(ids, low, threshold=1.0), at(10, 0, 3, 4, 7))
-    np.testing.assert_array_equal(static_starts(ids, 4), at(10, 0, 3, 4, 7))
+    # training-window row: starts 0 and 1 (the first position is a patch of its own), the BOS at 3
+    # and 7 and the positions after them (8 is padding)
+    np.testing.assert_array_equal(entropy_starts(ids, low, threshold=1.0), at(10, 0, 1, 3, 4, 7))
+    np.testing.assert_array_equal(static_starts(ids, 4), at(10, 0, 1, 3, 4, 7))
     # space: EOS and BOS are control ids (space-like), so patches start after them as well
-    np.testing.assert_array_equal(space_starts(ids), at(10, 0, 3, 4, 7))
+    np.testing.assert_array_equal(space_starts(ids), at(10, 0, 1, 3, 4, 7))
     assert real_lengths(ids) == 8
     # eval row: BOS alone, then bytes; trailing PAD belongs to no patch
     ids = np.array([BOS_ID, a, b, c, PAD_ID, PAD_ID])
@@ -404,8 +406,41 @@ def test_entropy_patcher_lengths_and_overflow(tiny_byte_lm):
     rec = patcher.record()
     assert rec["threshold"] == patcher.threshold and rec["entropy_fingerprint"] == em.fingerprint
     assert EntropyPatcher.from_settings(em, rec).settings() == patcher.settings()
-    with pytest.raises(PatchOverflowError, match="row 0"):
-        EntropyPatcher(em, threshold=-1.0).lengths(ids, 16)
+    # every position a boundary, 16 slots: the slot rule caps each row causally and counts the rest
+    layout = EntropyPatcher(em, threshold=-1.0).layout(ids, 16)
+    np.testing.assert_array_equal(layout.lengths_BxP, np.broadcast_to([1] * 15 + [ids.shape[1] - 15], (2, 16)))
+    assert layout.stats() == {"windows": 2, "overflow_windows": 2, "positions": 2 * ids.shape[1], "overflow_positions": 2 * (ids.shape[1] - 16)}
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.data())
+def test_slot_rule_is_causal_and_counts_what_it_merges(data):
+    """cap_starts against a left-to-right reference: the first P starts are kept, and the starts of
+    a prefix do not depend on what follows it."""
+    B, L = data.draw(st.integers(1, 3)), data.draw(st.integers(1, 30))
+    n = np.array([data.draw(st.integers(0, L)) for _ in range(B)])
+    starts = np.array([[data.draw(st.booleans()) for _ in range(L)] for _ in range(B)]).reshape(B, L)
+    starts &= np.arange(L)[None, :] < n[:, None]
+    starts[n > 0, 0] = True
+    P = data.draw(st.integers(1, 8))
+    capped, over = cap_starts(starts, n, P)
+    for b in range(B):
+        kept, first_dropped = 0, n[b]
+        for i in range(n[b]):
+            if starts[b, i]:
+                if kept < P:
+                    kept += 1
+                    assert capped[b, i]
+                else:
+                    first_dropped = min(first_dropped, i)
+                    assert not capped[b, i]
+        assert over[b] == n[b] - first_dropped
+        k = data.draw(st.integers(0, L))  # a prefix, the rest replaced by anything
+        other = starts[b].copy()
+        other[k:] = data.draw(st.lists(st.booleans(), min_size=L - k, max_size=L - k))
+        np.testing.assert_array_equal(cap_starts(other[None], [L], P)[0][0, :k], capped[b, :k])
+    lengths = starts_to_lengths(capped, n, P)  # always fits now
+    np.testing.assert_array_equal(lengths.sum(axis=1), n)
 
 
 def test_format_patches_escapes():

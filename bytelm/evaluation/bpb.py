@@ -99,10 +99,10 @@ def breakdown(
     """
     if len(labels) != len(scores.nats):
         raise ValueError(f"{len(labels)} labels for {len(scores.nats)} scored segments")
-    labels_S = np.asarray(list(labels), dtype=object)
+    label_of = np.asarray(list(labels), dtype=object)  # per segment
     out: dict[str, dict] = {}
     for label in dict.fromkeys(labels):
-        sel = labels_S == label
+        sel = label_of == label
         nats, nbytes = float(scores.nats[sel].sum()), int(scores.nbytes[sel].sum())
         row = {
             "segments": int(sel.sum()),

@@ -26,6 +26,7 @@ from bytelm.evaluation.bpb import SegmentScores, UnigramByteModel, byte_counts
 from bytelm.evaluation.external import parse_external_arg, read_external_scores
 from bytelm.evaluation.report import build_report, write_report_json
 from bytelm.evaluation.results import EvalSet, ModelResult
+from bytelm.training.tasks import STATS_KEY
 from bytelm.training.trainer import restore_trainer
 
 log = logging.getLogger(__name__)
@@ -118,20 +119,23 @@ def check_same_fingerprint(fingerprints: dict[str, str], corpora: dict[str, obje
 
 
 # -- scoring a run ---------------------------------------------------------------------------
-def evaluate_trainer(trainer, eval_set: EvalSet, *, progress: Progress | None = None) -> tuple[SegmentScores, np.ndarray]:
-    """Score every segment of ``eval_set`` with a restored trainer; returns scores and the global
-    steps of each segment (counted by the family's task)."""
+def evaluate_trainer(trainer, eval_set: EvalSet, *, progress: Progress | None = None) -> tuple[SegmentScores, np.ndarray, dict]:
+    """Score every segment of ``eval_set`` with a restored trainer; returns scores, the global
+    steps of each segment and the input pipeline's rates (both from the family's task)."""
     steps: list[np.ndarray] = []
+    stats: dict[str, int] = {}
     done = [0]
 
     def on_batch(batch, n_real):
         steps.append(trainer.task.global_steps(batch, n_real))
+        for key, n in batch.get(STATS_KEY, {}).items():
+            stats[key] = stats.get(key, 0) + n
         done[0] += n_real
         if progress:
             progress(done[0], len(eval_set.data))
 
     scores = trainer.evaluate(eval_set.data, on_batch=on_batch)
-    return scores, np.concatenate(steps) if steps else np.zeros(0)
+    return scores, np.concatenate(steps) if steps else np.zeros(0), trainer.task.stats_record(stats)
 
 
 def evaluate_run(
@@ -152,7 +156,7 @@ def evaluate_run(
     run_dir = Path(run_dir)
     info = read_run_json(run_dir)
     trainer = restore_trainer(run_dir, corpus=corpus if corpus is not None else eval_set.corpus)
-    scores, global_steps = evaluate_trainer(trainer, eval_set, progress=progress)
+    scores, global_steps, pipeline_stats = evaluate_trainer(trainer, eval_set, progress=progress)
     step = trainer.step
     positions = float(info.get("positions_per_step") or trainer.task.positions_per_step())
     per_position = info.get("train_flops_per_position")
@@ -172,6 +176,9 @@ def evaluate_run(
         bytes_seen=step * positions * bytes_per_position if bytes_per_position is not None else None,
         wall_s=info.get("wall_s"),
         note=trainer.task.report_note(info),
+        inference_flops_per_byte=info.get("inference_flops_per_byte"),
+        entropy_inference_flops_per_byte=info.get("entropy_inference_flops_per_byte"),
+        pipeline_stats=pipeline_stats or None,
     )
 
 

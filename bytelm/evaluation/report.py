@@ -15,6 +15,9 @@ every write. In short::
       "bpb", "nats", "bytes", "segments",
       "params": {["total"], ["embedding"], ["non_embedding"]} | null (each key optional),
       "flops": training FLOPs (analytic) | null, "train_flops_per_byte" | null,
+      "inference_flops_per_byte", "entropy_inference_flops_per_byte" (a BLT's entropy model),
+      "total_inference_flops_per_byte": forward FLOPs per byte (bytelm/training/flops.py) | null,
+      "pipeline_stats": {name: rate} from the input pipeline on the eval set (BLT: patch_overflow_*) | null,
       "bytes_seen": training bytes | null,
       "mean_bytes_per_global_step": eval-set bytes per position of the outermost stack | null,
       "wall_s": training wall time | null, "fingerprint", "note",
@@ -79,6 +82,10 @@ _MODEL = {
         "params": _PARAMS,
         "flops": _NUM,
         "train_flops_per_byte": _NUM,
+        "inference_flops_per_byte": _NUM,
+        "entropy_inference_flops_per_byte": _NUM,
+        "total_inference_flops_per_byte": _NUM,
+        "pipeline_stats": {"type": ["object", "null"], "additionalProperties": _NUM},
         "bytes_seen": _NUM,
         "mean_bytes_per_global_step": _NUM,
         "wall_s": _NUM,
@@ -218,7 +225,7 @@ def human(x: float | None, unit: str = "") -> str:
     if x is None:
         return "-"
     for div, p in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
-        if abs(x) >= div:
+        if abs(x) >= div * 0.9995:  # what rounds to 1000 of a prefix is 1 of the next ("1T", not "1e+03G")
             return f"{x / div:.3g}{p}{unit}"
     return f"{x:.3g}{unit}"
 
@@ -260,11 +267,15 @@ def params_cell(p: dict | None) -> str:
 
 def results_table(report: dict) -> str:
     """The main table: one row per model, then the reference rows."""
-    headers = ["model", "family", "BPB", "params (emb / non-emb)", "train FLOPs", "bytes seen", "bytes/global step", "wall"]
+    headers = [
+        "model", "family", "BPB", "params (emb / non-emb)", "train FLOPs", "bytes seen", "bytes/global step",
+        "entropy FLOPs/B", "inference FLOPs/B", "wall",
+    ]
     rows = []
     for m in [*report["models"], *report["baselines"]]:
         params = params_cell(m["params"])
         bpgs = m["mean_bytes_per_global_step"]
+        entropy = m.get("entropy_inference_flops_per_byte")
         rows.append(
             [
                 m["name"],
@@ -274,10 +285,23 @@ def results_table(report: dict) -> str:
                 human(m["flops"]),
                 human(m["bytes_seen"], "B"),
                 f"{bpgs:.2f}" if bpgs is not None else "-",
+                human(entropy) if entropy else "-",
+                human(m.get("total_inference_flops_per_byte")),
                 seconds(m["wall_s"]),
             ]
         )
-    return table(headers, rows, "llrrrrrr")
+    return table(headers, rows, "llrrrrrrrr")
+
+
+def pipeline_lines(report: dict) -> list[str]:
+    """One line per model whose input pipeline reported rates (a BLT's patch-slot overflow)."""
+    lines = []
+    for m in report["models"]:
+        stats = m.get("pipeline_stats") or {}
+        if stats:
+            shown = ", ".join(f"{k.replace('_', ' ')} {v:.2%}" for k, v in stats.items())
+            lines.append(f"{m['name']}: {shown} of the evaluation set")
+    return lines
 
 
 def breakdown_table(report: dict, key: str = "dirs", *, metric: str = "bpb", max_rows: int = 20) -> str | None:
@@ -310,7 +334,7 @@ def header_lines(report: dict) -> list[str]:
 
 
 def terminal_report(report: dict) -> str:
-    parts = [results_table(report), "", *header_lines(report)]
+    parts = [results_table(report), "", *header_lines(report), *pipeline_lines(report)]
     dirs = breakdown_table(report, "dirs")
     if dirs:
         parts += ["", "BPB per top-level directory:", dirs]

@@ -1,6 +1,6 @@
 """What the evaluator produces: the evaluation set and one result row per model.
 
-A leaf module (no imports from the rest of :mod:`bytelm.evaluation`), shared by the evaluator,
+A leaf module of :mod:`bytelm.evaluation` (it imports only the arithmetic of :mod:`~bytelm.evaluation.bpb`), shared by the evaluator,
 outside scores (:mod:`bytelm.evaluation.external`) and reports (:mod:`bytelm.evaluation.report`).
 The protocol behind the numbers is docs/evaluation.md.
 """
@@ -78,6 +78,15 @@ class ModelResult:
     bytes_seen: float | None = None
     wall_s: float | None = None
     note: str = ""
+    inference_flops_per_byte: float | None = None  # the model's own forward FLOPs per byte
+    entropy_inference_flops_per_byte: float | None = None  # an entropy model run in its input pipeline (BLT)
+    pipeline_stats: dict | None = None  # rates from its input pipeline on the eval set (BLT: patch-slot overflow)
+
+    @property
+    def total_inference_flops_per_byte(self) -> float | None:
+        if self.inference_flops_per_byte is None:
+            return None
+        return self.inference_flops_per_byte + (self.entropy_inference_flops_per_byte or 0.0)
 
     @property
     def bpb(self) -> float:
@@ -105,6 +114,10 @@ class ModelResult:
             "flops": self.flops,
             "train_flops_per_byte": self.train_flops_per_byte,
             "bytes_seen": self.bytes_seen,
+            "inference_flops_per_byte": self.inference_flops_per_byte,
+            "entropy_inference_flops_per_byte": self.entropy_inference_flops_per_byte,
+            "total_inference_flops_per_byte": self.total_inference_flops_per_byte,
+            "pipeline_stats": self.pipeline_stats,
             "mean_bytes_per_global_step": self.mean_bytes_per_global_step,
             "wall_s": self.wall_s,
             "fingerprint": self.fingerprint,

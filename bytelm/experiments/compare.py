@@ -55,7 +55,7 @@ from bytelm.errors import UserError
 from bytelm.evaluation.bpb import SegmentScores
 from bytelm.evaluation.evaluator import CorpusCache, check_same_fingerprint, evaluate_run, unigram_baselines
 from bytelm.evaluation.plots import eval_curve, plot_bpb_vs_flops
-from bytelm.evaluation.report import breakdown_table, build_report, header_lines, human, results_table, seconds, table, write_report_json
+from bytelm.evaluation.report import breakdown_table, build_report, header_lines, human, pipeline_lines, results_table, seconds, table, write_report_json
 from bytelm.evaluation.results import EvalSet, ModelResult
 from bytelm.training import trainer
 from bytelm.training.tasks import ARTEFACT_KINDS, task_class
@@ -64,7 +64,7 @@ log = logging.getLogger(__name__)
 
 PRESET_DIR = shipped_configs() / "compare"
 # role -> the artefact kind its run becomes for the other models ("compared" runs are compared)
-ROLES = {"compared": None, "entropy": "entropy_model"}
+ROLES = {"compared": None, **{kind.preset_role: name for name, kind in ARTEFACT_KINDS.items() if kind.preset_role}}
 
 # progress(stage, done, total, suffix) and note(message): the CLI turns them into bars and lines
 StageProgress = Callable[[str, int, "int | None", str], None]
@@ -223,6 +223,8 @@ def model_config(spec: ModelSpec, preset: Preset, *, data_spec: str | None, arte
     and every artefact its family names (``artefacts``: kind -> path) set in its config field."""
     overrides = [*preset.overrides, *spec.overrides, *([f"data.source={data_spec}"] if data_spec else [])]
     cfg = load_config(spec.config, overrides)
+    if cfg.model is None:
+        raise UserError(f"preset {preset.path}: model {spec.name!r}: its config {spec.config} has no [model] section")
     for field, kind in task_class(cfg.model.family).artefacts.items():
         if artefacts.get(kind) is None:
             makers = [role for role, made in ROLES.items() if made == kind]
@@ -437,6 +439,26 @@ def compare(
     return job.write_report(job.evaluate_models())
 
 
+def global_steps_sentence(report: dict) -> str:
+    """What a global step is for each family in the report (from its task)."""
+    families = dict.fromkeys(m["family"] for m in report["models"] if m["kind"] == "run")
+    return "; ".join(f"bytes per {task_class(f).global_step} for {f}" for f in families)
+
+
+def artefact_lines(report: dict) -> list[str]:
+    """A line per artefact-making run (the entropy model): its own training FLOPs, outside the budget."""
+    rows = {m["name"]: m for m in report["models"]}
+    lines = []
+    for name, plan in report["compare"]["models"].items():
+        kind = ROLES.get(plan["role"])
+        if kind is not None and name in rows:
+            lines.append(
+                f"the {ARTEFACT_KINDS[kind].noun} `{name}` was trained with {human(rows[name]['flops'])} FLOPs of its own, "
+                "not counted in the budget of the models that use it"
+            )
+    return lines
+
+
 def markdown_report(report: dict) -> str:
     """``report.md`` of a comparison: the BPB table, the reference rows, per-directory tables,
     the schedule of every run and the stage wall times."""
@@ -455,8 +477,12 @@ def markdown_report(report: dict) -> str:
         "",
         "Every model scores every segment on its own from BOS; BPB = total NLL in nats / (held-out bytes x ln 2). "
         "The unigram rows are context-free references: the eval bytes' own byte entropy, and a byte "
-        "distribution fit on the train split. *bytes/global step* is measured on the eval set: 1 for the byte "
-        "LM, P for MegaByte, the mean entropy patch length for BLT (BOS patch excluded), bytes per token for BPE.",
+        f"distribution fit on the train split. *bytes/global step* is measured on the eval set: {global_steps_sentence(report)}. "
+        "*entropy FLOPs/B* is the forward cost per byte of an entropy model run in the input pipeline (BLT's), "
+        "*inference FLOPs/B* the total forward cost per byte, model and entropy model (bytelm/training/flops.py).",
+        "",
+        *[f"- {line}" for line in artefact_lines(report)],
+        *[f"- {line}" for line in pipeline_lines(report)],
         "",
         "![BPB vs training FLOPs](bpb.png)",
         "",

@@ -50,8 +50,13 @@ def attend(
         mask=None if mask_BxTxS is None else mask_BxTxS[:, None, :, :],
         is_causal=causal,
         local_window_size=(window - 1, 0) if window > 0 else None,
-        implementation="cudnn" if implementation == "cudnn" and mask_BxTxS is None else "xla",
+        implementation="cudnn" if implementation == "cudnn" and mask_BxTxS is None and _cudnn_head_dim(q_BxTxHxK.shape[-1]) else "xla",
     )
+
+
+def _cudnn_head_dim(head_dim: int) -> bool:
+    """Head dimensions cuDNN's fused attention takes (a multiple of 8, at most 128)."""
+    return head_dim % 8 == 0 and head_dim <= 128
 
 
 def blocked_causal_attention(q_BxTxHxK, k_BxTxHxK, v_BxTxHxK, *, window: int = 0, block: int = ATTENTION_BLOCK) -> jax.Array:

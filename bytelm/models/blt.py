@@ -1,30 +1,45 @@
-"""BLT, the Byte Latent Transformer (Pagnoni et al. 2024), on the shared core.
+"""BLT, the Byte Latent Transformer (Pagnoni et al. 2024, "Byte Latent Transformer: Patches Scale
+Better Than Tokens"), on the shared core. Reference implementation: facebookresearch/blt
+(``bytelatent/model/blt.py``, ``local_models.py``, ``latent_transformer.py``).
 
 The model takes a window of ids ``(B, T+1)`` and the **patch lengths** of that window
 ``(B, P)`` (computed outside the model by :mod:`bytelm.patching` from an entropy model; zero
-entries are empty padding patches). Positions ``0..T-1`` are the inputs; position ``i`` predicts
-id ``i + 1``.
+entries are empty padding slots; position 0 is always a patch of its own). Positions ``0..T-1``
+are the inputs; position ``i`` predicts id ``i + 1``.
 
 1. **Local encoder.** Byte embedding plus hashed n-gram embeddings: for each ``n`` in
-   ``ngram_sizes`` the n-gram of ids *ending* at position ``i`` is hashed (a polynomial rolling
-   hash in wrapping uint32 arithmetic) into its own table of ``hash_table_size`` rows. Then
+   ``ngram_sizes`` the n-gram of ids *ending* at position ``i`` is hashed into its own table of
+   ``hash_table_size`` rows, and the rows are summed with the byte embedding (the reference's
+   ``compute_hash_embeddings``). Every table, and the byte embedding, starts from a normal of
+   std ``local_d_model ** -0.5`` truncated at 3 std (the reference's ``init_weights``): with
+   N(0, 1) tables the six n-gram rows drown the byte's own embedding in noise. Then
    ``encoder_layers`` causal sliding-window blocks.
-2. **Patch pooling.** Each patch's query is the segment-max of the byte states of its own
-   positions, projected to ``k = queries_per_patch`` queries; the queries cross-attend to the
-   byte states of their own patch only; the ``k`` outputs are concatenated and projected to the
-   global width. Empty patches give zero vectors (never NaN or -inf).
+2. **Patch queries.** Each patch's bytes are max-pooled (``cross_attn_init_by_pooling`` with
+   ``downsampling_by_pooling = "max"``) and projected to ``k = queries_per_patch`` queries, which
+   cross-attend to the bytes of their own patch only, after the last encoder layer (or after
+   every one, ``encoder_cross_all_layers``). Queries and keys/values are RMS-normalised
+   (``cross_attn_norm_q`` / ``cross_attn_norm_kv``). The ``k`` outputs are concatenated and
+   projected to the global width. Empty slots give zero vectors (never NaN).
 3. **Global latent transformer**, causal over the ``P`` patch slots (padding slots come after
    every real patch, so no real patch sees them).
-4. **Local decoder.** The byte state at position ``i`` (whose target ``i + 1`` lies in patch
-   ``j``) cross-attends to the ``k`` key/value slots made from the global output of patch
-   ``j - 1`` only: decoder patch ids are the patch ids of the *targets*, i.e. the lengths
-   shifted by one position; using the encoder's patch ids would leak the future. A position
-   whose target is in patch 0 has no earlier patch and receives nothing. Then ``decoder_layers``
-   sliding-window blocks and the byte logits.
+4. **Local decoder.** Its input is the encoder's byte states. The byte at position ``i`` (whose
+   target ``i + 1`` lies in patch ``j``) cross-attends to the ``k`` key/value slots made from the
+   global output of patch ``j - 1`` only: decoder patch ids are the patch ids of the *targets*,
+   i.e. the lengths shifted by one position (the reference's ``decoder_patch_ids_from_lengths``);
+   using the encoder's patch ids would leak the future. The cross-attention comes before every
+   decoder layer (``decoder_cross_all_layers``, the reference's 1B configuration) or before the
+   first only. Then the byte logits.
 
-With ``cross_attention = False`` the two cross-attentions are replaced by projections: the
-pooled state itself is projected to the global width, and the global output of patch ``j - 1``
-is projected and added to the byte state. With one byte per patch, no encoder/decoder layers,
+**Cross-attention by gather.** No tensor of shape ``B x P x T`` is formed: a patch's queries
+attend to its own bytes, gathered (at most ``max_patch_len`` of them), and a byte attends to the
+``k`` slots of its one source patch, gathered. When a window ran out of patch slots, its last
+patch may hold more than ``max_patch_len`` bytes; its queries then see the first
+``max_patch_len`` of them, which changes nothing: the last slot's global output is read by no
+byte (the patch after it does not exist).
+
+With ``cross_attention = False`` the cross-attentions are replaced by projections: the pooled
+state itself is projected to the global width, and the global output of patch ``j - 1`` is
+projected and added to the byte state once. With one byte per patch, no encoder/decoder layers,
 no n-grams and identity projections, that variant is exactly a flat byte transformer ``G`` over
 the byte embeddings ``e`` with an embedding skip into the head: ``logits_i = head(norm(e_i +
 G(e)_i))``, ``G(e)_i`` seeing bytes ``<= i`` (the test that pins the alignment down).
@@ -38,11 +53,15 @@ import numpy as np
 from flax import nnx
 
 from bytelm.constants import NUM_BYTE_IDS, PAD_ID
-from bytelm.models.core import COMPUTE_DTYPES, Attention, Embed, OutputHead, RMSNorm, Transformer, pad_vocab, param
+from bytelm.models.attention import attend
+from bytelm.models.core import COMPUTE_DTYPES, Embed, RMSNorm, Transformer, head_logits, head_param, pad_vocab, param
 from bytelm.models.kernels import resolve_kernels
 from bytelm.models.scoring import Scores, next_id_scores
 
-_HASH_MULT = np.uint32(1_000_003)
+# A polynomial rolling hash of the ids of an n-gram in wrapping uint32 arithmetic, with the
+# reference's first prime (1_000_000_007) as the multiplier; the reference computes the same kind
+# of hash in int64 (``rolling_polynomial_hash``), which JAX keeps off by default.
+_HASH_MULT = np.uint32(1_000_000_007)
 
 
 def ngram_hashes(ids_BxT: jax.Array, n: int, table_size: int) -> jax.Array:
@@ -62,6 +81,44 @@ def patch_ids_from_lengths(lengths_BxP: jax.Array, length: int) -> jax.Array:
     return jnp.sum(pos_L[None, None, :] >= ends_BxP[:, :, None], axis=1).astype(jnp.int32)
 
 
+class PatchCrossAttention(nnx.Module):
+    """Cross-attention of ``Q`` queries in each of ``M`` groups over ``J`` source rows gathered
+    for that group: ``out[b, m] = attend(q[b, m], src[b, index[b, m]])`` over the valid rows.
+
+    Keys and values are projected on the ``S`` source rows once and then gathered, so a row read
+    by several groups is projected once. Queries and sources are RMS-normalised first; the output
+    (zero for a group with no valid row) is meant to be added to the queries as a residual."""
+
+    def __init__(self, d_model: int, n_heads: int, *, rngs: nnx.Rngs, dtype, implementation: str):
+        if d_model % n_heads:
+            raise ValueError(f"cross-attention width {d_model} is not divisible by its {n_heads} heads")
+        hk = (n_heads, d_model // n_heads)
+        self.norm_q, self.norm_kv = RMSNorm(d_model), RMSNorm(d_model)
+        self.wq = param(rngs, (d_model, *hk), ("embed", "heads", "kv"), fan_in=d_model)
+        self.wk = param(rngs, (d_model, *hk), ("embed", "heads", "kv"), fan_in=d_model)
+        self.wv = param(rngs, (d_model, *hk), ("embed", "heads", "kv"), fan_in=d_model)
+        self.wo = param(rngs, (*hk, d_model), ("heads", "kv", "embed"), fan_in=d_model)
+        self.dtype, self.implementation = dtype, implementation
+
+    def __call__(self, q_BxMxQxD: jax.Array, src_BxSxD: jax.Array, index_BxMxJ: jax.Array, valid_BxMxJ: jax.Array) -> jax.Array:
+        dt = self.dtype
+        B, M, Q, D = q_BxMxQxD.shape
+        J = index_BxMxJ.shape[-1]
+        q = jnp.einsum("bmqd,dhk->bmqhk", self.norm_q(q_BxMxQxD).astype(dt), self.wq[...].astype(dt))
+        src = self.norm_kv(src_BxSxD).astype(dt)
+        k_BxSxHxK = jnp.einsum("bsd,dhk->bshk", src, self.wk[...].astype(dt))
+        v_BxSxHxK = jnp.einsum("bsd,dhk->bshk", src, self.wv[...].astype(dt))
+        flat = index_BxMxJ.reshape(B, M * J)
+        gather = lambda x: jnp.take_along_axis(x, flat[:, :, None, None], axis=1)  # noqa: E731
+        H, K = k_BxSxHxK.shape[2:]
+        k_NxJxHxK = gather(k_BxSxHxK).reshape(B * M, J, H, K)
+        v_NxJxHxK = gather(v_BxSxHxK).reshape(B * M, J, H, K)
+        mask_NxQxJ = jnp.broadcast_to(valid_BxMxJ.reshape(B * M, 1, J), (B * M, Q, J))
+        out_NxQxHxK = attend(q.reshape(B * M, Q, H, K), k_NxJxHxK, v_NxJxHxK, causal=False, mask_BxTxS=mask_NxQxJ, implementation=self.implementation)
+        out_BxMxQxD = jnp.einsum("nqhk,hkd->nqd", out_NxQxHxK, self.wo[...].astype(dt)).reshape(B, M, Q, D)
+        return jnp.where(jnp.any(valid_BxMxJ, axis=-1)[:, :, None, None], out_BxMxQxD, 0.0)
+
+
 class BLT(nnx.Module):
     def __init__(self, cfg, *, rngs: nnx.Rngs):
         self.cfg = cfg
@@ -70,22 +127,24 @@ class BLT(nnx.Module):
         kernels = resolve_kernels(cfg.attention, cfg.mlp, dtype=cfg.dtype)
         self.dtype = dt
         dl, dg, k = cfg.local_d_model, cfg.global_d_model, cfg.queries_per_patch
-        self.byte_embed = Embed(self.vocab_rows, dl, rngs=rngs)
-        self.ngram_embeds = nnx.List([Embed(cfg.hash_table_size, dl, rngs=rngs) for _ in cfg.ngram_sizes])
-        self.encoder = Transformer(dl, cfg.encoder_layers, cfg.local_heads, cfg.local_mlp_dim, rngs=rngs, kernels=kernels, window=cfg.local_window, rope_base=cfg.rope_base, dtype=dt)
+        std = dl**-0.5  # the reference's init of the byte and hash embeddings (truncated at 3 std)
+        self.byte_embed = Embed(self.vocab_rows, dl, rngs=rngs, std=std, truncated=True)
+        self.ngram_embeds = nnx.List([Embed(cfg.hash_table_size, dl, rngs=rngs, std=std, truncated=True) for _ in cfg.ngram_sizes])
+        local = dict(rngs=rngs, kernels=kernels, window=cfg.local_window, rope_base=cfg.rope_base, dtype=dt)
+        self.encoder = Transformer(dl, cfg.encoder_layers, cfg.local_heads, cfg.local_mlp_dim, **local)
         self.to_queries = param(rngs, (dl, k * dl), ("embed", "mlp"))
         self.to_global = param(rngs, (k * dl, dg), ("mlp", "embed"))
         self.global_stack = Transformer(dg, cfg.global_layers, cfg.global_heads, cfg.global_mlp_dim, rngs=rngs, kernels=kernels, rope_base=cfg.rope_base, dtype=dt)
         self.global_norm = RMSNorm(dg)
         self.from_global = param(rngs, (dg, k * dl), ("embed", "mlp"))
-        if cfg.cross_attention:
-            self.encoder_cross = Attention(dl, cfg.cross_heads, rngs=rngs, dtype=dt, implementation=kernels.attention)
-            self.encoder_cross_norm = RMSNorm(dl)
-            self.decoder_cross = Attention(dl, cfg.cross_heads, rngs=rngs, dtype=dt, implementation=kernels.attention)
-            self.decoder_cross_norm = RMSNorm(dl)
-        self.decoder = Transformer(dl, cfg.decoder_layers, cfg.local_heads, cfg.local_mlp_dim, rngs=rngs, kernels=kernels, window=cfg.local_window, rope_base=cfg.rope_base, dtype=dt)
+        cross = dict(rngs=rngs, dtype=dt, implementation=kernels.attention)
+        n_enc = (cfg.encoder_layers if cfg.encoder_cross_all_layers else 1) if cfg.cross_attention else 0
+        n_dec = (max(cfg.decoder_layers, 1) if cfg.decoder_cross_all_layers else 1) if cfg.cross_attention else 0
+        self.encoder_cross = nnx.List([PatchCrossAttention(dl, cfg.cross_heads, **cross) for _ in range(max(n_enc, 1 if cfg.cross_attention else 0))])
+        self.decoder_cross = nnx.List([PatchCrossAttention(dl, cfg.cross_heads, **cross) for _ in range(n_dec)])
+        self.decoder = Transformer(dl, cfg.decoder_layers, cfg.local_heads, cfg.local_mlp_dim, **local)
         self.decoder_norm = RMSNorm(dl)
-        self.head = OutputHead(dl, NUM_BYTE_IDS, cfg.vocab_multiple, rngs=rngs, dtype=dt)
+        self.head = head_param(rngs, dl, NUM_BYTE_IDS, cfg.vocab_multiple)
 
     def embed(self, inputs_BxT: jax.Array) -> jax.Array:
         """Byte embedding + hashed n-gram embeddings of the n-grams ending at each position."""
@@ -106,44 +165,66 @@ class BLT(nnx.Module):
         pid_BxL = patch_ids_from_lengths(patch_lengths_BxP, T + 1)  # L = T + 1 ids of the window
         enc_pid_BxT = pid_BxL[:, :T]  # patch of each input position
         src_pid_BxT = pid_BxL[:, 1:] - 1  # decoder: the patch before the target's patch
-        patch_valid_BxP = patch_lengths_BxP > 0
+        # the input bytes of each patch, gathered: patch p starts at s_p; row j is byte s_p + j
+        starts_BxP = jnp.cumsum(patch_lengths_BxP, axis=1) - patch_lengths_BxP
+        own_BxPxJ = starts_BxP[:, :, None] + jnp.arange(cfg.max_patch_len)[None, None, :]
+        own_valid_BxPxJ = (jnp.arange(cfg.max_patch_len)[None, None, :] < patch_lengths_BxP[:, :, None]) & (own_BxPxJ < T)
+        own_BxPxJ = jnp.minimum(own_BxPxJ, T - 1)
+        has_inputs_BxP = own_valid_BxPxJ[:, :, 0]  # a patch made only of the final target has none
 
-        # 1. local encoder
+        # 1. local encoder; 2. patch queries from max-pooled bytes, cross-attending to their bytes
         h_BxTxD = self.embed(inputs_BxT) if embeddings_BxTxD is None else embeddings_BxTxD.astype(dt)
-        h_BxTxD = self.encoder(h_BxTxD)
-
-        # 2. patch pooling: segment max over each patch's own positions
-        seg = (enc_pid_BxT + P * jnp.arange(B)[:, None]).reshape(-1)
-        seg = jnp.where(enc_pid_BxT.reshape(-1) < P, seg, B * P)  # uncovered positions -> a dropped segment
-        pooled = jax.ops.segment_max(h_BxTxD.reshape(B * T, dl), seg, num_segments=B * P + 1)[: B * P]
-        n_inputs = jax.ops.segment_sum(jnp.ones(B * T, jnp.int32), seg, num_segments=B * P + 1)[: B * P]
-        has_inputs_BxP = (n_inputs > 0).reshape(B, P)  # a patch made only of the final target has none
-        pooled_BxPxD = jnp.where(has_inputs_BxP[..., None], pooled.reshape(B, P, dl), 0.0).astype(dt)
-        queries_BxQxD = (pooled_BxPxD @ self.to_queries[...].astype(dt)).reshape(B, P * k, dl)
-        if cfg.cross_attention:
-            q_patch_Q = jnp.repeat(jnp.arange(P), k)
-            own_BxQxT = q_patch_Q[None, :, None] == enc_pid_BxT[:, None, :]
-            attended = self.encoder_cross(self.encoder_cross_norm(queries_BxQxD), kv_BxSxD=h_BxTxD, mask_BxTxS=own_BxQxT)
-            has_bytes = jnp.any(own_BxQxT, axis=-1, keepdims=True)
-            queries_BxQxD = queries_BxQxD + jnp.where(has_bytes, attended, 0.0)
-        patches_BxPxG = queries_BxQxD.reshape(B, P, k * dl) @ self.to_global[...].astype(dt)
-        patches_BxPxG = jnp.where((patch_valid_BxP & has_inputs_BxP)[..., None], patches_BxPxG, 0.0)
+        queries_BxPxkxD = None
+        cross_after = len(self.encoder.blocks) - 1 if not cfg.encoder_cross_all_layers else 0
+        for i, block in enumerate(self.encoder.blocks):
+            h_BxTxD = block(h_BxTxD, window=self.encoder.window)
+            if i >= cross_after and cfg.cross_attention:
+                queries_BxPxkxD = self._encoder_cross(i - cross_after, queries_BxPxkxD, h_BxTxD, own_BxPxJ, own_valid_BxPxJ)
+        if queries_BxPxkxD is None:  # no encoder layers (or no cross-attention): the pooled queries alone
+            queries_BxPxkxD = self._pooled_queries(h_BxTxD, own_BxPxJ, own_valid_BxPxJ)
+            if cfg.cross_attention:
+                queries_BxPxkxD = queries_BxPxkxD + self.encoder_cross[0](queries_BxPxkxD, h_BxTxD, own_BxPxJ, own_valid_BxPxJ)
+        patches_BxPxG = queries_BxPxkxD.reshape(B, P, k * dl) @ self.to_global[...].astype(dt)
+        patches_BxPxG = jnp.where(((patch_lengths_BxP > 0) & has_inputs_BxP)[..., None], patches_BxPxG, 0.0)
 
         # 3. global latent transformer over patches
         global_BxPxG = self.global_norm(self.global_stack(patches_BxPxG))
 
         # 4. local decoder: byte i reads the global output of the patch before its target's patch
-        kv_BxQxD = (global_BxPxG @ self.from_global[...].astype(dt)).reshape(B, P * k, dl)
+        slots_BxQxD = (global_BxPxG @ self.from_global[...].astype(dt)).reshape(B, P * k, dl)
         has_src_BxT = src_pid_BxT >= 0
-        if cfg.cross_attention:
-            kv_patch_Q = jnp.repeat(jnp.arange(P), k)
-            reads_BxTxQ = kv_patch_Q[None, None, :] == src_pid_BxT[:, :, None]
-            ctx = self.decoder_cross(self.decoder_cross_norm(h_BxTxD), kv_BxSxD=kv_BxQxD, mask_BxTxS=reads_BxTxQ)
-        else:  # the projected global state of the source patch, summed over its k slots
-            per_patch = kv_BxQxD.reshape(B, P, k, dl).sum(axis=2)
-            ctx = jnp.take_along_axis(per_patch, jnp.clip(src_pid_BxT, 0, P - 1)[..., None], axis=1)
-        h_BxTxD = h_BxTxD + jnp.where(has_src_BxT[..., None], ctx, 0.0)
-        return self.head(self.decoder_norm(self.decoder(h_BxTxD)))
+        src_BxT = jnp.clip(src_pid_BxT, 0, P - 1)
+        if not cfg.cross_attention:  # the projected global state of the source patch, summed over its k slots
+            per_patch_BxPxD = slots_BxQxD.reshape(B, P, k, dl).sum(axis=2)
+            ctx_BxTxD = jnp.take_along_axis(per_patch_BxPxD, src_BxT[..., None], axis=1)
+            h_BxTxD = h_BxTxD + jnp.where(has_src_BxT[..., None], ctx_BxTxD, 0.0)
+            return head_logits(self.decoder_norm(self.decoder(h_BxTxD)), self.head[...], NUM_BYTE_IDS, dt)
+        slot_BxTxk = src_BxT[:, :, None] * k + jnp.arange(k)[None, None, :]
+        slot_valid_BxTxk = jnp.broadcast_to(has_src_BxT[:, :, None], slot_BxTxk.shape)
+        blocks = list(self.decoder.blocks)
+        for i in range(max(len(blocks), 1)):
+            if i < len(self.decoder_cross):
+                ctx = self.decoder_cross[i](h_BxTxD[:, :, None, :], slots_BxQxD, slot_BxTxk, slot_valid_BxTxk)
+                h_BxTxD = h_BxTxD + ctx[:, :, 0, :]
+            if i < len(blocks):
+                h_BxTxD = blocks[i](h_BxTxD, window=self.decoder.window)
+        return head_logits(self.decoder_norm(h_BxTxD), self.head[...], NUM_BYTE_IDS, dt)
+
+    def _pooled_queries(self, h_BxTxD, own_BxPxJ, own_valid_BxPxJ) -> jax.Array:
+        """``k`` queries per patch from the max over its own bytes (zero for a patch without bytes)."""
+        B, P, J = own_BxPxJ.shape
+        k, dl, dt = self.cfg.queries_per_patch, self.cfg.local_d_model, self.dtype
+        rows_BxPxJxD = jnp.take_along_axis(h_BxTxD, own_BxPxJ.reshape(B, P * J)[:, :, None], axis=1).reshape(B, P, J, dl)
+        neg = jnp.asarray(jnp.finfo(rows_BxPxJxD.dtype).min, rows_BxPxJxD.dtype)
+        pooled_BxPxD = jnp.max(jnp.where(own_valid_BxPxJ[..., None], rows_BxPxJxD, neg), axis=2)
+        pooled_BxPxD = jnp.where(own_valid_BxPxJ[:, :, :1], pooled_BxPxD, 0.0).astype(dt)
+        return (pooled_BxPxD @ self.to_queries[...].astype(dt)).reshape(B, P, k, dl)
+
+    def _encoder_cross(self, i, queries_BxPxkxD, h_BxTxD, own_BxPxJ, own_valid_BxPxJ) -> jax.Array:
+        """Cross-attention ``i`` of the patch queries to their own bytes (pooled at the first)."""
+        if queries_BxPxkxD is None:
+            queries_BxPxkxD = self._pooled_queries(h_BxTxD, own_BxPxJ, own_valid_BxPxJ)
+        return queries_BxPxkxD + self.encoder_cross[i](queries_BxPxkxD, h_BxTxD, own_BxPxJ, own_valid_BxPxJ)
 
     def score(self, batch: dict) -> Scores:
         """``batch["ids"]`` ``(B, T+1)`` and ``batch["patch_lengths"]`` ``(B, P)`` over the window."""

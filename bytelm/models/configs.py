@@ -10,6 +10,7 @@ can be validated without building a model.
 from __future__ import annotations
 
 import dataclasses
+import math
 
 from bytelm.errors import UserError
 
@@ -134,7 +135,9 @@ class BLTConfig(ModelConfig):
     threshold: float = 0.0  # > 0: use this global entropy threshold (nats) instead of calibrating
     monotonic_threshold: float = 0.0  # > 0: also start a patch where H_t - H_{t-1} exceeds this
     max_patch_len: int = 16  # longer patches are split
-    max_patches: int = 0  # patch slots per sequence (static shape); 0 = seq_len + 1 (can never overflow)
+    max_patches: int = 0  # patch slots per window (static shape); 0 = patch_slots x the expected count
+    patch_slots: float = 1.5  # with max_patches = 0: slots per expected patch of a window
+    # ((seq_len + 1) / target_patch_len); a window that needs more gets the causal slot rule
     local_d_model: int = 128
     encoder_layers: int = 1
     decoder_layers: int = 2
@@ -146,18 +149,21 @@ class BLTConfig(ModelConfig):
     global_heads: int = 4
     global_mlp_dim: int = 704
     ngram_sizes: tuple[int, ...] = (3, 4, 5, 6, 7, 8)  # hashed n-grams ending at each byte
-    hash_table_size: int = 16384  # rows per n-gram hash table (one table per n)
-    queries_per_patch: int = 2  # k
+    hash_table_size: int = 30011  # rows per n-gram hash table (one per n): a prime near the reference's default of 30000 (its 1B model: 500002)
+    queries_per_patch: int = 2  # k (the reference's cross_attn_k)
     cross_heads: int = 2
     cross_attention: bool = True  # False: pooled patch states / global states enter by projection
+    encoder_cross_all_layers: bool = False  # patch queries cross-attend after every encoder layer (else the last)
+    decoder_cross_all_layers: bool = True  # bytes cross-attend before every decoder layer (the reference's 1B config)
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if not self.target_patch_len >= 1.0:
             raise ValueError(f"model.target_patch_len must be >= 1 byte, got {self.target_patch_len}")
-        if self.max_patch_len < 1 or self.max_patches < 0:
+        if self.max_patch_len < 1 or self.max_patches < 0 or not self.patch_slots >= 1.0:
             raise ValueError(
-                f"model.max_patch_len ({self.max_patch_len}) must be >= 1 and model.max_patches ({self.max_patches}) >= 0"
+                f"model.max_patch_len ({self.max_patch_len}) must be >= 1, model.max_patches ({self.max_patches}) >= 0 "
+                f"and model.patch_slots ({self.patch_slots}) >= 1"
             )
         if self.threshold < 0 or self.monotonic_threshold < 0:
             raise ValueError("model.threshold and model.monotonic_threshold must be >= 0 (0 = off / calibrate)")
@@ -174,7 +180,24 @@ class BLTConfig(ModelConfig):
             raise ValueError(f"model.local_window must be >= 0 (0 = full), got {self.local_window}")
 
     def patches_for(self, seq_len: int) -> int:
-        """Static number of patch slots for windows of ``seq_len + 1`` ids. The default (one slot per
-        position) can never overflow; a smaller ``max_patches`` saves global compute, and a window
-        that needs more patches than that stops the run with a clear error (bytes are never dropped)."""
-        return self.max_patches or seq_len + 1
+        """Static number of patch slots for windows of ``seq_len + 1`` ids: ``max_patches``, or
+        ``patch_slots`` times the expected number of patches at the target mean length (at least
+        2: the first position is a patch of its own), never more than one per position. A window
+        that needs more gets the causal slot rule (:func:`bytelm.patching.cap_starts`)."""
+        if self.max_patches:
+            return self.max_patches
+        expected = (seq_len + 1) / self.target_patch_len
+        return int(min(seq_len + 1, max(2, math.ceil(self.patch_slots * expected))))
+
+
+def config_classes() -> dict[str, type[ModelConfig]]:
+    """``family -> dataclass`` of every :class:`ModelConfig` subclass defined so far, keyed by the
+    default of its ``family`` field (what the config loader reads a ``[model]`` table into; a test
+    checks it agrees with the task registry, :data:`bytelm.training.tasks.FAMILIES`)."""
+    out: dict[str, type[ModelConfig]] = {}
+    todo = list(ModelConfig.__subclasses__())
+    while todo:
+        cls = todo.pop()
+        out[cls.__dataclass_fields__["family"].default] = cls
+        todo += cls.__subclasses__()
+    return dict(sorted(out.items()))

@@ -25,16 +25,22 @@ COMPUTE_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": j
 EMBEDDING_AXIS = "vocab"  # the first logical axis of a lookup table (embeddings, n-gram hash tables)
 
 
-def param(rngs: nnx.Rngs, shape: tuple[int, ...], axes: tuple[str | None, ...], *, std: float | None = None, fan_in: int | None = None) -> nnx.Param:
+def param(
+    rngs: nnx.Rngs, shape: tuple[int, ...], axes: tuple[str | None, ...], *, std: float | None = None, fan_in: int | None = None, truncated: bool = False
+) -> nnx.Param:
     """A float32 normal-initialised weight tagged with its logical axes.
 
-    ``std`` defaults to ``1/sqrt(fan_in)`` (``fan_in`` defaults to ``shape[0]``).
+    ``std`` defaults to ``1/sqrt(fan_in)`` (``fan_in`` defaults to ``shape[0]``); ``truncated``
+    draws from the normal cut at 3 standard deviations (``std`` is the uncut one's, as torch's
+    ``trunc_normal_``).
     """
     if len(shape) != len(axes):
         raise ValueError(f"shape {shape} and logical axes {axes} differ in rank")
     if std is None:
         std = (fan_in or shape[0]) ** -0.5
-    return nnx.Param(jax.random.normal(rngs.params(), shape, jnp.float32) * std, logical_axes=axes)
+    key = rngs.params()
+    unit = jax.random.truncated_normal(key, -3.0, 3.0, shape, jnp.float32) if truncated else jax.random.normal(key, shape, jnp.float32)
+    return nnx.Param(unit * std, logical_axes=axes)
 
 
 class RMSNorm(nnx.Module):
@@ -225,8 +231,8 @@ class Transformer(nnx.Module):
 class Embed(nnx.Module):
     """A lookup table (logical axes ``(vocab, embed)``: counted as embedding parameters)."""
 
-    def __init__(self, n_rows: int, dim: int, *, rngs: nnx.Rngs, std: float = 1.0):
-        self.table = param(rngs, (n_rows, dim), (EMBEDDING_AXIS, "embed"), std=std)
+    def __init__(self, n_rows: int, dim: int, *, rngs: nnx.Rngs, std: float = 1.0, truncated: bool = False):
+        self.table = param(rngs, (n_rows, dim), (EMBEDDING_AXIS, "embed"), std=std, truncated=truncated)
 
     def __call__(self, ids) -> jax.Array:
         """Rows for integer ``ids``; a floating ``ids`` array is read as one-hot weights over rows
@@ -236,19 +242,17 @@ class Embed(nnx.Module):
         return jnp.take(self.table[...], ids, axis=0)
 
 
-class OutputHead(nnx.Module):
-    """Logits over the ``n_valid`` ids, in float32, the table padded to ``multiple`` rows whose
-    logits are masked (they can never be predicted). Shared by every family."""
+def head_param(rngs: nnx.Rngs, d_model: int, n_valid: int, multiple: int) -> nnx.Param:
+    """The output head of every family: a ``d_model x V`` matrix, ``V = n_valid`` padded to
+    ``multiple`` rows (a model keeps it as its ``head`` attribute; :func:`head_logits` applies it)."""
+    return param(rngs, (d_model, pad_vocab(n_valid, multiple)), ("embed", "vocab"))
 
-    def __init__(self, d_model: int, n_valid: int, multiple: int, *, rngs: nnx.Rngs, dtype: Dtype = jnp.float32):
-        self.n_valid = n_valid
-        self.rows = pad_vocab(n_valid, multiple)
-        self.dtype = dtype
-        self.w = param(rngs, (d_model, self.rows), ("embed", "vocab"))
 
-    def __call__(self, h_BxTxD: jax.Array) -> jax.Array:
-        logits_BxTxV = (h_BxTxD.astype(self.dtype) @ self.w[...].astype(self.dtype)).astype(jnp.float32)
-        return mask_invalid_logits(logits_BxTxV, self.n_valid)
+def head_logits(h_BxTxD: jax.Array, head_DxV: jax.Array, n_valid: int, dtype: Dtype) -> jax.Array:
+    """Logits over the ``n_valid`` ids in float32; the padding rows' logits are masked (they can
+    never be predicted). Shared by every family."""
+    logits_BxTxV = (h_BxTxD.astype(dtype) @ head_DxV.astype(dtype)).astype(jnp.float32)
+    return mask_invalid_logits(logits_BxTxV, n_valid)
 
 
 def mask_invalid_logits(logits_BxTxV: jax.Array, n_valid: int) -> jax.Array:

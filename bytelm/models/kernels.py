@@ -7,8 +7,8 @@ when it is built, and hands the result to its layers.
 
 - ``xla``: ``jax.nn.dot_product_attention``'s XLA path (dense scores under a mask).
 - ``cudnn``: the same call with ``implementation="cudnn"`` (fused flash attention; GPU only, for
-  bfloat16 or float16 compute; calls with an explicit mask, such as BLT's cross-attention, keep
-  the XLA path).
+  bfloat16 or float16 compute; calls with an explicit mask, such as BLT's cross-attention, and
+  head dimensions cuDNN does not take, not a multiple of 8 or over 128, keep the XLA path).
 - ``halving``: causal self-attention that skips the masked half of the score matrix by recursive
   halving (or query blocks, under a sliding window) when the sequence is long; XLA otherwise.
 - ``auto``: ``cudnn`` on GPU in bfloat16/float16 (``xla`` in float32), ``xla`` on TPU (XLA's fused
@@ -27,8 +27,11 @@ when it is built, and hands the result to its layers.
 from __future__ import annotations
 
 import dataclasses
+import logging
 
 import jax
+
+log = logging.getLogger(__name__)
 
 ATTENTION_BLOCK = 128  # the halving/blocked paths' leaf size, and their minimum of 2 blocks
 
@@ -42,16 +45,16 @@ class Kernels:
 def resolve_kernels(attention: str = "auto", mlp: str = "auto", *, dtype: str = "float32", backend: str | None = None) -> Kernels:
     """The implementations for a model's ``attention`` and ``mlp`` choices in compute ``dtype`` on
     ``backend`` (default: JAX's default backend). Raises ``ValueError`` for a kernel the backend
-    or dtype cannot run."""
+    or dtype cannot run (an explicit ``cudnn`` where cuDNN cannot run falls back to ``xla`` with a
+    warning: kernels change speed, not results, so a run stays usable on another backend)."""
     backend = backend or jax.default_backend()
     half = dtype in ("bfloat16", "float16")
     if attention == "auto":
         attention = {"gpu": "cudnn" if half else "xla", "cpu": "halving"}.get(backend, "xla")
     if attention == "cudnn" and (backend != "gpu" or not half):
-        raise ValueError(
-            f"model.attention = 'cudnn' needs a GPU and model.dtype bfloat16 or float16 (backend {backend!r}, "
-            f"dtype {dtype!r}); use 'auto' or 'xla'"
-        )
+        # kernels change speed, not results: a run trained with cuDNN stays usable on a CPU
+        log.warning("model.attention = 'cudnn' needs a GPU and bfloat16/float16 (backend %s, dtype %s): using 'xla'", backend, dtype)
+        attention = "xla"
     if attention not in ("xla", "cudnn", "halving"):
         raise ValueError(f"unknown attention kernel {attention!r}: use auto, xla, cudnn or halving")
     if mlp == "auto":

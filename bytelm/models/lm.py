@@ -9,7 +9,7 @@ from __future__ import annotations
 import jax
 from flax import nnx
 
-from bytelm.models.core import COMPUTE_DTYPES, Embed, OutputHead, RMSNorm, Transformer, pad_vocab
+from bytelm.models.core import COMPUTE_DTYPES, Embed, RMSNorm, Transformer, head_logits, head_param, pad_vocab
 from bytelm.models.kernels import resolve_kernels
 from bytelm.models.scoring import Scores, next_id_scores
 
@@ -29,11 +29,11 @@ class DecoderLM(nnx.Module):
             cfg.d_model, cfg.n_layers, cfg.n_heads, cfg.mlp_dim, rngs=rngs, kernels=kernels, window=cfg.window, rope_base=cfg.rope_base, dtype=dtype
         )
         self.norm = RMSNorm(cfg.d_model)
-        self.head = OutputHead(cfg.d_model, n_valid, cfg.vocab_multiple, rngs=rngs, dtype=dtype)
+        self.head = head_param(rngs, cfg.d_model, n_valid, cfg.vocab_multiple)
 
     def __call__(self, ids_BxT: jax.Array) -> jax.Array:
         h_BxTxD = self.embed(ids_BxT).astype(self.dtype)
-        return self.head(self.norm(self.stack(h_BxTxD)))
+        return head_logits(self.norm(self.stack(h_BxTxD)), self.head[...], self.n_valid, self.dtype)
 
     def score(self, batch: dict) -> Scores:
         """``batch["ids"]`` is ``(B, T+1)``: inputs ``[:, :-1]`` predict targets ``[:, 1:]``.

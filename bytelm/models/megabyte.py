@@ -29,7 +29,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from bytelm.constants import NUM_BYTE_IDS, PAD_ID
-from bytelm.models.core import COMPUTE_DTYPES, Embed, OutputHead, RMSNorm, Transformer, pad_vocab, param
+from bytelm.models.core import COMPUTE_DTYPES, Embed, RMSNorm, Transformer, head_logits, head_param, pad_vocab, param
 from bytelm.models.kernels import resolve_kernels
 from bytelm.models.scoring import Scores, next_id_scores
 
@@ -55,7 +55,7 @@ class MegaByte(nnx.Module):
             cfg.local_d_model, cfg.local_layers, cfg.local_heads, cfg.local_mlp_dim, rngs=rngs, kernels=kernels, rope_base=cfg.rope_base, dtype=dtype
         )
         self.local_norm = RMSNorm(cfg.local_d_model)
-        self.head = OutputHead(cfg.local_d_model, NUM_BYTE_IDS, cfg.vocab_multiple, rngs=rngs, dtype=dtype)
+        self.head = head_param(rngs, cfg.local_d_model, NUM_BYTE_IDS, cfg.vocab_multiple)
 
     def __call__(self, x_BxT: jax.Array) -> jax.Array:
         """Logits for every byte of ``x`` (ids, or one-hot floats ``(B, T, V)``); ``T`` must be a
@@ -81,7 +81,7 @@ class MegaByte(nnx.Module):
         local_in_NxCxD = (from_global_BxPxCxD + prev_BxPxCxD).reshape(B * P, C, cfg.local_d_model)
         # 6: local transformer within each patch, then byte logits
         local_out_NxCxD = self.local_norm(self.local_stack(local_in_NxCxD))
-        return self.head(local_out_NxCxD).reshape(B, T, self.vocab_rows)
+        return head_logits(local_out_NxCxD, self.head[...], NUM_BYTE_IDS, dt).reshape(B, T, self.vocab_rows)
 
     def score(self, batch: dict) -> Scores:
         """``batch["ids"]`` is ``(B, T+1)`` as for the byte LM; MegaByte models the ``T`` targets

@@ -16,7 +16,7 @@ import numpy as np
 from flax import nnx
 
 from bytelm.patching.calibrate import calibrate_threshold
-from bytelm.patching.lengths import starts_to_lengths
+from bytelm.patching.lengths import cap_starts, starts_to_lengths
 from bytelm.patching.patchers import entropy_starts, real_lengths, valid_mask
 
 
@@ -162,7 +162,34 @@ class EntropyPatcher:
     def starts(self, ids) -> np.ndarray:
         return self.starts_from_entropies(ids, self.model.entropies(ids))
 
-    def lengths(self, ids_BxL, max_patches: int) -> np.ndarray:
-        """``int32[B, max_patches]`` patch lengths (see :func:`starts_to_lengths`)."""
+    def layout(self, ids_BxL, max_patches: int) -> PatchLayout:
+        """The patches of ``ids_BxL`` in ``max_patches`` slots: boundaries from the entropies, then
+        the causal slot rule (:func:`cap_starts`), then ``int32[B, max_patches]`` lengths."""
         ids_BxL = np.atleast_2d(np.asarray(ids_BxL))
-        return starts_to_lengths(self.starts(ids_BxL), real_lengths(ids_BxL), max_patches)
+        n_B = real_lengths(ids_BxL)
+        starts_BxL, overflow_B = cap_starts(self.starts(ids_BxL), n_B, max_patches)
+        return PatchLayout(starts_to_lengths(starts_BxL, n_B, max_patches), overflow_B, n_B)
+
+    def lengths(self, ids_BxL, max_patches: int) -> np.ndarray:
+        """``int32[B, max_patches]`` patch lengths (:meth:`layout`)."""
+        return self.layout(ids_BxL, max_patches).lengths_BxP
+
+
+@dataclasses.dataclass(frozen=True)
+class PatchLayout:
+    """Patch lengths of a batch and what the slot rule cost: ``overflow_B`` real positions of each
+    row fell into its last patch because the slots ran out (0 for rows that fit)."""
+
+    lengths_BxP: np.ndarray
+    overflow_B: np.ndarray
+    n_real_B: np.ndarray
+
+    def stats(self) -> dict[str, int]:
+        """Counts over the non-empty rows: rows, rows that overflowed, positions, overflowed positions."""
+        rows = self.n_real_B > 0
+        return {
+            "windows": int(rows.sum()),
+            "overflow_windows": int((self.overflow_B[rows] > 0).sum()),
+            "positions": int(self.n_real_B.sum()),
+            "overflow_positions": int(self.overflow_B.sum()),
+        }

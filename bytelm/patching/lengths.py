@@ -74,6 +74,31 @@ def starts_to_lengths(starts_BxL, n_real, max_patches: int) -> np.ndarray:
     return np.bincount(flat, minlength=B * P).reshape(B, P).astype(np.int32)
 
 
+def cap_starts(starts_BxL, n_real, max_patches: int) -> tuple[np.ndarray, np.ndarray]:
+    """The causal slot rule: once a row has used ``max_patches`` patches, no new patch starts;
+    the rest of the row joins the last patch. ``n_real`` is each row's real length (as for
+    :func:`starts_to_lengths`). Returns ``(capped starts, overflow_B)``, where ``overflow_B`` counts
+    the real positions of each row from its first dropped start on (0 for a row that fits). The
+    decision at position ``i`` looks only at the starts before it, so the patches of a prefix never
+    depend on what follows it.
+
+    >>> capped, over = cap_starts(np.array([[1, 1, 0, 1, 1, 0, 0]], bool), [6], 3)
+    >>> capped.astype(int), over
+    (array([[1, 1, 0, 1, 0, 0, 0]]), array([2]))
+    """
+    starts_BxL = np.asarray(starts_BxL, dtype=bool)
+    if starts_BxL.ndim != 2:
+        raise ValueError(f"starts must be (B, L), got shape {starts_BxL.shape}")
+    if max_patches < 1:
+        raise ValueError(f"max_patches must be >= 1, got {max_patches}")
+    B, L = starts_BxL.shape
+    n_B = _n_real(n_real, (B, L))
+    kept_BxL = starts_BxL & (np.cumsum(starts_BxL, axis=1) <= max_patches)
+    dropped_BxL = starts_BxL & ~kept_BxL & (np.arange(L)[None, :] < n_B[:, None])
+    first_B = np.where(dropped_BxL.any(axis=1), np.argmax(dropped_BxL, axis=1), n_B)
+    return kept_BxL, np.maximum(n_B - first_B, 0).astype(np.int64)
+
+
 def patch_counts(lengths_BxP) -> np.ndarray:
     """Number of real (nonzero) patches per row."""
     return (np.asarray(lengths_BxP) > 0).sum(axis=-1)

@@ -9,7 +9,8 @@ Conventions (the interface the BLT model, trainer and evaluator rely on):
 - **Real prefix.** Trailing PAD ids are padding: a row's real length ``n`` is the index of its last
   non-PAD id plus one (:func:`real_lengths`). Positions ``>= n`` belong to no patch and their
   ``starts`` are False. A PAD followed by a non-PAD id is a real position.
-- ``starts[0]`` is True whenever ``n >= 1`` (an all-PAD row has no patch at all).
+- ``starts[0]`` and ``starts[1]`` are True whenever the row is that long: the first position is
+  a patch of its own (an all-PAD row has no patch at all).
 - **BOS rule** ("the first patch is BOS alone"): where ``ids[i] == BOS``, ``starts[i]`` and
   ``starts[i + 1]`` are True (inside the real prefix).
 - **Causality.** ``starts[i]`` depends only on ``ids[:i]`` and ``entropies[:i]`` (plus
@@ -65,11 +66,16 @@ def valid_mask(ids) -> np.ndarray:
 
 
 def _finish(starts_BxL: np.ndarray, ids_BxL: np.ndarray) -> np.ndarray:
-    """Add the BOS rule and ``starts[0]``, and clear the padding tail."""
+    """Add the BOS rule and the forced starts at 0 and 1, and clear the padding tail.
+
+    Position 0 is a patch of its own in every row, as in the BLT reference (which always starts
+    patches at positions 0 and 1): in an evaluation row it is the BOS; in a training window cut
+    from the middle of a document it is an arbitrary byte, and forcing it alone means every later
+    target has a whole earlier patch to read from the global model (docs/architecture.md)."""
     bos_BxL = ids_BxL == BOS_ID
     starts_BxL = starts_BxL | bos_BxL
     starts_BxL[:, 1:] |= bos_BxL[:, :-1]
-    starts_BxL[:, 0] = True
+    starts_BxL[:, : min(2, starts_BxL.shape[1])] = True
     return starts_BxL & valid_mask(ids_BxL)
 
 

@@ -1,21 +1,31 @@
-"""Analytic training FLOPs, per position and per byte, for each family.
+"""Analytic FLOPs of every family, by one convention.
 
-Convention (Kaplan et al. 2020, Hoffmann et al. 2022 appendix F), for a transformer stack of
-``L`` layers, width ``d``, attention width ``d_attn = d`` over a context of ``T`` positions:
+**The convention.** Count the multiply-adds the model semantically needs, 2 FLOPs each, and
+nothing else (elementwise work, norms, softmax and gathers count 0; Kaplan et al. 2020,
+Hoffmann et al. 2022 appendix F). For a pre-norm stack of ``L`` layers of width ``d``, SwiGLU
+width ``F``, whose positions attend to ``n`` keys on average, the forward FLOPs per position are
 
-- forward FLOPs per position = ``2 * N_matmul + 4 * L * T_att * d_attn``, where ``N_matmul`` is
-  the parameter count of every matrix multiplied per position (attention projections ``4 d^2``,
-  SwiGLU ``3 d F`` per layer, and the output head ``d * V_rows``; the input embedding is a gather
-  and counts 0, norms are elementwise and count 0), and the second term is the attention
-  logits ``QK^T`` plus the value reduction over the ``T_att`` attended positions. ``T_att = T``:
-  the dense attention computed here evaluates the full ``T x T`` score matrix even under a causal
-  or sliding-window mask, and this counts what is computed. (The "useful" causal share would be
-  about half; MFU computed from this count is therefore comparable with implementations that
-  also compute the full matrix.)
-- training FLOPs per position = 3 x forward (backward = 2 x forward).
-- per byte = per position / bytes per position (1 for bytes; mean bytes per token for BPE).
+    2 * (4 d^2 + 3 d F) * L      the attention projections and the MLP
+    + 4 * d * n * L              the scores QK^T and the weighted sum over the values
 
-Families with several stacks (MegaByte, BLT) add their own terms; see each function.
+and the head adds ``2 d V`` (``V`` the padded vocabulary rows). What ``n`` is:
+
+- causal self-attention: position ``t`` (from 0) attends ``min(t + 1, w)`` keys, ``w`` the sliding
+  window or the whole context; ``n`` is the mean over the context (:func:`mean_attended`);
+- cross-attention: a query attends the keys it is allowed to see: a BLT patch query the bytes of
+  its own patch (so ``k`` keys per byte over a patch's ``k`` queries), a byte the ``k`` slots of
+  its one source patch;
+- a model over patches runs over the real patches of a window, at the measured mean patch length
+  (BLT) or the patch size (MegaByte), not over padding slots.
+
+Training = 3 x forward (the backward pass is twice the forward); per byte = per position / bytes
+per position (1 for bytes, the mean bytes per token for a subword model). A BLT entropy model's
+inference is counted on its own (:func:`entropy_inference_flops_per_byte`) and added to BLT's in
+the "total inference FLOPs/byte" of reports; its training is its own run's budget.
+
+``dense=True`` counts instead what a dense program computes (every self-attention over its whole
+context, every patch slot, every gathered row of a patch): ``tests/test_flops.py`` checks those
+counts against XLA's cost analysis of the compiled training step, term by term the same formulas.
 """
 
 from __future__ import annotations
@@ -29,28 +39,97 @@ from bytelm.constants import NUM_BYTE_IDS
 from bytelm.models.core import pad_vocab
 
 
-def stack_matmul_params(d_model: int, n_layers: int, mlp_dim: int, d_kv: int | None = None) -> int:
-    d_kv = d_kv or d_model
-    per_layer = 2 * d_model * d_model + 2 * d_kv * d_model + 3 * d_model * mlp_dim
-    return n_layers * per_layer
+def mean_attended(context: int, window: int = 0, *, dense: bool = False) -> float:
+    """Mean number of keys a causal position attends over a ``context`` of positions, with a
+    sliding ``window`` (0: none); ``dense``: the whole context, as a dense program computes it.
+
+    >>> mean_attended(4), mean_attended(4, 2), mean_attended(4, dense=True)
+    (2.5, 1.75, 4.0)
+    """
+    if dense:
+        return float(context)
+    w = window if 0 < window < context else context
+    # positions 0 .. w-1 attend 1 .. w keys; the remaining context - w attend w each
+    return (w * (w + 1) / 2 + (context - w) * w) / context
 
 
-def stack_forward_flops_per_position(d_model: int, n_layers: int, mlp_dim: int, context: int) -> float:
-    return 2.0 * stack_matmul_params(d_model, n_layers, mlp_dim) + 4.0 * n_layers * context * d_model
+def stack_forward_flops_per_position(d_model: int, n_layers: int, mlp_dim: int, attended: float) -> float:
+    """Forward FLOPs per position of a stack whose positions attend ``attended`` keys each."""
+    return 2.0 * (4 * d_model * d_model + 3 * d_model * mlp_dim) * n_layers + 4.0 * d_model * attended * n_layers
 
 
-def decoder_lm_forward_flops_per_position(mcfg, n_valid: int, seq_len: int) -> float:
-    """Forward FLOPs per position of a :class:`~bytelm.models.lm.DecoderLM`."""
-    head = mcfg.d_model * pad_vocab(n_valid, mcfg.vocab_multiple)
-    return stack_forward_flops_per_position(mcfg.d_model, mcfg.n_layers, mcfg.mlp_dim, seq_len) + 2.0 * head
+def head_flops(d_model: int, vocab_multiple: int, n_valid: int = NUM_BYTE_IDS) -> float:
+    return 2.0 * d_model * pad_vocab(n_valid, vocab_multiple)
 
 
-def byte_lm_train_flops_per_byte(mcfg, seq_len: int) -> float:
-    return 3.0 * decoder_lm_forward_flops_per_position(mcfg, NUM_BYTE_IDS, seq_len)
+def decoder_lm_forward_flops_per_position(mcfg, n_valid: int, seq_len: int, *, dense: bool = False) -> float:
+    """A :class:`~bytelm.models.lm.DecoderLM` (byte LM, subword LM) over ``seq_len`` positions."""
+    attended = mean_attended(seq_len, mcfg.window, dense=dense)
+    return stack_forward_flops_per_position(mcfg.d_model, mcfg.n_layers, mcfg.mlp_dim, attended) + head_flops(mcfg.d_model, mcfg.vocab_multiple, n_valid)
 
 
-def token_lm_train_flops_per_byte(mcfg, n_valid: int, seq_len: int, bytes_per_token: float) -> float:
-    return 3.0 * decoder_lm_forward_flops_per_position(mcfg, n_valid, seq_len) / bytes_per_token
+def megabyte_forward_flops_per_byte(mcfg, seq_len: int, *, dense: bool = False) -> float:
+    """MegaByte over ``seq_len`` bytes in patches of ``C``: the global stack once per patch (``P =
+    ceil(T / C)`` patches, causal over them), the ``E -> D`` projection of every byte's slice, the
+    local stack within each patch (causal over ``C``) and the head, per byte of the padded sequence."""
+    C = mcfg.patch_size
+    P = -(-seq_len // C)
+    global_per_patch = stack_forward_flops_per_position(mcfg.global_d_model, mcfg.global_layers, mcfg.global_mlp_dim, mean_attended(P, dense=dense))
+    local = stack_forward_flops_per_position(mcfg.local_d_model, mcfg.local_layers, mcfg.local_mlp_dim, mean_attended(C, dense=dense))
+    projection = 2.0 * mcfg.embed_dim * mcfg.local_d_model
+    return global_per_patch / C + projection + local + head_flops(mcfg.local_d_model, mcfg.vocab_multiple)
+
+
+def blt_cross_layers(mcfg) -> tuple[int, int]:
+    """``(encoder, decoder)`` cross-attention layers of a BLT config."""
+    if not mcfg.cross_attention:
+        return 0, 0
+    enc = mcfg.encoder_layers if mcfg.encoder_cross_all_layers and mcfg.encoder_layers else 1
+    dec = max(mcfg.decoder_layers, 1) if mcfg.decoder_cross_all_layers else 1
+    return enc, dec
+
+
+def blt_forward_flops_per_byte(mcfg, seq_len: int, mean_patch_len: float, *, dense: bool = False) -> float:
+    """BLT over windows of ``seq_len + 1`` ids with patches of ``mean_patch_len`` bytes on average.
+
+    Per byte: the encoder and decoder stacks (sliding window over the ``T`` inputs), the head, and
+    per cross-attention layer the byte side of the attention: the encoder's key/value projections
+    of the bytes (``4 d^2``) and its ``k`` queries' scores per byte (``4 d k``), the decoder's
+    query/output projections (``4 d^2``) and its scores over ``k`` slots (``4 d k``). Per patch: the
+    pooled state to ``k`` queries (``2 d kd``), per encoder cross-attention layer their query/output
+    projections (``4 k d^2``), the projection to the global width and back (``2 kd G`` each), the
+    global stack (causal over the window's real patches), and per decoder cross-attention layer
+    the key/value projections of the ``k`` slots (``4 k d^2``); per-patch terms are divided by the
+    mean patch length. Hash n-gram embeddings are gathers (0 FLOPs). ``dense``: all
+    ``mcfg.patches_for(seq_len)`` slots, and every one of a patch query's ``max_patch_len``
+    gathered rows.
+    """
+    d, G, k = mcfg.local_d_model, mcfg.global_d_model, mcfg.queries_per_patch
+    T = seq_len
+    n_enc, n_dec = blt_cross_layers(mcfg)
+    local_att = mean_attended(T, mcfg.local_window, dense=dense)
+    per_byte = (
+        stack_forward_flops_per_position(d, mcfg.encoder_layers, mcfg.local_mlp_dim, local_att)
+        + stack_forward_flops_per_position(d, mcfg.decoder_layers, mcfg.local_mlp_dim, local_att)
+        + head_flops(d, mcfg.vocab_multiple)
+        + n_enc * 4.0 * d * d
+        + n_dec * (4.0 * d * d + 4.0 * d * k)
+    )
+    patches = mcfg.patches_for(seq_len) if dense else (T + 1) / mean_patch_len  # per window
+    enc_keys = k * mcfg.max_patch_len if dense else k * mean_patch_len  # scores of a patch's queries
+    per_patch = (
+        2.0 * d * k * d
+        + n_enc * (4.0 * k * d * d + 4.0 * d * enc_keys)
+        + 2.0 * 2.0 * k * d * G
+        + stack_forward_flops_per_position(G, mcfg.global_layers, mcfg.global_mlp_dim, mean_attended(round(patches), dense=dense))
+        + n_dec * 4.0 * k * d * d
+    )
+    return per_byte + per_patch * patches / T
+
+
+def entropy_inference_flops_per_byte(entropy_cfg, seq_len: int) -> float:
+    """The entropy model's forward FLOPs per byte when it patches windows of ``seq_len + 1`` ids."""
+    return decoder_lm_forward_flops_per_position(entropy_cfg, NUM_BYTE_IDS, seq_len + 1)
 
 
 def measure_matmul_peak(n: int = 2048, repeats: int = 5, dtype=None) -> float:
@@ -66,51 +145,3 @@ def measure_matmul_peak(n: int = 2048, repeats: int = 5, dtype=None) -> float:
         f(a, b).block_until_ready()
         best = min(best, time.perf_counter() - t0)
     return 2.0 * n**3 / best
-
-
-def megabyte_train_flops_per_byte(mcfg, seq_len: int) -> float:
-    """MegaByte: global cost per patch / P + projection d_G -> d_L + local cost per byte.
-
-    - global: one position per patch of P bytes over a context of ``K = ceil(T/P)`` patches,
-      ``stack_forward(D_G, K)`` per patch, hence divided by P per byte;
-    - projection: ``2 * d_G * d_L`` per byte;
-    - local: ``stack_forward(d_L, context P)`` per byte plus the head ``2 * d_L * V_rows``.
-    Training = 3 x forward. Padding positions are computed too; this counts per *position* of the
-    padded sequence, which equals per byte when T is a multiple of P.
-    """
-    P = mcfg.patch_size
-    K = -(-seq_len // P)
-    global_fwd = stack_forward_flops_per_position(mcfg.global_d_model, mcfg.global_layers, mcfg.global_mlp_dim, K) / P
-    projection = 2.0 * mcfg.embed_dim * mcfg.local_d_model
-    local_fwd = stack_forward_flops_per_position(mcfg.local_d_model, mcfg.local_layers, mcfg.local_mlp_dim, P)
-    head = 2.0 * mcfg.local_d_model * pad_vocab(NUM_BYTE_IDS, mcfg.vocab_multiple)
-    return 3.0 * (global_fwd + projection + local_fwd + head)
-
-
-def blt_train_flops_per_byte(mcfg, seq_len: int, mean_patch_len: float) -> float:
-    """BLT: local encoder + decoder per byte, cross-attentions, global cost per patch / mean patch length.
-
-    Per byte (forward): encoder and decoder stacks ``stack_forward(d_L, layers, span)`` with
-    ``span = min(local_window, T)``; the head ``2 d_L V``; the encoder cross-attention's key/value
-    projections ``4 d_L^2`` and its scores over the patch queries, and the decoder cross-attention's
-    query/output projections ``4 d_L^2`` and scores over the ``k P`` global slots (both computed
-    densely with a mask: ``4 * d_L * (k P)`` per byte each, ``P`` = patch slots). Per patch: the
-    pooled-state projections ``2 d_L k d_L + 2 k d_L d_G``, the encoder cross-attention's
-    query/output projections ``4 k d_L^2``, the global-to-local projection ``2 d_G k d_L``, and the
-    global stack ``stack_forward(d_G, L_G, P)``; per-patch terms are divided by the mean patch length.
-    Hash n-gram embeddings are gathers (0 FLOPs). Training = 3 x forward.
-    """
-    dl, dg, k = mcfg.local_d_model, mcfg.global_d_model, mcfg.queries_per_patch
-    slots = mcfg.patches_for(seq_len)
-    span = min(mcfg.local_window, seq_len) if mcfg.local_window else seq_len
-    per_byte = (
-        stack_forward_flops_per_position(dl, mcfg.encoder_layers, mcfg.local_mlp_dim, span)
-        + stack_forward_flops_per_position(dl, mcfg.decoder_layers, mcfg.local_mlp_dim, span)
-        + 2.0 * dl * pad_vocab(NUM_BYTE_IDS, mcfg.vocab_multiple)
-    )
-    per_patch = 2.0 * dl * k * dl + 2.0 * k * dl * dg + 2.0 * dg * k * dl
-    per_patch += stack_forward_flops_per_position(dg, mcfg.global_layers, mcfg.global_mlp_dim, slots)
-    if mcfg.cross_attention:
-        per_byte += 4.0 * dl * dl + 4.0 * dl * (k * slots) + 4.0 * dl * dl + 4.0 * dl * (k * slots)
-        per_patch += 4.0 * k * dl * dl
-    return 3.0 * (per_byte + per_patch / mean_patch_len)

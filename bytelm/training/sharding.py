@@ -1,4 +1,4 @@
-"""Device mesh and the logical-axis -> mesh-axis rules table (docs/architecture.md).
+"""Device mesh and the logical-axis -> mesh-axis rules table (docs/architecture.md, Meshes and sharding).
 
 Models tag weights with logical axes (``embed``, ``mlp``, ``heads``, ``kv``, ``vocab``); this
 module alone knows mesh axes (``data``, ``fsdp``, ``tensor``). A dimension is sharded over a mesh

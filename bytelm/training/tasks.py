@@ -37,6 +37,9 @@ from bytelm.models.token_lm import TokenLM
 from bytelm.patching import EntropyModel, EntropyPatcher
 from bytelm.training import flops
 
+STATS_KEY = "stats"  # a batch entry of host-side counts (not sent to the device): see Task.stats_record
+
+
 @dataclasses.dataclass(frozen=True)
 class ArtefactKind:
     """Something a family needs besides its config, named by a model config field."""
@@ -44,11 +47,12 @@ class ArtefactKind:
     noun: str  # "entropy model"
     made_by: str  # the command that makes one
     run_family: str | None = None  # a run directory of this family, restored by the trainer; None: a plain directory
+    preset_role: str | None = None  # the role of a compare preset's [[model]] whose run is this artefact
 
 
 ARTEFACT_KINDS = {
     "tokenizer": ArtefactKind("tokenizer", "bytelm tokenizer train --out DIR"),
-    "entropy_model": ArtefactKind("entropy model", "bytelm train configs/tiny/entropy.toml", run_family="byte"),
+    "entropy_model": ArtefactKind("entropy model", "bytelm train configs/tiny/entropy.toml", run_family="byte", preset_role="entropy"),
 }
 
 
@@ -57,6 +61,7 @@ class Task:
 
     family: ClassVar[str] = ""
     description: ClassVar[str] = ""  # "a byte LM": for messages and reports
+    global_step: ClassVar[str] = "byte"  # what one position of the outermost stack is, for reports
     config_class: ClassVar[type[ModelConfig]] = ModelConfig
     artefacts: ClassVar[Mapping[str, str]] = {}  # model config field -> artefact kind
     uses_nbytes: ClassVar[bool] = False  # batches carry each target's byte length ("nbytes")
@@ -140,15 +145,36 @@ class Task:
         """Training bytes per position of the outermost stack (1, P, the mean patch length, bytes per token)."""
         return self.bytes_per_position()
 
-    def train_flops_per_position(self) -> float:
+    def forward_flops_per_position(self) -> float:
+        """The model's analytic forward FLOPs per position (:mod:`bytelm.training.flops`)."""
         raise NotImplementedError
+
+    def train_flops_per_position(self) -> float:
+        return 3.0 * self.forward_flops_per_position()
 
     def train_flops_per_byte(self) -> float:
         return self.train_flops_per_position() / self.bytes_per_position()
 
+    def inference_flops_per_byte(self) -> float:
+        """Forward FLOPs per byte of the model itself."""
+        return self.forward_flops_per_position() / self.bytes_per_position()
+
+    def entropy_inference_flops_per_byte(self) -> float:
+        """Forward FLOPs per byte of an entropy model run in the input pipeline (BLT), reported beside the model's own."""
+        return 0.0
+
+    def stats_record(self, sums: Mapping[str, int]) -> dict:
+        """Rates for logs and reports from the summed ``batch["stats"]`` counts of :meth:`decorate`
+        (``{}`` for families whose pipeline keeps none)."""
+        return {}
+
     def run_info(self) -> dict:
         """Extra facts recorded in the run (e.g. the tokenizer fingerprint)."""
-        return {"mean_bytes_per_global_step": self.mean_bytes_per_global_step()}
+        return {
+            "mean_bytes_per_global_step": self.mean_bytes_per_global_step(),
+            "inference_flops_per_byte": self.inference_flops_per_byte(),
+            "entropy_inference_flops_per_byte": self.entropy_inference_flops_per_byte(),
+        }
 
     @classmethod
     def report_note(cls, run_info: dict) -> str:
@@ -175,8 +201,8 @@ class ByteTask(Task):
         ids[1:] = np.frombuffer(data, np.uint8).astype(np.int32) + BYTE_OFFSET
         return ids, None
 
-    def train_flops_per_position(self) -> float:
-        return 3.0 * flops.decoder_lm_forward_flops_per_position(self.cfg.model, NUM_BYTE_IDS, self.cfg.train.seq_len)
+    def forward_flops_per_position(self) -> float:
+        return flops.decoder_lm_forward_flops_per_position(self.cfg.model, NUM_BYTE_IDS, self.cfg.train.seq_len)
 
 
 class MegaByteTask(ByteTask):
@@ -184,6 +210,7 @@ class MegaByteTask(ByteTask):
 
     family = "megabyte"
     description = "a MegaByte model"
+    global_step = "patch of P bytes"
     config_class = MegaByteConfig
 
     def __init__(self, cfg, corpus, run_dir=None, *, modules=None):
@@ -196,8 +223,8 @@ class MegaByteTask(ByteTask):
     def global_steps(self, batch: dict, n_real: int) -> np.ndarray:
         return super().global_steps(batch, n_real) / float(self.cfg.model.patch_size)
 
-    def train_flops_per_position(self) -> float:
-        return flops.megabyte_train_flops_per_byte(self.cfg.model, self.cfg.train.seq_len)
+    def forward_flops_per_position(self) -> float:
+        return flops.megabyte_forward_flops_per_byte(self.cfg.model, self.cfg.train.seq_len)
 
     def mean_bytes_per_global_step(self) -> float:
         return float(self.cfg.model.patch_size)
@@ -209,6 +236,7 @@ class TokenTask(Task):
 
     family = "bpe"
     description = "a subword LM on BPE tokens"
+    global_step = "token"
     config_class = TokenLMConfig
     artefacts = {"tokenizer": "tokenizer"}
     uses_nbytes = True
@@ -273,9 +301,9 @@ class TokenTask(Task):
             self._load_stream()
         return self._bytes_per_token
 
-    def train_flops_per_position(self) -> float:
+    def forward_flops_per_position(self) -> float:
         n_valid = self.tokenizer.n_vocab + BYTE_OFFSET
-        return 3.0 * flops.decoder_lm_forward_flops_per_position(self.cfg.model, n_valid, self.cfg.train.seq_len)
+        return flops.decoder_lm_forward_flops_per_position(self.cfg.model, n_valid, self.cfg.train.seq_len)
 
     def run_info(self) -> dict:
         return {
@@ -292,12 +320,18 @@ class BLTTask(ByteTask):
 
     family = "blt"
     description = "a BLT model"
+    global_step = "entropy patch (the BOS patch excluded)"
     config_class = BLTConfig
     artefacts = {"entropy_run": "entropy_model"}
     calibration_rows = 64
 
     def __init__(self, cfg, corpus, run_dir=None, *, modules=None):
         super().__init__(cfg, corpus, run_dir, modules=modules)
+        if "entropy_run" not in self.modules:
+            raise UserError(
+                "a BLT task needs its entropy model: build it with bytelm.training.trainer.make_task, which "
+                "restores the run that model.entropy_run names"
+            )
         # one fixed row width (the training window) for training and evaluation rows alike, so a
         # segment's entropies, and hence its patches, never depend on its batch
         self.entropy_model = EntropyModel(self.modules["entropy_run"], width=cfg.train.seq_len + 1)
@@ -337,7 +371,9 @@ class BLTTask(ByteTask):
         return BLT(self.cfg.model, rngs=rngs)
 
     def decorate(self, batch: dict) -> dict:
-        batch["patch_lengths"] = self.patcher.lengths(batch["ids"], self.max_patches)
+        layout = self.patcher.layout(batch["ids"], self.max_patches)
+        batch["patch_lengths"] = layout.lengths_BxP
+        batch[STATS_KEY] = layout.stats()
         return batch
 
     def global_steps(self, batch: dict, n_real: int) -> np.ndarray:
@@ -348,8 +384,19 @@ class BLTTask(ByteTask):
     def mean_bytes_per_global_step(self) -> float:
         return self.achieved or self.cfg.model.target_patch_len
 
-    def train_flops_per_position(self) -> float:
-        return flops.blt_train_flops_per_byte(self.cfg.model, self.cfg.train.seq_len, self.mean_bytes_per_global_step())
+    def forward_flops_per_position(self) -> float:
+        return flops.blt_forward_flops_per_byte(self.cfg.model, self.cfg.train.seq_len, self.mean_bytes_per_global_step())
+
+    def entropy_inference_flops_per_byte(self) -> float:
+        return flops.entropy_inference_flops_per_byte(self.modules["entropy_run"].cfg, self.cfg.train.seq_len)
+
+    def stats_record(self, sums: Mapping[str, int]) -> dict:
+        if not sums.get("windows"):
+            return {}
+        return {
+            "patch_overflow_windows": sums["overflow_windows"] / sums["windows"],
+            "patch_overflow_bytes": sums["overflow_positions"] / max(sums["positions"], 1),
+        }
 
     def run_info(self) -> dict:
         return {

@@ -41,7 +41,7 @@ from bytelm.training.checkpoint import Checkpointer
 from bytelm.training.flops import measure_matmul_peak
 from bytelm.training.optim import learning_rate_schedule, make_optimizer
 from bytelm.training.sharding import batch_sharding, make_mesh, param_shardings
-from bytelm.training.tasks import ARTEFACT_KINDS, FAMILIES, Task, task_class
+from bytelm.training.tasks import ARTEFACT_KINDS, FAMILIES, STATS_KEY, Task, task_class
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +53,8 @@ RESUMABLE_CHANGES = {
     ("train", "peak_flops"),
     ("eval", "every"),
     ("data", "cache_dir"),
+    ("model", "attention"),  # kernels change speed, not parameters or results
+    ("model", "mlp"),
 }
 
 
@@ -261,8 +263,11 @@ class Trainer:
 
     # -- host side ------------------------------------------------------------------------
     def device_batch(self, batch: dict) -> dict:
+        """The batch's arrays on the mesh (its host-side counts, ``batch[STATS_KEY]``, stay behind)."""
         return {
-            k: jax.make_array_from_process_local_data(batch_sharding(self.mesh, v.ndim), v) for k, v in batch.items()
+            k: jax.make_array_from_process_local_data(batch_sharding(self.mesh, v.ndim), v)
+            for k, v in batch.items()
+            if k != STATS_KEY
         }
 
     def train_step(self, batch: dict) -> dict:
@@ -408,6 +413,7 @@ class _Run:
         self.cfg, self.run_dir, self.trainer, self.task = cfg, run_dir, trainer, trainer.task
         self.ckpt = Checkpointer(run_dir / "checkpoints", keep=cfg.train.keep_checkpoints)
         self.wall0 = 0.0
+        self.stats_run: dict[str, int] = {}  # the batches' host-side counts over the whole run (kept in checkpoints)
         self.last_good_step = self.ckpt.latest_step()
         if self.last_good_step is not None:
             self._resume(self.last_good_step)
@@ -418,10 +424,12 @@ class _Run:
         self.segments = eval_slice(corpus, cfg.eval.eval_bytes) if cfg.eval.every else []
         self.t_start = time.perf_counter()
         self.last_loss, self.last_eval, self.stopped_by_signal = float("nan"), None, False
+        self.stats_log: dict[str, int] = {}  # the batches' host-side counts since the last log line
 
     # -- setup ----------------------------------------------------------------------------
     def _resume(self, step: int) -> None:
         tree, meta = self.ckpt.restore(step, self.trainer.state_tree())
+        self.stats_run = dict(meta.get("stats", {}))
         self.trainer.load_state_tree(tree)
         self.trainer.step = int(meta["step"])
         if meta["data"]["seed"] != self.cfg.train.seed or meta["data"]["step"] != self.trainer.step:
@@ -460,11 +468,11 @@ class _Run:
         return self.wall0 + time.perf_counter() - self.t_start
 
     def write_status(self, status: str, **extra) -> None:
-        record = {**self.info, "status": status, "step": self.trainer.step, **extra}
+        record = {**self.info, "status": status, "step": self.trainer.step, **self.task.stats_record(self.stats_run), **extra}
         atomic_write_text(self.run_dir / "run.json", json.dumps(record, indent=1))
 
     def save(self, step: int) -> None:
-        meta = {"step": step, "wall_s": self.wall_s(), "data": {"step": step, "seed": self.cfg.train.seed}}
+        meta = {"step": step, "wall_s": self.wall_s(), "data": {"step": step, "seed": self.cfg.train.seed}, "stats": self.stats_run}
         self.ckpt.save(step, self.trainer.state_tree(), meta)
         self.last_good_step = step
 
@@ -487,7 +495,9 @@ class _Run:
             "mfu": self.flops_per_step / step_s / self.peak_total,
             "flops": self.flops_per_step * trainer.step,
             "bytes_seen": self.bytes_seen(),
+            **self.task.stats_record(self.stats_log),
         }
+        self.stats_log = {}
         self.metrics.write(rec)
         if progress:
             progress(trainer.step, steps, f"loss {loss:.3f} bpb {rec['bpb']:.3f} {rec['bytes_s']:,.0f} B/s mfu {rec['mfu']:.2f}")
@@ -518,7 +528,11 @@ class _Run:
         t_log, steps_since_log, steps_this_run = time.perf_counter(), 0, 0
         with _SignalFlag() as flag:
             while trainer.step < tcfg.steps:
-                m = trainer.train_step(next(batches))
+                batch = next(batches)
+                for key, n in batch.pop(STATS_KEY, {}).items():
+                    self.stats_log[key] = self.stats_log.get(key, 0) + n
+                    self.stats_run[key] = self.stats_run.get(key, 0) + n
+                m = trainer.train_step(batch)
                 loss = float(m["loss"])
                 steps_since_log += 1
                 steps_this_run += 1

@@ -66,6 +66,15 @@ class FastEncoder:
     def clear_cache(self) -> None:
         self._cache = _ChunkCache()
 
+    def __getstate__(self) -> dict:
+        # the tables travel to worker processes (building them again costs seconds); the chunk cache
+        # does not (it can hold a million entries, and a worker fills its own)
+        return {k: v for k, v in self.__dict__.items() if k != "_cache"}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._cache = _ChunkCache()
+
     # -- the one entry point ------------------------------------------------------------------
     def encode_documents(self, docs: list, *, num_workers: int | None = None, dtype=np.int32) -> tuple[np.ndarray, np.ndarray]:
         """``(ids, counts)`` of the ordinary encoding of ``docs`` (see

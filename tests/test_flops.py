@@ -1,0 +1,114 @@
+"""The FLOP convention (bytelm/training/flops.py) against XLA's own count of the compiled step.
+
+For every family, the analytic count in its ``dense`` form (what a dense program computes: every
+self-attention over its whole context, every patch slot, every gathered row) is compared with
+``cost_analysis()["flops"]`` of the compiled forward + backward pass, with ``model.attention = xla``
+so that the compiled program does exactly that work. The analytic count holds the matmuls only;
+XLA also counts the elementwise work (norms, softmax, SwiGLU gating, the loss), a few percent at
+these widths: the ratio must lie in [1.0, 1.08]. The semantic counts (what the families are charged)
+are checked against the dense ones and a hand computation.
+"""
+
+import numpy as np
+import jax
+import jax.numpy as jnp
+import pytest
+from flax import nnx
+
+from bytelm.config import load_config
+from bytelm.constants import NUM_BYTE_IDS
+from bytelm.models.blt import BLT
+from bytelm.models.byte_lm import ByteLM
+from bytelm.models.megabyte import MegaByte
+from bytelm.models.token_lm import TokenLM
+from bytelm.training import flops
+
+B, T = 2, 64
+IDS = jnp.asarray(np.random.default_rng(0).integers(4, 260, size=(B, T + 1)), jnp.int32)
+LOCAL = ["model.attention=xla", "model.local_d_model=64", "model.local_heads=2", "model.local_mlp_dim=176"]
+BLT_BASE = [
+    "model.family=blt", *LOCAL, "model.local_window=16", "model.global_d_model=96", "model.global_heads=2",
+    "model.global_mlp_dim=256", "model.global_layers=2", "model.hash_table_size=257", "model.max_patch_len=6",
+    "model.max_patches=20", "model.decoder_layers=2",
+]
+
+
+def xla_train_flops(model, batch) -> float:
+    graphdef, params = nnx.split(model, nnx.Param)
+
+    def loss(p):
+        return jnp.sum(nnx.merge(graphdef, p).score(batch).nll_BxT)
+
+    cost = jax.jit(jax.value_and_grad(loss)).lower(params).compile().cost_analysis()
+    return float((cost[0] if isinstance(cost, list) else cost)["flops"])
+
+
+def cfg(*overrides):
+    return load_config(None, ["model.attention=xla", *overrides]).model
+
+
+def blt_lengths(P):
+    """Every one of the P slots a real patch: the BOS alone, then patches of 3, the rest last."""
+    row = [1] + [3] * (P - 2)
+    return jnp.asarray([row + [T + 1 - sum(row)]] * B, jnp.int32)
+
+
+CASES = {
+    "byte": lambda: (
+        c := cfg("model.family=byte", "model.d_model=64", "model.n_layers=2", "model.n_heads=2", "model.mlp_dim=176"),
+        ByteLM(c, rngs=nnx.Rngs(0)), {"ids": IDS}, flops.decoder_lm_forward_flops_per_position(c, NUM_BYTE_IDS, T, dense=True),
+    ),
+    "byte_window": lambda: (
+        c := cfg("model.family=byte", "model.d_model=64", "model.n_layers=2", "model.n_heads=2", "model.mlp_dim=176", "model.window=16"),
+        ByteLM(c, rngs=nnx.Rngs(0)), {"ids": IDS}, flops.decoder_lm_forward_flops_per_position(c, NUM_BYTE_IDS, T, dense=True),
+    ),
+    "bpe": lambda: (
+        c := cfg("model.family=bpe", "model.d_model=64", "model.n_layers=2", "model.n_heads=2", "model.mlp_dim=176"),
+        TokenLM(c, 600, rngs=nnx.Rngs(0)), {"ids": IDS, "nbytes": jnp.ones((B, T), jnp.int32)},
+        flops.decoder_lm_forward_flops_per_position(c, 604, T, dense=True),
+    ),
+    "megabyte": lambda: (
+        c := cfg(
+            "model.family=megabyte", "model.patch_size=4", "model.embed_dim=16", "model.global_d_model=64",
+            "model.global_layers=2", "model.global_heads=2", "model.global_mlp_dim=176", "model.local_d_model=64",
+            "model.local_layers=2", "model.local_heads=2", "model.local_mlp_dim=176",
+        ),
+        MegaByte(c, rngs=nnx.Rngs(0)), {"ids": IDS}, flops.megabyte_forward_flops_per_byte(c, T, dense=True),
+    ),
+    **{
+        f"blt_{name}": (
+            lambda extra=extra: (
+                c := cfg(*BLT_BASE, *extra),
+                BLT(c, rngs=nnx.Rngs(0)), {"ids": IDS, "patch_lengths": blt_lengths(20)},
+                flops.blt_forward_flops_per_byte(c, T, (T + 1) / 20, dense=True),
+            )
+        )
+        for name, extra in {
+            "default": [],
+            "decoder_cross_first_only": ["model.decoder_cross_all_layers=false"],
+            "encoder_cross_all_layers": ["model.encoder_layers=2", "model.encoder_cross_all_layers=true"],
+            "no_cross_attention": ["model.cross_attention=false"],
+        }.items()
+    },
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_analytic_count_matches_xla_cost_analysis(case):
+    _, model, batch, forward_per_position = CASES[case]()
+    ratio = xla_train_flops(model, batch) / (3.0 * forward_per_position * B * T)
+    assert 1.0 <= ratio <= 1.08, f"{case}: XLA counts {ratio:.4f}x the analytic training FLOPs"
+
+
+def test_semantic_counts_charge_the_needed_work_only():
+    # causal attention over 4 positions: 1 + 2 + 3 + 4 keys; with a window of 2: 1 + 2 + 2 + 2
+    assert flops.mean_attended(4) == 2.5 and flops.mean_attended(4, 2) == 1.75
+    c = cfg("model.family=byte", "model.d_model=64", "model.n_layers=2", "model.n_heads=2", "model.mlp_dim=176")
+    semantic = flops.decoder_lm_forward_flops_per_position(c, NUM_BYTE_IDS, T)
+    dense = flops.decoder_lm_forward_flops_per_position(c, NUM_BYTE_IDS, T, dense=True)
+    assert dense - semantic == pytest.approx(4 * 64 * 2 * (T - (T + 1) / 2))  # the masked half of the scores
+    b = cfg(*BLT_BASE, "model.max_patches=0", "model.target_patch_len=4")
+    slots = b.patches_for(T)
+    assert slots == int(np.ceil(1.5 * (T + 1) / 4))  # patch slots sized from the target length, not one per byte
+    # at the target length the semantic count charges the real patches: less than every slot
+    assert flops.blt_forward_flops_per_byte(b, T, 4.0) < flops.blt_forward_flops_per_byte(b, T, 4.0, dense=True)
