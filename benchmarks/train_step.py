@@ -10,7 +10,8 @@ Sections (``--only`` picks some):
 ``blt``       BLT at mean patch length 4 and 6 (threshold calibrated on stdlib windows with a freshly
               initialised tiny entropy model: its cost, not its quality, matters here) against the
               same flat byte LM, with the entropy model's share of the step time (patching runs in
-              the input pipeline).
+              the input pipeline) and the share of windows that ran out of patch slots (keys
+              ``blt_p4_vs_flat``, ``blt_p6_vs_flat``, ``blt_entropy_share``, ``blt_overflow_rate``).
 
 **Paired, alternating timing.** Each model lives in its own process (no peer's threads linger in
 another's timing), set up and warmed up once; then the parent asks the two processes of a pair for
@@ -116,8 +117,8 @@ def blt_setup(model_overrides: list[str], entropy_overrides: list[str], batch: i
 
             return BLT(self.cfg.model, rngs=rngs)
 
-        def train_flops_per_position(self):
-            return flops.blt_train_flops_per_byte(self.cfg.model, seq_len, achieved)
+        def forward_flops_per_position(self):
+            return flops.blt_forward_flops_per_byte(self.cfg.model, seq_len, achieved)
 
     task = Task(cfg, corpus)
     trainer = Trainer(cfg, task)
@@ -127,16 +128,18 @@ def blt_setup(model_overrides: list[str], entropy_overrides: list[str], batch: i
     def step():
         ids = windows.batch(next(counter))
         t0 = time.perf_counter()
-        batch_np = {"ids": ids, "patch_lengths": patcher.lengths(ids, max_patches)}
+        layout = patcher.layout(ids, max_patches)
         t1 = time.perf_counter()
+        batch_np = {"ids": ids, "patch_lengths": layout.lengths_BxP}
         trainer.params, trainer.opt_state, m = trainer._train_step(trainer.params, trainer.opt_state, trainer.device_batch(batch_np))
         jax.block_until_ready(m["loss"])
-        return {"step_s": time.perf_counter() - t1, "patch_s": t1 - t0}
+        return {"step_s": time.perf_counter() - t1, "patch_s": t1 - t0, **layout.stats()}
 
     info = {
         "flops_per_step": task.train_flops_per_position() * batch * seq_len,
         "params": trainer.param_counts["total"],
         "achieved": achieved,
+        "slots": max_patches,
     }
     return step, info
 
@@ -393,10 +396,8 @@ def main() -> None:
                 entropy = ["model.family=byte", "model.d_model=128", "model.n_layers=2", "model.n_heads=2", "model.mlp_dim=352", "model.window=64"]
                 for target in (4, 6):
                     blt = [
-                        # 2x the expected patch count as slots (the config default, one slot per byte, never
-                        # overflows but runs the global model over T+1 slots)
+                        # patch slots: the config default, 1.5x the expected count, with the causal slot rule
                         "model.family=blt", f"model.target_patch_len={target}", "model.max_patch_len=16",
-                        f"model.max_patches={2 * (T + 1) // target + 2}",
                         "model.local_d_model=128", "model.encoder_layers=1", "model.decoder_layers=2", "model.local_heads=2",
                         "model.local_mlp_dim=352", "model.local_window=64", "model.global_d_model=256", "model.global_layers=6",
                         "model.global_heads=4", "model.global_mlp_dim=704", "model.hash_table_size=4096",
@@ -421,7 +422,10 @@ def main() -> None:
                     result[f"blt_p{target}_entropy_share"] = round(float(np.median(shares)), 4)
                     result[f"blt_p{target}_vs_flat"] = ratios["median"]
                     result[f"blt_p{target}_vs_flat_min"], result[f"blt_p{target}_vs_flat_max"] = ratios["min"], ratios["max"]
+                    result[f"blt_p{target}_slots"] = w.info["slots"]
+                    result[f"blt_p{target}_overflow_rate"] = round(sum(t["overflow_windows"] for t in bt) / sum(t["windows"] for t in bt), 4)
                 result["blt_entropy_share"] = max(result["blt_p4_entropy_share"], result["blt_p6_entropy_share"])
+                result["blt_overflow_rate"] = max(result["blt_p4_overflow_rate"], result["blt_p6_overflow_rate"])
             dt_flat = float(np.median(seconds(flat_times, "step_s")))
             result["flat_t2048_bytes_s"] = round(B * T / dt_flat)
             print(f"flat byte LM  T={T} B={B} params={n_flat:,}: {B * T / dt_flat:,.0f} bytes/s, {f_flat / (B * T) / 1e6:.1f} MFLOP/byte")

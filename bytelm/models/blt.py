@@ -192,7 +192,7 @@ class BLT(nnx.Module):
 
         # 4. local decoder: byte i reads the global output of the patch before its target's patch
         slots_BxQxD = (global_BxPxG @ self.from_global[...].astype(dt)).reshape(B, P * k, dl)
-        has_src_BxT = src_pid_BxT >= 0
+        has_src_BxT = (src_pid_BxT >= 0) & cfg.global_path  # global_path = False: what the global model is worth
         src_BxT = jnp.clip(src_pid_BxT, 0, P - 1)
         if not cfg.cross_attention:  # the projected global state of the source patch, summed over its k slots
             per_patch_BxPxD = slots_BxQxD.reshape(B, P, k, dl).sum(axis=2)

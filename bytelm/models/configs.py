@@ -155,6 +155,7 @@ class BLTConfig(ModelConfig):
     cross_attention: bool = True  # False: pooled patch states / global states enter by projection
     encoder_cross_all_layers: bool = False  # patch queries cross-attend after every encoder layer (else the last)
     decoder_cross_all_layers: bool = True  # bytes cross-attend before every decoder layer (the reference's 1B config)
+    global_path: bool = True  # False (an ablation, at evaluation): the decoder reads no global output
 
     def __post_init__(self) -> None:
         super().__post_init__()
