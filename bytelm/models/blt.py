@@ -75,10 +75,16 @@ def ngram_hashes(ids_BxT: jax.Array, n: int, table_size: int) -> jax.Array:
 
 
 def patch_ids_from_lengths(lengths_BxP: jax.Array, length: int) -> jax.Array:
-    """Patch index of each of ``length`` positions; positions past the covered ones get ``P``."""
-    ends_BxP = jnp.cumsum(lengths_BxP, axis=1)
-    pos_L = jnp.arange(length)
-    return jnp.sum(pos_L[None, None, :] >= ends_BxP[:, :, None], axis=1).astype(jnp.int32)
+    """Patch index of each of ``length`` positions; positions past the covered ones get ``P``.
+
+    A mark at each patch's first position, then a running count (no ``B x P x L`` comparison)."""
+    B, P = lengths_BxP.shape
+    starts_BxP = jnp.cumsum(lengths_BxP, axis=1) - lengths_BxP
+    marks_BxL = jnp.zeros((B, length + 1), jnp.int32)
+    marks_BxL = marks_BxL.at[jnp.arange(B)[:, None], jnp.minimum(starts_BxP, length)].add((lengths_BxP > 0).astype(jnp.int32))
+    pid_BxL = jnp.cumsum(marks_BxL[:, :length], axis=1) - 1
+    covered_BxL = jnp.arange(length)[None, :] < jnp.sum(lengths_BxP, axis=1, keepdims=True)
+    return jnp.where(covered_BxL, pid_BxL, P).astype(jnp.int32)
 
 
 class PatchCrossAttention(nnx.Module):
