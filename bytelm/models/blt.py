@@ -54,6 +54,7 @@ from flax import nnx
 
 from bytelm.constants import NUM_BYTE_IDS, PAD_ID
 from bytelm.models.attention import attend
+from bytelm.models.cache import KVCache, block_extend, stack_cache, stack_extend
 from bytelm.models.core import COMPUTE_DTYPES, Embed, RMSNorm, Transformer, head_logits, head_param, pad_vocab, param
 from bytelm.models.kernels import resolve_kernels
 from bytelm.models.scoring import Scores, next_id_scores
@@ -231,6 +232,83 @@ class BLT(nnx.Module):
         if queries_BxPxkxD is None:
             queries_BxPxkxD = self._pooled_queries(h_BxTxD, own_BxPxJ, own_valid_BxPxJ)
         return queries_BxPxkxD + self.encoder_cross[i](queries_BxPxkxD, h_BxTxD, own_BxPxJ, own_valid_BxPxJ)
+
+    # -- decoding (bytelm.sampling): bytes through the local models, patches through the global ----
+    def init_cache(self, batch: int, slots: int, max_patches: int) -> dict[str, list[KVCache]]:
+        """Empty caches: the local encoder's and decoder's over ``slots`` byte positions, the global
+        stack's over ``max_patches`` patch positions."""
+        return {
+            "encoder": stack_cache(self.encoder, batch, slots),
+            "global": stack_cache(self.global_stack, batch, max_patches),
+            "decoder": stack_cache(self.decoder, batch, slots),
+        }
+
+    def encode_extend(self, ids_BxN: jax.Array, context_BxC: jax.Array, caches: list[KVCache], pos0: jax.Array):
+        """The local encoder over ``N`` new ids at positions ``pos0 ..``; ``context`` holds the ids
+        just before them (PAD before the start), as many as the longest n-gram needs. Returns each
+        encoder layer's states of the new ids (the embeddings when there is no layer) and the caches."""
+        N = ids_BxN.shape[1]
+        h_BxNxD = self.embed(jnp.concatenate([context_BxC, ids_BxN], axis=1))[:, -N:]
+        states = [] if self.encoder.blocks else [h_BxNxD]
+        new = []
+        for block, cache in zip(self.encoder.blocks, caches):
+            h_BxNxD, cache = block_extend(block, h_BxNxD, cache, pos0, self.encoder.window)
+            states.append(h_BxNxD)
+            new.append(cache)
+        return states, new
+
+    def close_patches(self, states: list[jax.Array], lengths_BxP: jax.Array) -> jax.Array:
+        """The global-width vectors of ``P`` complete patches, made of the ``M`` bytes whose states
+        (one ``B x M x D`` array per encoder layer, from :meth:`encode_extend`) are given in order."""
+        cfg, dt = self.cfg, self.dtype
+        B, P = lengths_BxP.shape
+        M = states[0].shape[1]
+        J, k, dl = cfg.max_patch_len, cfg.queries_per_patch, cfg.local_d_model
+        starts_BxP = jnp.cumsum(lengths_BxP, axis=1) - lengths_BxP
+        own_BxPxJ = starts_BxP[:, :, None] + jnp.arange(J)[None, None, :]
+        own_valid_BxPxJ = (jnp.arange(J)[None, None, :] < lengths_BxP[:, :, None]) & (own_BxPxJ < M)
+        own_BxPxJ = jnp.minimum(own_BxPxJ, M - 1)
+        if not cfg.cross_attention:
+            queries = self._pooled_queries(states[-1], own_BxPxJ, own_valid_BxPxJ)
+        elif not self.encoder.blocks:
+            queries = self._pooled_queries(states[0], own_BxPxJ, own_valid_BxPxJ)
+            queries = queries + self.encoder_cross[0](queries, states[0], own_BxPxJ, own_valid_BxPxJ)
+        else:
+            cross_after = len(self.encoder.blocks) - 1 if not cfg.encoder_cross_all_layers else 0
+            queries = None
+            for i, layer_states in enumerate(states[cross_after:]):
+                queries = self._encoder_cross(i, queries, layer_states, own_BxPxJ, own_valid_BxPxJ)
+        patches_BxPxG = queries.reshape(B, P, k * dl) @ self.to_global[...].astype(dt)
+        return jnp.where((lengths_BxP > 0)[..., None], patches_BxPxG, 0.0)
+
+    def global_extend(self, patches_BxNxG: jax.Array, caches: list[KVCache], pos0: jax.Array):
+        """The global step for ``N`` new patches: their ``k`` key/value slots for the decoder,
+        ``B x N x k x D``, and the caches."""
+        B, N, _ = patches_BxNxG.shape
+        out_BxNxG, caches = stack_extend(self.global_stack, patches_BxNxG, caches, pos0)
+        slots = self.global_norm(out_BxNxG) @ self.from_global[...].astype(self.dtype)
+        return slots.reshape(B, N, self.cfg.queries_per_patch, self.cfg.local_d_model), caches
+
+    def decode_extend(self, h_BxNxD: jax.Array, slots_BxNxkxD: jax.Array, has_src_BxN: jax.Array, caches: list[KVCache], pos0: jax.Array):
+        """Logits for ``N`` new positions: each byte's encoder state (the decoder's input) reads the
+        ``k`` slots of its source patch (``has_src`` False: none), through the decoder layers."""
+        cfg, dt = self.cfg, self.dtype
+        B, N, k, dl = slots_BxNxkxD.shape
+        has_src_BxN = has_src_BxN & cfg.global_path
+        blocks, new = list(self.decoder.blocks), list(caches)
+        if not cfg.cross_attention:
+            h_BxNxD = h_BxNxD + jnp.where(has_src_BxN[..., None], slots_BxNxkxD.sum(axis=2), 0.0)
+            h_BxNxD, new = stack_extend(self.decoder, h_BxNxD, caches, pos0)
+            return head_logits(self.decoder_norm(h_BxNxD), self.head[...], NUM_BYTE_IDS, dt), new
+        src_BxSxD = slots_BxNxkxD.reshape(B, N * k, dl)
+        index_BxNxk = jnp.broadcast_to(jnp.arange(N)[:, None] * k + jnp.arange(k)[None, :], (B, N, k))
+        valid_BxNxk = jnp.broadcast_to(has_src_BxN[:, :, None], (B, N, k))
+        for i in range(max(len(blocks), 1)):
+            if i < len(self.decoder_cross):
+                h_BxNxD = h_BxNxD + self.decoder_cross[i](h_BxNxD[:, :, None, :], src_BxSxD, index_BxNxk, valid_BxNxk)[:, :, 0, :]
+            if i < len(blocks):
+                h_BxNxD, new[i] = block_extend(blocks[i], h_BxNxD, caches[i], pos0, self.decoder.window)
+        return head_logits(self.decoder_norm(h_BxNxD), self.head[...], NUM_BYTE_IDS, dt), new
 
     def score(self, batch: dict) -> Scores:
         """``batch["ids"]`` ``(B, T+1)`` and ``batch["patch_lengths"]`` ``(B, P)`` over the window."""

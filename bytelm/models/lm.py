@@ -9,6 +9,7 @@ from __future__ import annotations
 import jax
 from flax import nnx
 
+from bytelm.models.cache import KVCache, stack_cache, stack_extend
 from bytelm.models.core import COMPUTE_DTYPES, Embed, RMSNorm, Transformer, head_logits, head_param, pad_vocab
 from bytelm.models.kernels import resolve_kernels
 from bytelm.models.scoring import Scores, next_id_scores
@@ -42,3 +43,14 @@ class DecoderLM(nnx.Module):
         position."""
         ids = batch["ids"]
         return next_id_scores(self(ids[:, :-1]), ids[:, 1:], batch.get("nbytes"))
+
+    # -- decoding (bytelm.sampling) ------------------------------------------------------------
+    def init_cache(self, batch: int, slots: int) -> list[KVCache]:
+        """Empty key/value caches of ``slots`` positions (the training context) per layer."""
+        return stack_cache(self.stack, batch, slots)
+
+    def extend(self, ids_BxN: jax.Array, caches: list[KVCache], pos0: jax.Array) -> tuple[jax.Array, list[KVCache]]:
+        """Logits for ``N`` new ids at absolute positions ``pos0 ..``, after the cached ones."""
+        h_BxNxD = self.embed(ids_BxN).astype(self.dtype)
+        h_BxNxD, caches = stack_extend(self.stack, h_BxNxD, caches, pos0)
+        return head_logits(self.norm(h_BxNxD), self.head[...], self.n_valid, self.dtype), caches

@@ -29,6 +29,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from bytelm.constants import NUM_BYTE_IDS, PAD_ID
+from bytelm.models.cache import KVCache, stack_cache, stack_extend
 from bytelm.models.core import COMPUTE_DTYPES, Embed, RMSNorm, Transformer, head_logits, head_param, pad_vocab, param
 from bytelm.models.kernels import resolve_kernels
 from bytelm.models.scoring import Scores, next_id_scores
@@ -90,3 +91,31 @@ class MegaByte(nnx.Module):
         T = targets_BxT.shape[1]
         x_BxTp = jnp.pad(targets_BxT, ((0, 0), (0, self.cfg.padded_length(T) - T)), constant_values=PAD_ID)
         return next_id_scores(self(x_BxTp)[:, :T], targets_BxT)
+
+    # -- decoding (bytelm.sampling): the global model once per patch, the local model per byte ---
+    def init_cache(self, batch: int, max_patches: int) -> dict[str, list[KVCache]]:
+        """Empty caches: the global stack's over ``max_patches`` patch positions, the local stack's
+        over one patch (it restarts with every patch)."""
+        return {"global": stack_cache(self.global_stack, batch, max_patches), "local": stack_cache(self.local_stack, batch, self.patch_size)}
+
+    def global_extend(self, prev_ids_BxNxC: jax.Array, caches: list[KVCache], pos0: jax.Array) -> tuple[jax.Array, list[KVCache]]:
+        """The global step for patches ``pos0 .. pos0 + N - 1``: row ``n`` reads the complete patch
+        before it (``prev_ids[:, n]``; the learned pad for patch 0). Returns every byte slot's
+        projection to the local width, ``B x N x C x D``."""
+        B, N, C = prev_ids_BxNxC.shape
+        cfg, dt = self.cfg, self.dtype
+        rows_BxNxG = self.global_embed(prev_ids_BxNxC).reshape(B, N, C * cfg.embed_dim).astype(dt)
+        first_N = (pos0 + jnp.arange(N)) == 0
+        rows_BxNxG = jnp.where(first_N[None, :, None], self.global_pad[...].astype(dt), rows_BxNxG)
+        out_BxNxG, caches = stack_extend(self.global_stack, rows_BxNxG, caches, pos0)
+        slices_BxNxCxE = self.global_norm(out_BxNxG).reshape(B, N, C, cfg.embed_dim)
+        return slices_BxNxCxE @ self.to_local[...].astype(dt), caches
+
+    def local_extend(self, from_global_BxNxD: jax.Array, prev_BxN: jax.Array, caches: list[KVCache], pos0: jax.Array) -> tuple[jax.Array, list[KVCache]]:
+        """Logits for positions ``pos0 ..`` of the current patch: each reads its global slot and the
+        previous byte of the patch (``prev < 0``: the learned pad, at position 0)."""
+        dt = self.dtype
+        prev_BxNxD = self.local_embed(jnp.maximum(prev_BxN, 0)).astype(dt)
+        prev_BxNxD = jnp.where((prev_BxN < 0)[..., None], self.local_pad[...].astype(dt), prev_BxNxD)
+        h_BxNxD, caches = stack_extend(self.local_stack, from_global_BxNxD.astype(dt) + prev_BxNxD, caches, pos0)
+        return head_logits(self.local_norm(h_BxNxD), self.head[...], NUM_BYTE_IDS, dt), caches

@@ -31,12 +31,16 @@ def params_fingerprint(params: nnx.State) -> str:
     return h.hexdigest()
 
 
+def entropy_of_logits(logits_BxLxV: jax.Array) -> jax.Array:
+    """Entropy in nats of each next-id distribution, in float32 (``H`` above)."""
+    logp_BxLxV = jax.nn.log_softmax(logits_BxLxV.astype(jnp.float32), axis=-1)
+    p_BxLxV = jnp.exp(logp_BxLxV)
+    return -jnp.sum(jnp.where(p_BxLxV > 0, p_BxLxV * logp_BxLxV, 0.0), axis=-1)
+
+
 def _entropy_fn(graphdef):
     def fn(params, rest, ids_1xW):
-        logits_1xWxV = nnx.merge(graphdef, params, rest)(ids_1xW).astype(jnp.float32)
-        logp_1xWxV = jax.nn.log_softmax(logits_1xWxV, axis=-1)
-        p_1xWxV = jnp.exp(logp_1xWxV)
-        return -jnp.sum(jnp.where(p_1xWxV > 0, p_1xWxV * logp_1xWxV, 0.0), axis=-1)
+        return entropy_of_logits(nnx.merge(graphdef, params, rest)(ids_1xW))
 
     return jax.jit(fn)
 

@@ -35,6 +35,7 @@ from bytelm.models.configs import BLTConfig, ByteLMConfig, MegaByteConfig, Model
 from bytelm.models.megabyte import MegaByte
 from bytelm.models.token_lm import TokenLM
 from bytelm.patching import EntropyModel, EntropyPatcher
+from bytelm.sampling.decoders import BLTDecoder, Decoder, MegaByteDecoder, byte_decoder, token_decoder
 from bytelm.training import flops
 
 STATS_KEY = "stats"  # a batch entry of host-side counts (not sent to the device): see Task.stats_record
@@ -168,9 +169,15 @@ class Task:
         (``{}`` for families whose pipeline keeps none)."""
         return {}
 
+    def fingerprints(self) -> dict[str, tuple[str, str]]:
+        """The artefacts the task depends on: ``name -> (fingerprint, where it is)``, recorded in
+        ``run.json`` as ``<name>_fingerprint`` (a restored run must find the same ones)."""
+        return {}
+
     def run_info(self) -> dict:
         """Extra facts recorded in the run (e.g. the tokenizer fingerprint)."""
         return {
+            **{f"{name}_fingerprint": fingerprint for name, (fingerprint, _) in self.fingerprints().items()},
             "mean_bytes_per_global_step": self.mean_bytes_per_global_step(),
             "inference_flops_per_byte": self.inference_flops_per_byte(),
             "entropy_inference_flops_per_byte": self.entropy_inference_flops_per_byte(),
@@ -180,6 +187,11 @@ class Task:
     def report_note(cls, run_info: dict) -> str:
         """A short note for a report row, from the run's ``run.json`` ("" for none)."""
         return ""
+
+    # generation
+    def decoder(self, model: nnx.Module) -> Decoder:
+        """The family's cached decoder for ``model`` (:mod:`bytelm.sampling`)."""
+        raise NotImplementedError
 
 
 class ByteTask(Task):
@@ -194,6 +206,9 @@ class ByteTask(Task):
 
     def train_stream(self) -> np.ndarray:
         return self.corpus.train_stream
+
+    def decoder(self, model: nnx.Module) -> Decoder:
+        return byte_decoder(model, self.cfg.train.seq_len)
 
     def encode_segment(self, data: bytes):
         ids = np.empty(len(data) + 1, np.int32)
@@ -219,6 +234,9 @@ class MegaByteTask(ByteTask):
 
     def build_model(self, rngs: nnx.Rngs) -> nnx.Module:
         return MegaByte(self.cfg.model, rngs=rngs)
+
+    def decoder(self, model: nnx.Module) -> Decoder:
+        return MegaByteDecoder(model, self.cfg.train.seq_len)
 
     def global_steps(self, batch: dict, n_real: int) -> np.ndarray:
         return super().global_steps(batch, n_real) / float(self.cfg.model.patch_size)
@@ -256,6 +274,9 @@ class TokenTask(Task):
 
     def build_model(self, rngs: nnx.Rngs) -> nnx.Module:
         return TokenLM(self.cfg.model, self.tokenizer.n_vocab, rngs=rngs)
+
+    def decoder(self, model: nnx.Module) -> Decoder:
+        return token_decoder(model, self.tokenizer, self.cfg.train.seq_len)
 
     def _load_stream(self) -> None:
         corpus = self.corpus
@@ -305,11 +326,13 @@ class TokenTask(Task):
         n_valid = self.tokenizer.n_vocab + BYTE_OFFSET
         return flops.decoder_lm_forward_flops_per_position(self.cfg.model, n_valid, self.cfg.train.seq_len)
 
+    def fingerprints(self) -> dict[str, tuple[str, str]]:
+        return {"tokenizer": (self.tokenizer.fingerprint, str(Path(self.cfg.model.tokenizer).absolute()))}
+
     def run_info(self) -> dict:
         return {
             **super().run_info(),
             "tokenizer": str(Path(self.cfg.model.tokenizer).absolute()),
-            "tokenizer_fingerprint": self.tokenizer.fingerprint,
             "tokenizer_n_vocab": self.tokenizer.n_vocab,
         }
 
@@ -370,6 +393,9 @@ class BLTTask(ByteTask):
     def build_model(self, rngs: nnx.Rngs) -> nnx.Module:
         return BLT(self.cfg.model, rngs=rngs)
 
+    def decoder(self, model: nnx.Module) -> Decoder:
+        return BLTDecoder(model, self.modules["entropy_run"], self.patcher.settings(), self.cfg.train.seq_len, self.max_patches)
+
     def decorate(self, batch: dict) -> dict:
         layout = self.patcher.layout(batch["ids"], self.max_patches)
         batch["patch_lengths"] = layout.lengths_BxP
@@ -398,11 +424,13 @@ class BLTTask(ByteTask):
             "patch_overflow_bytes": sums["overflow_positions"] / max(sums["positions"], 1),
         }
 
+    def fingerprints(self) -> dict[str, tuple[str, str]]:
+        return {"entropy": (self.entropy_model.fingerprint, str(Path(self.cfg.model.entropy_run).absolute()))}
+
     def run_info(self) -> dict:
         return {
             **super().run_info(),
             "entropy_run": str(Path(self.cfg.model.entropy_run).absolute()),
-            "entropy_fingerprint": self.entropy_model.fingerprint,
             "patching": {
                 **self.patcher.record(),
                 "target_mean_patch_len": self.cfg.model.target_patch_len,

@@ -130,10 +130,9 @@ def check_fingerprints(run_dir: Path, task: Task) -> None:
     if not path.is_file():
         return
     recorded = json.loads(path.read_text())
-    for key, value in task.run_info().items():
-        if key.endswith("_fingerprint") and key in recorded and recorded[key] != value:
-            what = key.removesuffix("_fingerprint")
-            where = task.run_info().get(what) or task.run_info().get(f"{what}_run", "?")
+    for what, (value, where) in task.fingerprints().items():
+        key = f"{what}_fingerprint"
+        if key in recorded and recorded[key] != value:
             raise UserError(
                 f"the {what} model/files now at {where} have fingerprint {value[:16]}..., but the run "
                 f"{run_dir} was trained with {recorded[key][:16]}...: restore the original {what} or retrain"
@@ -359,10 +358,14 @@ def _restore_artefact_run(value: str, field: str, kind) -> nnx.Module:
     return restore_model(run_dir)
 
 
-def restore_trainer(run_dir: str | Path, *, corpus=None, step: int | None = None) -> Trainer:
-    """Rebuild the trainer of ``run_dir`` from its config and load its latest (or ``step``) checkpoint."""
+def restore_trainer(run_dir: str | Path, *, corpus=None, step: int | None = None, load_corpus: bool = True) -> Trainer:
+    """Rebuild the trainer of ``run_dir`` from its config and load its latest (or ``step``)
+    checkpoint. ``load_corpus=False`` (with no ``corpus``): a trainer for the model alone, whose
+    task cannot make batches (sampling, conversion)."""
     cfg = _run_config(run_dir)
-    return _restore(Path(run_dir), cfg, corpus if corpus is not None else load_corpus_from_config(cfg.data), step)
+    if corpus is None and load_corpus:
+        corpus = load_corpus_from_config(cfg.data)
+    return _restore(Path(run_dir), cfg, corpus, step)
 
 
 def restore_model(run_dir: str | Path, *, step: int | None = None) -> nnx.Module:

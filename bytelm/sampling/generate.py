@@ -1,0 +1,79 @@
+"""Generation: a run (or a decoder) and a prompt in, bytes out, as they come.
+
+The byte families generate byte by byte; the subword LM generates tokens and hands out their
+bytes. Generation stops at EOS or after ``max_bytes`` bytes (a token that would overshoot is cut).
+The families are trained without end-of-document targets (the evaluation protocol scores none),
+so their EOS probability is small: in practice ``max_bytes`` ends a sample. The other control ids
+(PAD, BOS, SEP) are never generated. The same seed gives the same sample.
+"""
+
+from __future__ import annotations
+
+import codecs
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+import numpy as np
+from flax import nnx
+
+from bytelm.constants import EOS_ID
+from bytelm.errors import UserError
+from bytelm.sampling.decoders import Decoder
+from bytelm.sampling.sampler import SamplingOptions, choose
+from bytelm.training.trainer import restore_trainer
+
+
+def load_decoder(run_dir: str | Path, *, step: int | None = None) -> Decoder:
+    """The decoder of a run directory's family, on its latest checkpoint (or ``step``); the corpus
+    is not read."""
+    trainer = restore_trainer(run_dir, load_corpus=False, step=step)
+    decoder = trainer.task.decoder(nnx.merge(trainer.graphdef, trainer.params))
+    decoder.family = trainer.task.family
+    return decoder
+
+
+def stream(
+    run_or_decoder: str | Path | Decoder, prompt: bytes, *, max_bytes: int = 256, options: SamplingOptions | None = None
+) -> Iterator[bytes]:
+    """The bytes generated after ``prompt``, a unit's worth at a time."""
+    if not isinstance(prompt, bytes | bytearray):
+        raise UserError(f"the prompt must be bytes, got {type(prompt).__name__}")
+    if max_bytes < 0:
+        raise UserError(f"max_bytes must be >= 0, got {max_bytes}")
+    decoder = run_or_decoder if isinstance(run_or_decoder, Decoder) else load_decoder(run_or_decoder)
+    options = options or SamplingOptions()
+    rng = np.random.default_rng(options.seed)
+    if max_bytes == 0:
+        return
+    logits, produced = decoder.start(bytes(prompt)), 0
+    while True:
+        unit = choose(logits, decoder.allowed_V, options, rng)
+        if unit == EOS_ID:
+            return
+        data = decoder.unit_bytes(unit)[: max_bytes - produced]
+        produced += len(data)
+        yield data
+        if produced >= max_bytes:
+            return
+        logits = decoder.step(unit)
+
+
+def generate(run_or_decoder: str | Path | Decoder, prompt: bytes, *, max_bytes: int = 256, options: SamplingOptions | None = None) -> bytes:
+    """All of :func:`stream`'s bytes."""
+    return b"".join(stream(run_or_decoder, prompt, max_bytes=max_bytes, options=options))
+
+
+def text_pieces(chunks: Iterable[bytes], *, after: bytes = b"") -> Iterator[str]:
+    """The text of a byte stream as it comes: each chunk's completed UTF-8 characters, an incomplete
+    character held back until its bytes arrive, invalid bytes as U+FFFD. ``after``: bytes that came
+    before the stream (a prompt), so that a character the prompt left open and the stream completes
+    decodes whole; their own text is not yielded."""
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    decoder.decode(after)
+    for chunk in chunks:
+        piece = decoder.decode(chunk)
+        if piece:
+            yield piece
+    tail = decoder.decode(b"", final=True)
+    if tail:
+        yield tail
