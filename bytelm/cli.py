@@ -181,12 +181,28 @@ def add_train(sub) -> None:
     )
     p.add_argument("config", help="TOML config file, e.g. configs/tiny/byte.toml (a shipped config also by name: tiny/byte)")
     p.add_argument("--out", metavar="RUN_DIR", help="run directory (default: runs/<config name>)")
+    p.add_argument(
+        "--minutes",
+        type=float,
+        metavar="M",
+        help="train for M minutes of training time instead of train.steps (sets train.time_budget_s = 60 M): "
+        "compilation counts, evaluations do not, a resumed run continues the same budget; the learning-rate "
+        "schedule's horizon is planned from the first steps' time",
+    )
     _add_config_options(p, with_config=False)
     p.set_defaults(func=cmd_train)
 
 
+def _minutes_override(minutes: float | None) -> list[str]:
+    if minutes is None:
+        return []
+    if not minutes > 0:
+        raise UserError(f"--minutes must be > 0, got {minutes}")
+    return [f"train.time_budget_s={60.0 * minutes}"]
+
+
 def cmd_train(args: argparse.Namespace) -> int:
-    cfg = load_config(args.config, args.overrides)
+    cfg = load_config(args.config, [*args.overrides, *_minutes_override(args.minutes)])
     out = Path(args.out) if args.out else Path("runs") / Path(args.config).stem
     bar = ProgressBar(f"train {out}", unit=" steps")
     try:
@@ -198,7 +214,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     bar.close()
     bpb = f", held-out BPB {result.eval_bpb:.4f}" if result.eval_bpb is not None else ""
     state = "stopped by signal" if result.stopped_by_signal else "done"
-    print(f"{state}: {out} at step {result.step}, train loss {result.loss:.4f}{bpb}")
+    budget = f" ({result.train_s:.0f}s of training)" if cfg.train.time_budget_s and result.train_s is not None else ""
+    print(f"{state}: {out} at step {result.step}{budget}, train loss {result.loss:.4f}{bpb}")
     return 0
 
 
@@ -494,6 +511,13 @@ def add_compare(sub) -> None:
     p.add_argument("--preset", default="tiny", metavar="NAME|FILE", help="a preset in configs/compare/ (tiny, test) or a preset TOML file (default: tiny)")
     _add_data_option(p)
     p.add_argument("--out", default="runs/compare", metavar="DIR", help="output directory (default: runs/compare)")
+    p.add_argument(
+        "--minutes",
+        type=float,
+        metavar="M",
+        help="give every compared model M minutes of training time instead of the preset's FLOP budget "
+        "(the entropy model keeps its FLOP budget); the report shows every model's FLOPs and time",
+    )
     p.set_defaults(func=cmd_compare)
 
 
@@ -505,7 +529,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
         print(message, file=sys.stderr, flush=True)
 
     try:
-        result = compare(args.preset, args.out, data_spec=args.data, progress=progress, note=note)
+        minutes = _minutes_override(args.minutes)  # (validates)
+        result = compare(args.preset, args.out, data_spec=args.data, progress=progress, note=note,
+                         time_budget_s=60.0 * args.minutes if minutes else None)
     except CompareStopped as e:
         close()
         print(f"bytelm: {e}", file=sys.stderr)

@@ -72,6 +72,10 @@ class TrainConfig:
     mesh_fsdp: int = 1
     mesh_tensor: int = 1
     peak_flops: float = 0.0  # per-device peak FLOP/s for MFU; 0 = measure a matmul peak at start
+    # > 0: train for this many seconds of training time (compilation included, evaluations not;
+    # summed across resumes) instead of train.steps, which is then ignored; the schedule's horizon
+    # is planned from the first steps' time (bytelm/training/trainer.py)
+    time_budget_s: float = 0.0
 
     def __post_init__(self) -> None:
         for name in ("steps", "batch_size", "seq_len", "grad_accum", "log_every", "checkpoint_every", "keep_checkpoints"):
@@ -83,6 +87,8 @@ class TrainConfig:
             )
         if self.warmup_steps < 0:
             raise ValueError(f"train.warmup_steps must be >= 0, got {self.warmup_steps}")
+        if not self.time_budget_s >= 0:
+            raise ValueError(f"train.time_budget_s must be >= 0 (0: train for train.steps), got {self.time_budget_s}")
 
 
 @dataclasses.dataclass(frozen=True)

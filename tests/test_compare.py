@@ -57,6 +57,30 @@ def test_compare_test_preset_end_to_end_and_resume(corpus_dir, tmp_path, capsys)
     assert [m["bpb"] for m in again["models"]] == [m["bpb"] for m in report["models"]]
 
 
+def test_compare_minutes_gives_every_compared_model_the_same_training_time(corpus_dir, tmp_path, capsys):
+    out = tmp_path / "cmp"
+    args = ["compare", "--preset", "test", "--data", f"files:{corpus_dir}", "--out", str(out), "--minutes", "0.05"]
+    assert cli.main(args) == 0
+    report = json.loads((out / "report.json").read_text())
+    assert schema_errors(report, REPORT_SCHEMA) == []
+    c = report["compare"]
+    assert c["matched"] == "training time" and c["time_budget_s"] == 3.0
+    for name, plan in c["models"].items():
+        info = json.loads((out / "runs" / name / "run.json").read_text())
+        assert info["status"] == "finished" and plan["steps"] == info["step"]
+        if name == "entropy":  # an artefact maker keeps its FLOP budget
+            assert plan["flop_budget"] == 1.0e9 and "time_budget_s" not in info
+        else:
+            assert plan["time_budget_s"] == info["time_budget_s"] == 3.0
+            assert info["train_s"] >= 3.0 or info["step"] == info["planned_steps"]  # the budget spent, or the planned horizon
+    md = (out / "report.md").read_text()
+    assert "3.0s of training time per compared model" in md and "train time" in md
+    capsys.readouterr()
+    assert cli.main(args) == 0  # finished runs are skipped
+    assert capsys.readouterr().err.count("skipped") >= 5
+    assert cli.main(["compare", "--preset", "test", "--out", str(out), "--minutes", "0"]) == 2
+
+
 def test_compare_resumes_an_interrupted_training(corpus_dir, tmp_path, monkeypatch):
     """A run stopped mid-way (as by Ctrl-C) is continued from its checkpoint by the next compare."""
     from bytelm.experiments import compare as cmp  # noqa: PLC0415

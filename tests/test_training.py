@@ -14,7 +14,8 @@ import pytest
 
 from bytelm.config import load_config
 from bytelm.errors import UserError
-from bytelm.training.trainer import TrainingDiverged, restore_trainer, train
+from bytelm.training.optim import learning_rate_schedule
+from bytelm.training.trainer import TrainingDiverged, _Clock, restore_trainer, train
 
 from conftest import WORDS, subprocess_env, word_corpus  # noqa: F401  (WORDS: imported by other test modules)
 
@@ -272,3 +273,71 @@ def test_resume_on_two_devices_and_finished_run_is_left_alone(corpus_dir, tmp_pa
     env = subprocess_env(2)
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert "OK" in r.stdout, r.stderr[-3000:]
+
+
+# -- time budgets -----------------------------------------------------------------------------
+
+BUDGET_S = 5.0
+
+
+def budget_cfg(corpus_dir, **extra):
+    over = {"train.time_budget_s": BUDGET_S, "train.steps": 1, "train.warmup_steps": 20, "train.log_every": 1, "eval.every": 0,
+            "train.checkpoint_every": 10**6, **extra}
+    return load_config(None, tiny_overrides(corpus_dir, **over))
+
+
+def _lr_matches_the_planned_schedule(cfg, run_dir, planned):
+    schedule = learning_rate_schedule(cfg.train)
+    recs = [r for r in metrics(run_dir) if r["step"] > 1 + _Clock.PROBE_STEPS]  # the plan is fixed after the probe
+    assert recs
+    for r in recs:
+        assert r["lr"] == pytest.approx(float(schedule(r["step"] - 1, planned)), rel=1e-6), r
+
+
+def test_time_budget_stops_the_run_with_a_checkpoint_and_a_final_eval(corpus_dir, tmp_path):
+    """``train.steps`` is ignored; the run plans its horizon from its first steps and stops when the
+    budget is spent (or at the horizon, if the steps got faster), within one step of it."""
+    cfg = budget_cfg(corpus_dir, **{"eval.every": 10**6})
+    result = train(cfg, tmp_path / "run")
+    info = json.loads((tmp_path / "run" / "run.json").read_text())
+    plans = metrics(tmp_path / "run", "plan")
+    assert len(plans) == 1 and info["planned_steps"] == plans[0]["planned_steps"] > 1  # steps = 1 ignored
+    steps = metrics(tmp_path / "run")
+    longest = max(r["step_s"] for r in steps[1:])  # (the first includes the compilation)
+    assert info["status"] == "finished" and result.step == info["step"] == steps[-1]["step"]
+    if info["step"] < info["planned_steps"]:  # stopped by the budget, within one step of it
+        assert BUDGET_S <= info["train_s"] <= BUDGET_S + 2 * longest
+    else:  # reached the horizon first: the budget is nearly spent
+        assert info["step"] == info["planned_steps"] and info["train_s"] <= BUDGET_S + 2 * longest
+    assert [e["step"] for e in metrics(tmp_path / "run", "eval")] == [info["step"]]  # the final evaluation
+    assert sorted(int(p.name) for p in (tmp_path / "run" / "checkpoints").iterdir() if p.name.isdigit()) == [info["step"]]
+    _lr_matches_the_planned_schedule(cfg, tmp_path / "run", info["planned_steps"])
+    assert train(cfg, tmp_path / "run").step == info["step"]  # finished: left alone
+
+
+def test_time_budget_resume_continues_the_schedule_and_the_budget(corpus_dir, tmp_path):
+    cfg = budget_cfg(corpus_dir, **{"train.checkpoint_every": 1})
+    first = train(cfg, tmp_path / "run", stop_after=1 + _Clock.PROBE_STEPS + 3)  # interrupted after the plan
+    planned = metrics(tmp_path / "run", "plan")[0]["planned_steps"]
+    assert json.loads((tmp_path / "run" / "run.json").read_text())["status"] == "stopped"
+    second = train(cfg, tmp_path / "run")
+    assert len(metrics(tmp_path / "run", "plan")) == 1  # not planned again
+    info = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert info["planned_steps"] == planned and info["status"] == "finished" and second.step > first.step
+    assert second.train_s > first.train_s  # the time already spent counts
+    train_s = [r["train_s"] for r in metrics(tmp_path / "run")]
+    assert train_s == sorted(train_s)  # one clock across the two invocations
+    _lr_matches_the_planned_schedule(cfg, tmp_path / "run", planned)
+
+
+def test_schedule_with_a_horizon_equals_optax():
+    import optax
+
+    for steps, warmup in ((300, 60), (12, 2), (1, 5), (5, 0)):
+        t = load_config(None, [f"train.steps={steps}", f"train.warmup_steps={warmup}"]).train
+        w = min(warmup, max(steps - 1, 0))
+        ref = optax.warmup_cosine_decay_schedule(t.learning_rate / max(w, 1), t.learning_rate, w, max(steps, w + 1), t.learning_rate * t.min_lr_ratio)
+        ours = learning_rate_schedule(t)
+        for c in range(steps + 3):
+            # the same formula in float32 with the operations in another order: ~2e-6 apart at most
+            assert float(ours(c, steps)) == pytest.approx(float(ref(c)), rel=1e-5)

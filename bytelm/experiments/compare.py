@@ -18,6 +18,7 @@ A **preset** (``configs/compare/NAME.toml``) names the budget, the model configs
     [compare]
     flop_budget = 3e12          # training FLOPs per compared model
     eval_points = 8             # periodic evaluations per run (the curves of bpb.png)
+    time_budget_s = 0           # optional, > 0: match training time instead (bytelm compare --minutes)
     set = ["data.segment_bytes=256"]   # overrides for every model (data settings, batch...)
 
     [tokenizer]
@@ -30,6 +31,11 @@ A **preset** (``configs/compare/NAME.toml``) names the budget, the model configs
     role = "entropy"            # trained first; BLT models use it (default role: "compared")
     flop_budget = 5e11          # optional: this model's own budget
     set = ["model.d_model=96"]  # optional: overrides for this model
+
+With a time budget (``[compare] time_budget_s`` or ``bytelm compare --minutes M``) every compared
+model trains for the same training time (``train.time_budget_s``: compilation included,
+evaluations not) instead of the same FLOPs; the artefact makers (the entropy model) keep their
+FLOP budget. The report says which budget was matched and shows every model's FLOPs and time.
 
 The compare stage fills in every artefact a family's task names (:attr:`Task.artefacts`: the
 tokenizer directory of a subword model, the entropy-model run of BLT) itself.
@@ -93,6 +99,7 @@ class Preset:
     models: tuple[ModelSpec, ...]
     overrides: tuple[str, ...] = ()
     eval_points: int = 8
+    time_budget_s: float = 0.0  # > 0: every compared model trains for this long instead of flop_budget
     vocab_size: int = 4096
     pattern: str = "cl100k"
 
@@ -139,7 +146,7 @@ def load_preset(name_or_path: str) -> Preset:
     if unknown:
         raise UserError(f"preset {path}: unknown section(s) {sorted(unknown)}; valid: compare, tokenizer, model")
     comp, tok = raw.get("compare", {}), raw.get("tokenizer", {})
-    for table, valid, label in ((comp, {"flop_budget", "eval_points", "set"}, "compare"), (tok, {"vocab_size", "pattern"}, "tokenizer")):
+    for table, valid, label in ((comp, {"flop_budget", "eval_points", "time_budget_s", "set"}, "compare"), (tok, {"vocab_size", "pattern"}, "tokenizer")):
         bad = set(table) - valid
         if bad:
             raise UserError(f"preset {path}: unknown key(s) {sorted(bad)} in [{label}]; valid: {', '.join(sorted(valid))}")
@@ -175,6 +182,7 @@ def load_preset(name_or_path: str) -> Preset:
         models=tuple(models),
         overrides=_strings(comp.get("set", []), f"preset {path} [compare] set"),
         eval_points=int(_number(comp.get("eval_points", 8), f"preset {path} eval_points")),
+        time_budget_s=_number(comp.get("time_budget_s", 0), f"preset {path} time_budget_s", positive=False),
         vocab_size=int(_number(tok.get("vocab_size", 4096), f"preset {path} vocab_size")),
         pattern=str(tok.get("pattern", "cl100k")),
     )
@@ -268,12 +276,15 @@ class _PlannedTask:
         return trainer.make_task(cfg, corpus, run_dir)
 
 
-def _run_finished(run_dir: Path, steps: int) -> bool:
+def _run_info(run_dir: Path) -> dict:
     path = run_dir / "run.json"
-    if not path.is_file():
-        return False
-    info = json.loads(path.read_text())
-    return info.get("status") == "finished" and info.get("step") == steps
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def _run_finished(run_dir: Path, steps: int | None) -> bool:
+    """Finished at ``steps`` (None: a time-budgeted run, whose config check already matched the budget)."""
+    info = _run_info(run_dir)
+    return info.get("status") == "finished" and (steps is None or info.get("step") == steps)
 
 
 class _Job:
@@ -339,27 +350,37 @@ class _Job:
             run_dir = self.out / "runs" / spec.name
             cfg = self.configs[spec.name]
             budget = spec.flop_budget or self.preset.flop_budget
+            seconds_budget = self.preset.time_budget_s if ROLES[spec.role] is None else 0.0
             planned = _PlannedTask.of(cfg, self.corpus[spec.name], run_dir)
             extra, steps, per_step = derived_schedule(cfg, planned, budget, self.preset.eval_points)
+            if seconds_budget:  # the FLOP plan's warmup and eval spacing stay; the time decides the steps
+                extra = [*extra, f"train.time_budget_s={seconds_budget}"]
             cfg = self.config_of(spec, extra)
             self.plan[spec.name] = {
                 "family": cfg.model.family, "role": spec.role, "config": str(spec.config), "overrides": list(spec.overrides),
-                "flop_budget": budget, "flops_per_step": per_step, "steps": steps, "run_dir": str(run_dir),
+                "flop_budget": None if seconds_budget else budget, "time_budget_s": seconds_budget or None,
+                "flops_per_step": per_step, "steps": None if seconds_budget else steps, "run_dir": str(run_dir),
             }
             trainer.check_run_config(run_dir, cfg)
-            if _run_finished(run_dir, steps):
-                self.say(f"train {spec.name}: finished earlier ({steps} steps), skipped")
+            plan = self.plan[spec.name]
+            if _run_finished(run_dir, plan["steps"]):
+                plan["steps"], plan["train_s"] = _run_info(run_dir)["step"], _run_info(run_dir).get("train_s")
+                self.say(f"train {spec.name}: finished earlier ({plan['steps']} steps), skipped")
                 continue
-            self.say(f"train {spec.name} ({cfg.model.family}): {steps} steps x {per_step:.3g} FLOPs = {steps * per_step:.3g} FLOPs")
+            if seconds_budget:
+                self.say(f"train {spec.name} ({cfg.model.family}): {seconds(seconds_budget)} of training at {per_step:.3g} FLOPs per step")
+            else:
+                self.say(f"train {spec.name} ({cfg.model.family}): {steps} steps x {per_step:.3g} FLOPs = {steps * per_step:.3g} FLOPs")
             t0 = time.perf_counter()
             label = f"train {spec.name}"
             result = trainer.train(cfg, run_dir, corpus=self.corpus[spec.name], progress=self.bar(label))
             self.timed(label, t0)
-            if result.stopped_by_signal or result.step < steps:
+            if result.stopped_by_signal or not _run_finished(run_dir, plan["steps"]):
                 raise CompareStopped(
-                    f"training {spec.name} stopped at step {result.step} of {steps} (checkpoint saved in {run_dir}); "
+                    f"training {spec.name} stopped at step {result.step} (checkpoint saved in {run_dir}); "
                     f"run the same compare again (same --out {self.out}) to resume"
                 )
+            plan["steps"], plan["train_s"] = result.step, result.train_s
 
     # 5.
     def evaluate_models(self) -> list[ModelResult]:
@@ -398,6 +419,8 @@ class _Job:
             "preset": p.name,
             "preset_path": str(p.path),
             "flop_budget": p.flop_budget,
+            "time_budget_s": p.time_budget_s or None,
+            "matched": "training time" if p.time_budget_s else "training FLOPs",
             "tokenizer": {"vocab_size": p.vocab_size, "pattern": p.pattern, "dir": str(self.artefacts["tokenizer"])},
             "models": self.plan,
         }
@@ -427,9 +450,15 @@ def compare(
     data_spec: str | None = None,
     progress: StageProgress | None = None,
     note: Note | None = None,
+    time_budget_s: float | None = None,
 ) -> CompareResult:
-    """Run (or resume) the comparison described by ``preset`` into ``out``; see the module docstring."""
+    """Run (or resume) the comparison described by ``preset`` into ``out``; see the module docstring.
+    ``time_budget_s`` (> 0) replaces the preset's: every compared model trains for that long."""
     preset = preset if isinstance(preset, Preset) else load_preset(preset)
+    if time_budget_s is not None:
+        if not time_budget_s > 0:
+            raise UserError(f"the time budget must be > 0 seconds, got {time_budget_s}")
+        preset = dataclasses.replace(preset, time_budget_s=float(time_budget_s))
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     job = _Job(preset, out, data_spec, progress, note)
@@ -459,6 +488,24 @@ def artefact_lines(report: dict) -> list[str]:
     return lines
 
 
+def matched_sentence(c: dict) -> str:
+    if c.get("time_budget_s"):
+        return (f"{seconds(c['time_budget_s'])} of training time per compared model (compilation included, evaluations "
+                "not; each model's FLOPs follow from its speed)")
+    return f"{c['flop_budget']:.3g} FLOPs per compared model (analytic training FLOPs, forward + backward)"
+
+
+def schedule_sentence(c: dict) -> str:
+    if c.get("time_budget_s"):
+        return (f"each compared model trained until {seconds(c['time_budget_s'])} of training time were spent (its learning-rate "
+                "horizon planned from its first steps' time); the entropy model at its own FLOP budget.")
+    return f"each compared model's steps = {human(c['flop_budget'])} FLOPs / FLOPs per step."
+
+
+def _budget_cell(plan: dict) -> str:
+    return seconds(plan["time_budget_s"]) if plan.get("time_budget_s") else f"{plan['flop_budget']:.3g} FLOPs"
+
+
 def markdown_report(report: dict) -> str:
     """``report.md`` of a comparison: the BPB table, the reference rows, per-directory tables,
     the schedule of every run and the stage wall times."""
@@ -467,8 +514,7 @@ def markdown_report(report: dict) -> str:
         f"# bytelm compare: preset `{c['preset']}`",
         "",
         *[f"- {h}" for h in header_lines(report)],
-        f"- matched training budget: {c['flop_budget']:.3g} FLOPs per compared model (analytic training FLOPs, "
-        "forward + backward)",
+        f"- matched training budget: {matched_sentence(c)}",
         f"- total wall time: {seconds(c['wall_s'])}",
         "",
         "## Bits per byte on the identical held-out bytes",
@@ -494,21 +540,25 @@ def markdown_report(report: dict) -> str:
             g = breakdown_table(report, key, metric="mean_bytes_per_global_step")
             if g:
                 lines += ["Bytes per global step per top-level directory (the token tax shows here):", "", g, ""]
+    trained = {m["name"]: m for m in report["models"] if m["kind"] == "run"}
     rows = [
-        [name, m["family"], m["role"], f"{m['flop_budget']:.3g}", f"{m['flops_per_step']:.3g}", str(m["steps"]), seconds(c["stages_s"].get(f"train {name}"))]
+        [
+            name, m["family"], m["role"], _budget_cell(m), f"{m['flops_per_step']:.3g}", str(m["steps"]),
+            human(trained[name]["flops"]) if name in trained else "-", seconds(m.get("train_s")),
+        ]
         for name, m in c["models"].items()
     ]
     lines += [
         "## Schedule",
         "",
-        table(["run", "family", "role", "budget", "FLOPs/step", "steps", "train wall"], rows, "lllrrrr"),
+        table(["run", "family", "role", "budget", "FLOPs/step", "steps", "train FLOPs", "train time"], rows, "lllrrrrr"),
         "",
         "## Stage wall times",
         "",
         table(["stage", "wall"], [[k, seconds(v)] for k, v in c["stages_s"].items()], "lr"),
         "",
         f"Tokenizer: {c['tokenizer']['vocab_size']} ids, pattern {c['tokenizer']['pattern']}. Training FLOPs are "
-        f"analytic (bytelm/training/flops.py); each compared model's steps = {human(c['flop_budget'])} FLOPs / FLOPs per step.",
+        f"analytic (bytelm/training/flops.py); {schedule_sentence(c)} *train time* counts compilation, not evaluations.",
         "",
     ]
     return "\n".join(lines)

@@ -16,6 +16,7 @@ Run directory layout::
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -69,6 +70,7 @@ class TrainResult:
     loss: float
     eval_bpb: float | None
     stopped_by_signal: bool = False
+    train_s: float | None = None  # training time (compilation included, evaluations not), summed across resumes
 
 
 def count_params(state: nnx.State) -> dict:
@@ -208,6 +210,8 @@ class Trainer:
         self.tx = make_optimizer(cfg.train)
         self.schedule = learning_rate_schedule(cfg.train)
         self._lr = jax.jit(self.schedule)  # one compiled call for the logged rate, not a dozen eager ops
+        # the step at which the schedule ends: train.steps, or what a time-budgeted run plans
+        self.horizon = cfg.train.steps
         # Every leaf on the mesh from the start (the step counts too, replicated): a leaf that only
         # lands on the mesh after the first step would make the second step compile again.
         replicated = jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec())
@@ -228,7 +232,7 @@ class Trainer:
         s = self._scores(params, batch)
         return jnp.sum(s.nll_BxT), (jnp.sum(s.mask_BxT), jnp.sum(s.nbytes_BxT))
 
-    def _step_fn(self, params, opt_state, batch):
+    def _step_fn(self, params, opt_state, batch, horizon):
         accum = self.cfg.train.grad_accum
         grad_fn = jax.value_and_grad(self._sums, has_aux=True)
         if accum == 1:
@@ -245,7 +249,7 @@ class Trainer:
             (grads, nll, count, nbytes), _ = jax.lax.scan(body, (zeros, 0.0, 0.0, 0.0), micro)
         count = jnp.maximum(count, 1.0)
         grads = jax.tree.map(lambda g: g / count, grads)
-        updates, opt_state = self.tx.update(grads, opt_state, params)
+        updates, opt_state = self.tx.update(grads, opt_state, params, horizon=horizon)
         params = jax.tree.map(jnp.add, params, updates)
         metrics = {
             "loss": nll / count,
@@ -270,7 +274,8 @@ class Trainer:
         }
 
     def train_step(self, batch: dict) -> dict:
-        self.params, self.opt_state, metrics = self._train_step(self.params, self.opt_state, self.device_batch(batch))
+        horizon = np.float32(self.horizon)  # an argument: a new horizon does not compile the step again
+        self.params, self.opt_state, metrics = self._train_step(self.params, self.opt_state, self.device_batch(batch), horizon)
         self.step += 1
         return metrics
 
@@ -321,9 +326,9 @@ def _finished_result(run_dir: Path, cfg: Config) -> TrainResult | None:
     if not path.is_file():
         return None
     run = json.loads(path.read_text())
-    if run.get("status") != "finished" or run.get("step") != cfg.train.steps:
-        return None
-    return TrainResult(run_dir, run["step"], run.get("final_loss", float("nan")), run.get("final_eval_bpb"))
+    if run.get("status") != "finished" or (run.get("step") != cfg.train.steps and not cfg.train.time_budget_s):
+        return None  # (a time-budgeted run's config matches the finished one: check_run_config)
+    return TrainResult(run_dir, run["step"], run.get("final_loss", float("nan")), run.get("final_eval_bpb"), train_s=run.get("train_s"))
 
 
 def make_task(cfg: Config, corpus, run_dir: Path | None = None) -> Task:
@@ -408,6 +413,54 @@ def eval_slice(corpus, eval_bytes: int) -> list[bytes]:
     return out
 
 
+class _Clock:
+    """A run's training time, summed across resumes: compilation, steps, logs and checkpoints
+    count; evaluations (inside :meth:`paused`) do not. For a time-budgeted run
+    (``train.time_budget_s``) it also plans the schedule's horizon: after the first step of an
+    invocation (which compiles), it times the next :attr:`PROBE_STEPS` steps and fixes the horizon
+    at the step where the remaining budget runs out at that pace."""
+
+    PROBE_STEPS = 3
+    UNPLANNED = 10**9  # the horizon until it is planned: warmup is unaffected, the cosine barely starts
+
+    def __init__(self, budget_s: float, spent_s: float, horizon: int | None):
+        self.budget_s, self.spent0, self.horizon = budget_s, spent_s, horizon
+        self.t0, self.paused_s = time.perf_counter(), 0.0
+        self.mark: float | None = None
+        self.step_s: float | None = None
+
+    def start(self) -> None:
+        """The clock runs from the training loop's start (set-up, e.g. a matmul-peak measurement, is not training)."""
+        self.t0, self.paused_s = time.perf_counter(), 0.0
+
+    def spent(self) -> float:
+        return self.spent0 + time.perf_counter() - self.t0 - self.paused_s
+
+    @contextlib.contextmanager
+    def paused(self):
+        t = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.paused_s += time.perf_counter() - t
+
+    def plan(self, step: int, steps_this_run: int) -> bool:
+        """Called after every step; True when it has just fixed :attr:`horizon`."""
+        if not self.budget_s or self.horizon is not None:
+            return False
+        if steps_this_run == 1:
+            self.mark = self.spent()
+        elif steps_this_run == 1 + self.PROBE_STEPS:
+            spent = self.spent()
+            self.step_s = (spent - self.mark) / self.PROBE_STEPS
+            self.horizon = step + max(0, int((self.budget_s - spent) / max(self.step_s, 1e-9)))
+            return True
+        return False
+
+    def exhausted(self, step: int) -> bool:
+        return self.spent() >= self.budget_s or (self.horizon is not None and step >= self.horizon)
+
+
 class _Run:
     """One invocation of :func:`train` on a run directory: its checkpoints, metrics, periodic
     evaluations and ``run.json``, around the trainer's steps."""
@@ -415,11 +468,14 @@ class _Run:
     def __init__(self, cfg: Config, run_dir: Path, trainer: Trainer, corpus):
         self.cfg, self.run_dir, self.trainer, self.task = cfg, run_dir, trainer, trainer.task
         self.ckpt = Checkpointer(run_dir / "checkpoints", keep=cfg.train.keep_checkpoints)
-        self.wall0 = 0.0
+        self.wall0, self.train_s0, self.horizon0 = 0.0, 0.0, None
         self.stats_run: dict[str, int] = {}  # the batches' host-side counts over the whole run (kept in checkpoints)
         self.last_good_step = self.ckpt.latest_step()
         if self.last_good_step is not None:
             self._resume(self.last_good_step)
+        self.budgeted = cfg.train.time_budget_s > 0
+        self.clock = _Clock(cfg.train.time_budget_s, self.train_s0, self.horizon0 if self.budgeted else cfg.train.steps)
+        trainer.horizon = self.clock.horizon if self.clock.horizon is not None else _Clock.UNPLANNED
         self.peak_total = self._peak_flops()
         self.flops_per_step = self.task.train_flops_per_position() * self.task.positions_per_step()
         self.info = self._run_info(corpus)
@@ -438,6 +494,8 @@ class _Run:
         if meta["data"]["seed"] != self.cfg.train.seed or meta["data"]["step"] != self.trainer.step:
             raise UserError(f"checkpoint {step} in {self.run_dir} has an inconsistent data-iterator state {meta['data']}")
         self.wall0 = float(meta.get("wall_s", 0.0))
+        self.train_s0 = float(meta.get("train_s", self.wall0))
+        self.horizon0 = meta.get("horizon")
         log.info("resumed %s at step %d", self.run_dir, self.trainer.step)
 
     def _peak_flops(self) -> float:
@@ -475,15 +533,22 @@ class _Run:
         atomic_write_text(self.run_dir / "run.json", json.dumps(record, indent=1))
 
     def save(self, step: int) -> None:
-        meta = {"step": step, "wall_s": self.wall_s(), "data": {"step": step, "seed": self.cfg.train.seed}, "stats": self.stats_run}
+        meta = {
+            "step": step, "wall_s": self.wall_s(), "train_s": self.clock.spent(), "horizon": self.clock.horizon,
+            "data": {"step": step, "seed": self.cfg.train.seed}, "stats": self.stats_run,
+        }
         self.ckpt.save(step, self.trainer.state_tree(), meta)
         self.last_good_step = step
 
     def bytes_seen(self) -> float:
         return self.trainer.step * self.task.positions_per_step() * self.task.bytes_per_position()
 
+    def finished(self) -> bool:
+        """The run has trained for ``train.steps``, or spent its time budget (or reached its planned horizon)."""
+        return self.clock.exhausted(self.trainer.step) if self.budgeted else self.trainer.step >= self.cfg.train.steps
+
     def log_train(self, m: dict, loss: float, step_s: float, progress) -> None:
-        trainer, steps = self.trainer, self.cfg.train.steps
+        trainer, steps = self.trainer, self.clock.horizon
         nbytes = float(m["bytes"])
         rec = {
             "kind": "train",
@@ -491,13 +556,14 @@ class _Run:
             "loss": loss,
             "bpb": float(m["bpb"]),
             "grad_norm": float(m["grad_norm"]),
-            "lr": float(trainer._lr(trainer.step - 1)),
+            "lr": float(trainer._lr(trainer.step - 1, np.float32(trainer.horizon))),
             "step_s": step_s,
             "bytes_s": nbytes / step_s,
             "tokens_s": float(m["positions"]) / step_s,
             "mfu": self.flops_per_step / step_s / self.peak_total,
             "flops": self.flops_per_step * trainer.step,
             "bytes_seen": self.bytes_seen(),
+            "train_s": self.clock.spent(),
             **self.task.stats_record(self.stats_log),
         }
         self.stats_log = {}
@@ -506,7 +572,8 @@ class _Run:
             progress(trainer.step, steps, f"loss {loss:.3f} bpb {rec['bpb']:.3f} {rec['bytes_s']:,.0f} B/s mfu {rec['mfu']:.2f}")
 
     def evaluate(self) -> None:
-        scores = self.trainer.evaluate(self.segments)
+        with self.clock.paused():  # evaluations do not count as training time
+            scores = self.trainer.evaluate(self.segments)
         self.metrics.write(
             {
                 "kind": "eval",
@@ -522,15 +589,16 @@ class _Run:
 
     # -- the loop ---------------------------------------------------------------------------
     def loop(self, progress, stop_after: int | None) -> None:
-        """Train until ``train.steps`` (or a signal, or ``stop_after`` steps of this invocation),
-        logging, evaluating and checkpointing on their schedules."""
-        cfg, trainer, tcfg = self.cfg, self.trainer, self.cfg.train
+        """Train until ``train.steps`` or the time budget (or a signal, or ``stop_after`` steps of
+        this invocation), logging, evaluating and checkpointing on their schedules."""
+        cfg, trainer, tcfg, clock = self.cfg, self.trainer, self.cfg.train, self.clock
         self.write_status("running")
         self.metrics = _Metrics(self.run_dir / "metrics.jsonl", trainer.step)
         batches = self.task.train_batches(trainer.step, jax.process_index(), jax.process_count())
         t_log, steps_since_log, steps_this_run = time.perf_counter(), 0, 0
+        clock.start()
         with _SignalFlag() as flag:
-            while trainer.step < tcfg.steps:
+            while not self.finished():
                 batch = next(batches)
                 for key, n in batch.pop(STATS_KEY, {}).items():
                     self.stats_log[key] = self.stats_log.get(key, 0) + n
@@ -547,11 +615,19 @@ class _Run:
                         "raise train.warmup_steps, then resume or start a new run."
                     )
                 self.last_loss = loss
-                if trainer.step % tcfg.log_every == 0 or trainer.step == tcfg.steps:
+                if clock.plan(trainer.step, steps_this_run):
+                    trainer.horizon = clock.horizon
+                    self.metrics.write(
+                        {"kind": "plan", "step": trainer.step, "planned_steps": clock.horizon, "step_s": clock.step_s,
+                         "train_s": clock.spent(), "time_budget_s": tcfg.time_budget_s}
+                    )
+                    log.info("time budget %.0fs: %.3fs per step, horizon planned at step %d", tcfg.time_budget_s, clock.step_s, clock.horizon)
+                last = self.finished()
+                if trainer.step % tcfg.log_every == 0 or last:
                     now = time.perf_counter()
                     self.log_train(m, loss, (now - t_log) / steps_since_log, progress)
                     t_log, steps_since_log = now, 0
-                if cfg.eval.every and (trainer.step % cfg.eval.every == 0 or trainer.step == tcfg.steps):
+                if cfg.eval.every and (trainer.step % cfg.eval.every == 0 or last):
                     self.evaluate()
                 if trainer.step % tcfg.checkpoint_every == 0:
                     self.save(trainer.step)
@@ -562,7 +638,7 @@ class _Run:
                     break
                 if stop_after is not None and steps_this_run >= stop_after:
                     break
-            if trainer.step >= tcfg.steps and self.last_good_step != trainer.step:
+            if self.finished() and self.last_good_step != trainer.step:
                 self.save(trainer.step)
 
     def close(self) -> None:
@@ -572,11 +648,15 @@ class _Run:
 
     def result(self) -> TrainResult:
         """Record the final status in ``run.json`` and return the result."""
-        done = self.trainer.step >= self.cfg.train.steps
+        done = self.finished() and not self.stopped_by_signal
+        budget = {}
+        if self.budgeted:
+            budget = {"time_budget_s": self.cfg.train.time_budget_s, "planned_steps": self.clock.horizon}
         self.write_status(
-            "finished" if done else "stopped", wall_s=self.wall_s(), final_loss=self.last_loss, final_eval_bpb=self.last_eval
+            "finished" if done else "stopped", wall_s=self.wall_s(), train_s=self.clock.spent(), final_loss=self.last_loss,
+            final_eval_bpb=self.last_eval, **budget,
         )
-        return TrainResult(self.run_dir, self.trainer.step, self.last_loss, self.last_eval, self.stopped_by_signal)
+        return TrainResult(self.run_dir, self.trainer.step, self.last_loss, self.last_eval, self.stopped_by_signal, self.clock.spent())
 
 
 def train(
