@@ -1,0 +1,118 @@
+"""Every family trained on meshes of 8 simulated CPU devices (data, FSDP, and data x FSDP x tensor)
+equals the same training on one device, and every weight is placed as the rules table says.
+
+One subprocess (``XLA_FLAGS=--xla_force_host_platform_device_count=8``) trains each family for
+three steps on each mesh and on one device, from the same initialisation and batches.
+
+Tolerance: the sharded programs sum gradients in another order (all-reduces over the mesh), so
+losses and gradients differ by float32 reassociation (~1e-7 relative). Adam divides each gradient
+by its own running scale, so a parameter's drift after a few steps is bounded by the learning rate
+times the relative gradient noise of its smallest gradients, not by 1e-7: at the learning rate used
+here (1e-3) the largest parameter difference is a few 1e-6, and 1e-5 leaves margin (at 3e-3 it
+reaches about 1.2e-5). Losses agree to 1e-5.
+"""
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from bytelm.baselines.bpe import train_bpe
+from bytelm.config import load_config
+from bytelm.data import load_corpus
+from bytelm.training.trainer import train
+
+from conftest import subprocess_env, word_corpus
+
+MESHES = {"data=8": (8, 1, 1), "fsdp=8": (1, 8, 1), "data=2 x fsdp=2 x tensor=2": (2, 2, 2)}
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    root = tmp_path_factory.mktemp("sharding")
+    corpus_dir = word_corpus(root / "corpus")
+    base = {
+        "data.source": f"files:{corpus_dir}", "data.segment_bytes": 64, "data.max_eval_bytes": 4096, "train.batch_size": 8,
+        "train.seq_len": 64, "train.learning_rate": 1e-3, "train.warmup_steps": 2, "train.peak_flops": 1e11,
+        "eval.every": 0, "train.steps": 3,
+    }
+    corpus = load_corpus(f"files:{corpus_dir}", segment_bytes=64, max_eval_bytes=4096)
+    train_bpe(corpus.documents("train"), vocab_size=320, pattern="cl100k", num_workers=1).save(root / "tokenizer")
+    entropy = {"model.family": "byte", "model.d_model": 32, "model.n_layers": 1, "model.n_heads": 2, "model.mlp_dim": 64, "model.window": 16}
+    train(load_config(None, [f"{k}={v}" for k, v in {**base, **entropy, "train.steps": 2}.items()]), root / "entropy")
+    lm = {"model.d_model": 32, "model.n_layers": 2, "model.n_heads": 2, "model.mlp_dim": 64}
+    families = {
+        "byte": {"model.family": "byte", **lm},
+        "bpe": {"model.family": "bpe", "model.tokenizer": str(root / "tokenizer"), **lm},
+        "megabyte": {
+            "model.family": "megabyte", "model.patch_size": 4, "model.embed_dim": 8, "model.global_d_model": 32,
+            "model.global_layers": 2, "model.global_heads": 2, "model.global_mlp_dim": 64, "model.local_d_model": 16,
+            "model.local_layers": 1, "model.local_heads": 2, "model.local_mlp_dim": 32,
+        },
+        "blt": {
+            "model.family": "blt", "model.entropy_run": str(root / "entropy"), "model.target_patch_len": 3.0,
+            "model.local_d_model": 32, "model.local_heads": 2, "model.local_mlp_dim": 64, "model.local_window": 16,
+            "model.global_d_model": 32, "model.global_heads": 2, "model.global_mlp_dim": 64, "model.global_layers": 1,
+            "model.hash_table_size": 64, "model.ngram_sizes": "3,4",
+        },
+    }
+    return base, families
+
+
+def test_every_family_sharded_equals_one_device(setup):
+    base, families = setup
+    code = textwrap.dedent(
+        f"""
+        import jax, numpy as np
+        from flax import nnx
+        from jax.sharding import PartitionSpec
+        from bytelm.config import load_config
+        from bytelm.data import load_corpus
+        from bytelm.training.sharding import logical_to_spec, make_mesh
+        from bytelm.training.trainer import Trainer, make_task
+
+        assert jax.device_count() == 8
+        base, families, meshes = {base!r}, {families!r}, {MESHES!r}
+
+        def cfg_of(kw, mesh=(1, 1, 1)):
+            over = {{**base, **kw, "train.mesh_data": mesh[0], "train.mesh_fsdp": mesh[1], "train.mesh_tensor": mesh[2]}}
+            return load_config(None, [f"{{k}}={{v}}" for k, v in over.items()])
+
+        def trimmed(spec):  # P('fsdp') and P('fsdp', None, None) place an array alike
+            spec = tuple(spec)
+            while spec and spec[-1] is None:
+                spec = spec[:-1]
+            return spec
+
+        corpus = load_corpus(base["data.source"], segment_bytes=64, max_eval_bytes=4096)
+        for family, kw in families.items():
+            cfg = cfg_of(kw)
+            task = make_task(cfg, corpus)
+            stream = task.train_batches(0)
+            batches = [next(stream) for _ in range(3)]
+            single = Trainer(cfg, task, mesh=make_mesh(cfg.train, devices=jax.devices()[:1]))
+            ref = [float(single.train_step(dict(b))["loss"]) for b in batches]
+            for name, mesh in meshes.items():
+                c = cfg_of(kw, mesh)
+                multi = Trainer(c, task, mesh=make_mesh(c.train))
+                assert tuple(multi.mesh.shape.values()) == mesh
+                losses = [float(multi.train_step(dict(b))["loss"]) for b in batches]
+                assert max(abs(a - b) for a, b in zip(losses, ref)) < 1e-5, (family, name, losses, ref)
+                worst = max(float(np.max(np.abs(np.asarray(a) - np.asarray(b))))
+                            for a, b in zip(jax.tree.leaves(multi.params), jax.tree.leaves(single.params)))
+                assert worst < 1e-5, (family, name, worst)
+                leaves = jax.tree_util.tree_flatten_with_path(multi.params, is_leaf=lambda x: isinstance(x, nnx.Variable))[0]
+                sharded = 0
+                for path, v in leaves:
+                    axes, arr = v.get_metadata().get("logical_axes"), v.get_value()
+                    want = logical_to_spec(axes, arr.shape, multi.mesh) if axes else PartitionSpec()
+                    assert trimmed(arr.sharding.spec) == trimmed(want), (family, name, jax.tree_util.keystr(path), arr.sharding.spec, want)
+                    sharded += any(a is not None for a in arr.sharding.spec)
+                assert sharded > 0 if mesh != (8, 1, 1) else sharded == 0, (family, name, sharded)  # weights split unless pure data parallel
+                print(family, name, "max param diff", worst, "sharded leaves", sharded, flush=True)
+        """
+    )
+    r = subprocess.run([sys.executable, "-c", code], env=subprocess_env(8), capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-4000:]
+    assert r.stdout.count("max param diff") == len(families) * len(MESHES), r.stdout
