@@ -12,6 +12,7 @@ import json
 import subprocess
 import sys
 
+import jax
 import numpy as np
 import pytest
 from flax import nnx
@@ -30,7 +31,7 @@ from bytelm.patching import EntropyModel
 from bytelm.patching.lengths import cap_starts
 from bytelm.patching.online import OnlineStarts
 from bytelm.patching.patchers import entropy_starts
-from bytelm.sampling.decoders import BLTDecoder, MegaByteDecoder, byte_decoder, token_decoder
+from bytelm.sampling.decoders import BLTDecoder, MegaByteDecoder, byte_decoder, byte_units, token_decoder
 from bytelm.sampling.generate import generate, stream, text_pieces
 from bytelm.sampling.sampler import SamplingOptions, choose
 
@@ -151,6 +152,41 @@ def test_blt_cache_equals_full_pass_and_patches_online_as_in_training(entropy_lm
         assert dec.global_calls - calls == 1 + (int(np.asarray(dec.starts[1 : len(full) + 1]).sum()) - closed_in_prompt)
     if max_patches == 8:
         assert int(np.asarray(dec.starts).sum()) == 8  # capped as in training
+
+
+def test_past_the_context_a_full_attention_cache_is_a_sliding_window():
+    """Past its context the ring buffer makes a full-attention model attend to its last ``context``
+    positions: the cached path must equal the full pass of the same weights with that window."""
+    S = 16
+    dec = byte_decoder(ByteLM(model_cfg(family="byte", window=0, **LM), rngs=nnx.Rngs(4)), S)
+    windowed = ByteLM(model_cfg(family="byte", window=S, **LM), rngs=nnx.Rngs(4))  # same initialisation
+    rng, allowed = np.random.default_rng(0), dec.allowed_V.copy()
+    allowed[EOS_ID] = False
+    ids, logits = [BOS_ID, *byte_units(b"abc")], dec.start(b"abc")
+    width = 64
+    full = jax.jit(lambda row: windowed(row))
+    while len(ids) < width:
+        row = np.zeros((1, width), np.int32)
+        row[0, : len(ids)] = ids
+        ref = np.asarray(full(row))[0, len(ids) - 1, : len(allowed)]
+        np.testing.assert_allclose(softmax(logits, allowed), softmax(ref, allowed), rtol=0, atol=TOL, err_msg=f"{len(ids)} ids")
+        unit = choose(logits, allowed, SamplingOptions(), rng)
+        ids.append(unit)
+        logits = dec.step(unit)
+    assert len(ids) > 3 * S
+
+
+def test_blt_past_the_context_lifts_the_slot_rule_and_splits_long_patches(entropy_lm):
+    model = BLT(model_cfg(**BLT_KW), rngs=nnx.Rngs(3))
+    settings = {"threshold": 100.0, "max_patch_len": 4}  # no entropy boundary: patches end by max_patch_len or the slots
+    dec = BLTDecoder(model, entropy_lm, settings, 24, 4)  # 4 slots in a window of 25 ids: they run out
+    out = generate(dec, b"ab", max_bytes=70, options=SamplingOptions(seed=1))
+    assert len(out) == 70
+    starts = np.flatnonzero(np.asarray(dec.starts))
+    assert list(starts[:4]) == [0, 1, 5, 9]  # in the window: BOS, then max_patch_len patches until the slots run out
+    after = starts[starts >= 24 + 1]  # past the window: the slot rule lifted, the long patch split at once
+    assert after[0] == 24 + 1 and set(np.diff(after)) == {4}
+    assert dec.global_calls == 1 + int(np.asarray(dec.starts[3 : dec.position + 1]).sum())  # the global ring wrapped
 
 
 @settings(max_examples=60, deadline=None)

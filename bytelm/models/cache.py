@@ -4,9 +4,10 @@ A :class:`KVCache` holds ``S`` slots of keys and values (rotated at their absolu
 the absolute position in each slot (-1: empty). :func:`stack_extend` runs a chunk of ``N`` new
 positions through a :class:`~bytelm.models.core.Transformer`: each layer writes the chunk's keys and
 values into slots ``position % S`` and attends from the chunk over the cache, under the causal
-mask and the stack's sliding window. So the cache is a ring buffer: a sliding-window stack keeps
-exactly its window, and a stack with full attention keeps its last ``S`` positions (its training
-context), which makes it a sliding window of ``S`` once a generation runs past that context.
+mask and the stack's sliding window. So the cache is a ring buffer of the last ``S`` positions
+(the decoders size it to the training context): a sliding-window stack attends to its window
+within it, and a stack with full attention becomes a sliding window of ``S`` once a generation
+runs past that context.
 
 A chunk of more than one position (the prefill of a prompt) must start on an empty cache and fit
 it (``N <= S``); decoding goes one position at a time. The attention runs through
@@ -54,6 +55,8 @@ def attention_extend(attn: Attention, x_BxNxD: jax.Array, cache: KVCache, pos0: 
     q_BxNxHxK = apply_rotary(q_BxNxHxK, cos[:, :, None], sin[:, :, None])
     k_BxNxHxK = apply_rotary(k_BxNxHxK, cos[:, :, None], sin[:, :, None])
     S = cache.pos_S.shape[0]
+    if N > S:  # (static) two positions of the chunk would share a slot
+        raise ValueError(f"a chunk of {N} positions does not fit a cache of {S} slots")
     slot_N = pos_N % S
     k_cache = cache.k_BxSxHxK.at[:, slot_N].set(k_BxNxHxK.astype(cache.k_BxSxHxK.dtype))
     v_cache = cache.v_BxSxHxK.at[:, slot_N].set(v_BxNxHxK.astype(cache.v_BxSxHxK.dtype))

@@ -31,8 +31,8 @@ class OnlineStarts:
         self.prev_h: np.float32 | None = None
 
     def start_at_zero(self) -> bool:
-        """Position 0 always starts the first patch."""
-        self.position, self.patches, self.run = 0, 1, 1
+        """Position 0 always starts the first patch (a new row: nothing before it counts)."""
+        self.position, self.patches, self.run, self.prev_h = 0, 1, 1, None
         return True
 
     def next(self, h: float) -> bool:
@@ -43,7 +43,8 @@ class OnlineStarts:
             wanted = True
         if self.monotonic is not None and self.prev_h is not None and h - self.prev_h > self.monotonic:
             wanted = True
-        if self.max_patch_len is not None and self.run == self.max_patch_len:
+        # (>=: a patch that grew past the limit under the slot cap is split as soon as the cap lifts)
+        if self.max_patch_len is not None and self.run >= self.max_patch_len:
             wanted = True
         if wanted and self.max_patches is not None and self.patches >= self.max_patches:
             wanted = False  # the slots are used: the rest joins the last patch

@@ -35,17 +35,24 @@ def load_decoder(run_dir: str | Path, *, step: int | None = None) -> Decoder:
 def stream(
     run_or_decoder: str | Path | Decoder, prompt: bytes, *, max_bytes: int = 256, options: SamplingOptions | None = None
 ) -> Iterator[bytes]:
-    """The bytes generated after ``prompt``, a unit's worth at a time."""
+    """The bytes generated after ``prompt``, a unit's worth at a time. The arguments are checked,
+    the run loaded and the prompt prefilled when it is called, before the first byte is asked for
+    (a prompt too long for the context is refused even with ``max_bytes=0``)."""
     if not isinstance(prompt, bytes | bytearray):
         raise UserError(f"the prompt must be bytes, got {type(prompt).__name__}")
     if max_bytes < 0:
         raise UserError(f"max_bytes must be >= 0, got {max_bytes}")
     decoder = run_or_decoder if isinstance(run_or_decoder, Decoder) else load_decoder(run_or_decoder)
     options = options or SamplingOptions()
+    logits = decoder.start(bytes(prompt))
+    return _units(decoder, logits, max_bytes, options)
+
+
+def _units(decoder: Decoder, logits: np.ndarray, max_bytes: int, options: SamplingOptions) -> Iterator[bytes]:
     rng = np.random.default_rng(options.seed)
     if max_bytes == 0:
         return
-    logits, produced = decoder.start(bytes(prompt)), 0
+    produced = 0
     while True:
         unit = choose(logits, decoder.allowed_V, options, rng)
         if unit == EOS_ID:

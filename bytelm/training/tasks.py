@@ -374,6 +374,12 @@ class BLTTask(ByteTask):
             return EntropyPatcher.from_settings(self.entropy_model, recorded), recorded.get("achieved_mean_patch_len")
         if m.threshold > 0:
             return EntropyPatcher(self.entropy_model, m.threshold, mono, m.max_patch_len), None
+        if self.corpus is None:
+            raise UserError(
+                f"the BLT run {self.run_dir} records no patching threshold (run.json 'patching') and model.threshold is 0, "
+                "so the threshold would be calibrated on the training corpus, which was not loaded: set model.threshold "
+                "or restore the run with its corpus"
+            )
         sample = WindowBatches(
             self.corpus.train_stream, batch_size=self.calibration_rows, window=self.cfg.train.seq_len + 1,
             seed=self.cfg.train.seed + 7919, process_index=0, process_count=1,
