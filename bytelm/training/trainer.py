@@ -596,25 +596,37 @@ class _Run:
         self.metrics = _Metrics(self.run_dir / "metrics.jsonl", trainer.step)
         batches = self.task.train_batches(trainer.step, jax.process_index(), jax.process_count())
         t_log, steps_since_log, steps_this_run = time.perf_counter(), 0, 0
+        pending: tuple[int, dict] | None = None  # the step whose loss has not been read yet, and its metrics
+
+        def settle() -> None:
+            """Read the pending step's loss (the host waits for that step only); stop on a non-finite one."""
+            nonlocal pending
+            step, m = pending
+            pending = None
+            loss = float(m["loss"])
+            if not math.isfinite(loss):
+                self.write_status("diverged", diverged_at_step=step, last_good_checkpoint=self.last_good_step)
+                raise TrainingDiverged(
+                    f"loss became {loss} at step {step}; the last good checkpoint "
+                    f"(step {self.last_good_step}) is kept in {self.run_dir / 'checkpoints'}. Lower train.learning_rate or "
+                    "raise train.warmup_steps, then resume or start a new run."
+                )
+            self.last_loss = loss
+
         clock.start()
         with _SignalFlag() as flag:
-            while not self.finished():
+            # one finished() decision per step (a time budget can run out between two looks)
+            while not (steps_this_run == 0 and self.finished()):
                 batch = next(batches)
                 for key, n in batch.pop(STATS_KEY, {}).items():
                     self.stats_log[key] = self.stats_log.get(key, 0) + n
                     self.stats_run[key] = self.stats_run.get(key, 0) + n
-                m = trainer.train_step(batch)
-                loss = float(m["loss"])
+                m = trainer.train_step(batch)  # dispatched: the device runs it while the host goes on
                 steps_since_log += 1
                 steps_this_run += 1
-                if not math.isfinite(loss):
-                    self.write_status("diverged", diverged_at_step=trainer.step, last_good_checkpoint=self.last_good_step)
-                    raise TrainingDiverged(
-                        f"loss became {loss} at step {trainer.step}; the last good checkpoint "
-                        f"(step {self.last_good_step}) is kept in {self.run_dir / 'checkpoints'}. Lower train.learning_rate or "
-                        "raise train.warmup_steps, then resume or start a new run."
-                    )
-                self.last_loss = loss
+                if pending is not None:
+                    settle()  # the previous step's loss, read one step late so the device queue never empties
+                pending = (trainer.step, m)
                 if clock.plan(trainer.step, steps_this_run):
                     trainer.horizon = clock.horizon
                     self.metrics.write(
@@ -623,13 +635,19 @@ class _Run:
                     )
                     log.info("time budget %.0fs: %.3fs per step, horizon planned at step %d", tcfg.time_budget_s, clock.step_s, clock.horizon)
                 last = self.finished()
-                if trainer.step % tcfg.log_every == 0 or last:
+                log_now = trainer.step % tcfg.log_every == 0 or last
+                eval_now = bool(cfg.eval.every) and (trainer.step % cfg.eval.every == 0 or last)
+                save_now = trainer.step % tcfg.checkpoint_every == 0
+                stop_now = flag.signum is not None or (stop_after is not None and steps_this_run >= stop_after)
+                if log_now or eval_now or save_now or stop_now or last:
+                    settle()  # this step's loss is needed (or its state is about to be kept)
+                if log_now:
                     now = time.perf_counter()
-                    self.log_train(m, loss, (now - t_log) / steps_since_log, progress)
+                    self.log_train(m, self.last_loss, (now - t_log) / steps_since_log, progress)
                     t_log, steps_since_log = now, 0
-                if cfg.eval.every and (trainer.step % cfg.eval.every == 0 or last):
+                if eval_now:
                     self.evaluate()
-                if trainer.step % tcfg.checkpoint_every == 0:
+                if save_now:
                     self.save(trainer.step)
                 if flag.signum is not None:
                     self.save(trainer.step)
@@ -638,6 +656,10 @@ class _Run:
                     break
                 if stop_after is not None and steps_this_run >= stop_after:
                     break
+                if last:
+                    break
+            if pending is not None:
+                settle()
             if self.finished() and self.last_good_step != trainer.step:
                 self.save(trainer.step)
 
