@@ -35,7 +35,7 @@ from bytelm.sampling.decoders import BLTDecoder, MegaByteDecoder, byte_decoder, 
 from bytelm.sampling.generate import generate, stream, text_pieces
 from bytelm.sampling.sampler import SamplingOptions, choose
 
-CONTEXT = 48
+CONTEXT = 32  # long enough to cross many patches, short enough to recompute at every step
 TOL = 1e-4
 
 
@@ -99,7 +99,7 @@ def test_megabyte_cache_equals_full_pass_across_patches(patch_size):
         calls = dec.global_calls
         units = check_every_step(dec, prompt, seed=i)
         n = len(prompt) + len(units)
-        assert n // patch_size >= 8
+        assert n // patch_size >= 6
         # the prefill, then one call per patch completed
         assert dec.global_calls - calls == 1 + (n // patch_size - len(prompt) // patch_size)
 
@@ -241,8 +241,8 @@ def test_choose_respects_top_k_top_p_and_the_allowed_ids():
 def test_edges_max_bytes_zero_empty_prompt_and_long_prompt(byte_dec):
     assert generate(byte_dec, b"abc", max_bytes=0) == b""
     assert len(generate(byte_dec, b"", max_bytes=5)) == 5  # starts from BOS alone
-    with pytest.raises(UserError, match="context is 48"):
-        generate(byte_dec, b"x" * CONTEXT, max_bytes=1)  # with its BOS, 49 positions
+    with pytest.raises(UserError, match=f"context is {CONTEXT}"):
+        generate(byte_dec, b"x" * CONTEXT, max_bytes=1)  # with its BOS, one position too many
     assert len(generate(byte_dec, b"x" * (CONTEXT - 1), max_bytes=1)) == 1
     # generation runs on past the context (the caches slide)
     assert len(generate(byte_dec, b"ab", max_bytes=2 * CONTEXT, options=SamplingOptions(greedy=True))) == 2 * CONTEXT

@@ -425,15 +425,21 @@ class _Clock:
 
     def __init__(self, budget_s: float, spent_s: float, horizon: int | None):
         self.budget_s, self.spent0, self.horizon = budget_s, spent_s, horizon
-        self.t0, self.paused_s = time.perf_counter(), 0.0
+        self.t0, self.paused_s, self.stopped_at = time.perf_counter(), 0.0, None
         self.mark: float | None = None
         self.step_s: float | None = None
 
     def start(self) -> None:
         """The clock runs from the training loop's start (set-up, e.g. a matmul-peak measurement, is not training)."""
-        self.t0, self.paused_s = time.perf_counter(), 0.0
+        self.t0, self.paused_s, self.stopped_at = time.perf_counter(), 0.0, None
+
+    def stop(self) -> None:
+        """Training has stopped: the final checkpoint and records do not count."""
+        self.stopped_at = self.spent()
 
     def spent(self) -> float:
+        if self.stopped_at is not None:
+            return self.stopped_at
         return self.spent0 + time.perf_counter() - self.t0 - self.paused_s
 
     @contextlib.contextmanager
@@ -660,6 +666,7 @@ class _Run:
                     break
             if pending is not None:
                 settle()
+            clock.stop()
             if self.finished() and self.last_good_step != trainer.step:
                 self.save(trainer.step)
 
