@@ -131,7 +131,7 @@ class BLT(nnx.Module):
         self.cfg = cfg
         self.vocab_rows = pad_vocab(NUM_BYTE_IDS, cfg.vocab_multiple)
         dt = COMPUTE_DTYPES[cfg.dtype]
-        kernels = resolve_kernels(cfg.attention, cfg.mlp, dtype=cfg.dtype)
+        kernels = resolve_kernels(cfg.attention, cfg.mlp, dtype=cfg.dtype, remat=cfg.remat)
         self.dtype = dt
         dl, dg, k = cfg.local_d_model, cfg.global_d_model, cfg.queries_per_patch
         std = dl**-0.5  # the reference's init of the byte and hash embeddings (truncated at 3 std)

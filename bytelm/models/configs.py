@@ -44,6 +44,7 @@ class ModelConfig:
     vocab_multiple: int = 128  # embedding/logit rows are padded up to a multiple of this
     attention: str = "auto"  # auto | xla | cudnn | halving (bytelm/models/kernels.py)
     mlp: str = "auto"  # auto | autodiff | manual: the SwiGLU backward (bytelm/models/kernels.py)
+    remat: str = "none"  # none | block | dots: what each block recomputes in the backward pass (bytelm/models/kernels.py)
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:

@@ -18,7 +18,7 @@ import numpy as np
 from flax import nnx
 
 from bytelm.models.attention import attend
-from bytelm.models.kernels import Kernels
+from bytelm.models.kernels import REMAT_POLICIES, Kernels
 
 Dtype = jnp.dtype
 COMPUTE_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}  # model.dtype names
@@ -205,8 +205,18 @@ class Block(nnx.Module):
         self.attn = Attention(d_model, n_heads, rngs=rngs, rope_base=rope_base, dtype=dtype, implementation=kernels.attention)
         self.mlp_norm = RMSNorm(d_model)
         self.mlp = MLP(d_model, d_hidden, rngs=rngs, dtype=dtype, backward=kernels.mlp)
+        self.remat = kernels.remat
 
     def __call__(self, x_BxTxD: jax.Array, *, positions_BxT=None, window: int = 0, causal: bool = True, mask_BxTxS=None) -> jax.Array:
+        if self.remat == "none":
+            return self._forward(x_BxTxD, positions_BxT, mask_BxTxS, window=window, causal=causal)
+
+        def forward(block, x, positions, mask):  # window and causal stay Python values (static)
+            return block._forward(x, positions, mask, window=window, causal=causal)
+
+        return nnx.remat(forward, policy=REMAT_POLICIES[self.remat])(self, x_BxTxD, positions_BxT, mask_BxTxS)
+
+    def _forward(self, x_BxTxD, positions_BxT, mask_BxTxS, *, window: int, causal: bool) -> jax.Array:
         h = x_BxTxD + self.attn(
             self.attn_norm(x_BxTxD), positions_BxT=positions_BxT, window=window, causal=causal, mask_BxTxS=mask_BxTxS
         ).astype(x_BxTxD.dtype)

@@ -22,6 +22,13 @@ when it is built, and hands the result to its layers.
   XLA CPU from recomputing the sigmoid in several fusions and from transposing the wide
   gradients inside strided loops.
 - ``auto``: ``manual`` on CPU (the only backend it was measured on), ``autodiff`` elsewhere.
+
+``remat`` (rematerialisation of each transformer block in the backward pass, ``jax.checkpoint``):
+
+- ``none``: keep every activation the backward pass needs (the fastest step, the most memory).
+- ``block``: keep only each block's input; recompute the block in the backward pass.
+- ``dots``: keep the outputs of the matmuls without batch dimensions (the projections), recompute
+  the rest (norms, activations, attention scores).
 """
 
 from __future__ import annotations
@@ -36,13 +43,19 @@ log = logging.getLogger(__name__)
 ATTENTION_BLOCK = 128  # the halving/blocked paths' leaf size, and their minimum of 2 blocks
 
 
+REMAT_POLICIES = {"block": None, "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable}  # (None: save nothing)
+
+
 @dataclasses.dataclass(frozen=True)
 class Kernels:
     attention: str  # "xla" | "cudnn" | "halving"
     mlp: str  # "autodiff" | "manual"
+    remat: str = "none"  # "none" | "block" | "dots"
 
 
-def resolve_kernels(attention: str = "auto", mlp: str = "auto", *, dtype: str = "float32", backend: str | None = None) -> Kernels:
+def resolve_kernels(
+    attention: str = "auto", mlp: str = "auto", *, dtype: str = "float32", backend: str | None = None, remat: str = "none"
+) -> Kernels:
     """The implementations for a model's ``attention`` and ``mlp`` choices in compute ``dtype`` on
     ``backend`` (default: JAX's default backend). Raises ``ValueError`` for a kernel the backend
     or dtype cannot run (an explicit ``cudnn`` where cuDNN cannot run falls back to ``xla`` with a
@@ -61,4 +74,6 @@ def resolve_kernels(attention: str = "auto", mlp: str = "auto", *, dtype: str = 
         mlp = "manual" if backend == "cpu" else "autodiff"
     if mlp not in ("autodiff", "manual"):
         raise ValueError(f"unknown mlp kernel {mlp!r}: use auto, autodiff or manual")
-    return Kernels(attention, mlp)
+    if remat not in ("none", *REMAT_POLICIES):
+        raise ValueError(f"unknown remat policy {remat!r}: use none, block or dots")
+    return Kernels(attention, mlp, remat)

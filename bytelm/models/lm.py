@@ -24,7 +24,7 @@ class DecoderLM(nnx.Module):
         self.vocab_rows = pad_vocab(n_valid, cfg.vocab_multiple)
         dtype = COMPUTE_DTYPES[cfg.dtype]
         self.dtype = dtype
-        kernels = resolve_kernels(cfg.attention, cfg.mlp, dtype=cfg.dtype)
+        kernels = resolve_kernels(cfg.attention, cfg.mlp, dtype=cfg.dtype, remat=cfg.remat)
         self.embed = Embed(self.vocab_rows, cfg.d_model, rngs=rngs)
         self.stack = Transformer(
             cfg.d_model, cfg.n_layers, cfg.n_heads, cfg.mlp_dim, rngs=rngs, kernels=kernels, window=cfg.window, rope_base=cfg.rope_base, dtype=dtype

@@ -41,7 +41,7 @@ class MegaByte(nnx.Module):
         self.patch_size = cfg.patch_size
         dtype = COMPUTE_DTYPES[cfg.dtype]
         self.dtype = dtype
-        kernels = resolve_kernels(cfg.attention, cfg.mlp, dtype=cfg.dtype)
+        kernels = resolve_kernels(cfg.attention, cfg.mlp, dtype=cfg.dtype, remat=cfg.remat)
         self.vocab_rows = pad_vocab(NUM_BYTE_IDS, cfg.vocab_multiple)
         self.global_embed = Embed(self.vocab_rows, cfg.embed_dim, rngs=rngs)
         self.global_pad = param(rngs, (cfg.global_d_model,), ("embed",), std=1.0)

@@ -56,6 +56,7 @@ RESUMABLE_CHANGES = {
     ("data", "cache_dir"),
     ("model", "attention"),  # kernels change speed, not parameters or results
     ("model", "mlp"),
+    ("model", "remat"),  # recomputation changes memory and speed, not parameters
 }
 
 
