@@ -193,16 +193,18 @@ def add_train(sub) -> None:
     p.set_defaults(func=cmd_train)
 
 
-def _minutes_override(minutes: float | None) -> list[str]:
+def _budget_seconds(minutes: float | None) -> float | None:
+    """``--minutes`` in seconds (None: not given)."""
     if minutes is None:
-        return []
+        return None
     if not minutes > 0:
         raise UserError(f"--minutes must be > 0, got {minutes}")
-    return [f"train.time_budget_s={60.0 * minutes}"]
+    return 60.0 * minutes
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    cfg = load_config(args.config, [*args.overrides, *_minutes_override(args.minutes)])
+    budget = _budget_seconds(args.minutes)
+    cfg = load_config(args.config, [*args.overrides, *([f"train.time_budget_s={budget}"] if budget else [])])
     out = Path(args.out) if args.out else Path("runs") / Path(args.config).stem
     bar = ProgressBar(f"train {out}", unit=" steps")
     try:
@@ -529,9 +531,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
         print(message, file=sys.stderr, flush=True)
 
     try:
-        minutes = _minutes_override(args.minutes)  # (validates)
         result = compare(args.preset, args.out, data_spec=args.data, progress=progress, note=note,
-                         time_budget_s=60.0 * args.minutes if minutes else None)
+                         time_budget_s=_budget_seconds(args.minutes))
     except CompareStopped as e:
         close()
         print(f"bytelm: {e}", file=sys.stderr)
