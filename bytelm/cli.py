@@ -31,6 +31,7 @@ from bytelm.evaluation.evaluator import evaluate_runs
 from bytelm.evaluation.external import export_heldout
 from bytelm.evaluation.report import seconds, terminal_report
 from bytelm.evaluation.results import EvalSet
+from bytelm.experiments.ablate import AblationStopped, ablate
 from bytelm.experiments.compare import CompareStopped, compare
 from bytelm.patching import EntropyModel, format_patches, patch_text, read_patch_source
 from bytelm.patching.plot import plot_entropies
@@ -112,6 +113,17 @@ def _stage_bars():
         current.clear()
 
     return progress, close
+
+
+def _stage_reporter():
+    """``(progress, note, close)``: stage bars, and notes printed on stderr below a closed bar."""
+    progress, close = _stage_bars()
+
+    def note(message: str) -> None:
+        close()
+        print(message, file=sys.stderr, flush=True)
+
+    return progress, note, close
 
 
 # -- data info --------------------------------------------------------------------------------
@@ -524,12 +536,7 @@ def add_compare(sub) -> None:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    progress, close = _stage_bars()
-
-    def note(message: str) -> None:
-        close()
-        print(message, file=sys.stderr, flush=True)
-
+    progress, note, close = _stage_reporter()
     try:
         result = compare(args.preset, args.out, data_spec=args.data, progress=progress, note=note,
                          time_budget_s=_budget_seconds(args.minutes))
@@ -541,6 +548,60 @@ def cmd_compare(args: argparse.Namespace) -> int:
         close()
     print(terminal_report(result.report))
     print(f"wall time {seconds(result.report['compare']['wall_s'])}; wrote {result.report_md}, {result.report_json}, {result.plot}")
+    return 0
+
+
+# -- ablate ---------------------------------------------------------------------------------------
+def add_ablate(sub) -> None:
+    p = sub.add_parser(
+        "ablate",
+        help="patch size vs subword vocabulary: a grid of runs at several FLOP budgets, with tuned learning rates",
+        description="Run the grid of configs/ablations/NAME.toml (or a grid file): MegaByte patch sizes, BLT patch "
+        "lengths and space patching, BPE vocabularies and patterns, the byte LM, each at every budget, sized by the "
+        "grid's size rule, all scored on the same held-out bytes. Each family's learning rate is chosen by a sweep at "
+        "the smallest budget on a validation split carved from the training documents. A finished run is skipped, "
+        "an interrupted one resumes, a failing one is reported and the others go on. Writes ablation.json, "
+        "ablation.md, bpb_vs_bytes_per_step.png, bpb_vs_flops.png (and bpb_per_group.png when the data has groups). "
+        "See docs/ablations.md.",
+    )
+    p.add_argument("grid", nargs="?", default="tiny", metavar="GRID",
+                   help="a grid in configs/ablations/ (micro, tiny, small, base) or a grid TOML file (default: tiny)")
+    _add_data_option(p)
+    p.add_argument("--out", default=None, metavar="DIR", help="output directory (default: runs/ablate-GRID)")
+    p.add_argument("--scale", type=float, default=1.0, metavar="S", help="multiply every budget (and the entropy model's) by S (default: 1)")
+    p.add_argument("--jobs", type=int, default=1, metavar="N",
+                   help="train N runs at once, each in its own 'bytelm train' process (default: 1, in this process)")
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--print-commands", action="store_true",
+                      help="train nothing: print one command per run of the first unfinished stage (artefacts, sweep, grid, "
+                      "seeds) for a scheduler, then run this again for the next stage")
+    mode.add_argument("--collect", action="store_true", help="train nothing: build the report from the runs on disk")
+    p.set_defaults(func=cmd_ablate)
+
+
+def cmd_ablate(args: argparse.Namespace) -> int:
+    progress, note, close = _stage_reporter()
+    out = args.out or f"runs/ablate-{Path(args.grid).stem}"
+    try:
+        result = ablate(args.grid, out, data_spec=args.data, scale=args.scale, jobs=args.jobs,
+                        print_commands=args.print_commands, collect=args.collect, progress=progress, note=note)
+    except AblationStopped as e:
+        close()
+        print(f"bytelm: {e}", file=sys.stderr)
+        return 130
+    finally:
+        close()
+    if args.print_commands:
+        for command in result.commands:
+            print(command)
+        left = "the grid is complete" if result.stage == "done" else f"stage {result.stage}: {len(result.commands)} command(s)"
+        print(f"# {left}; run them, then 'bytelm ablate ... --print-commands' again for the next stage, "
+              "or '--collect' for the report", file=sys.stderr)
+        return 0
+    for sentence in result.report["sentences"]:
+        print(sentence)
+    state = "complete" if result.stage == "done" else f"incomplete (stage {result.stage})"
+    print(f"grid {state}; wrote {result.out / 'ablation.md'}, {result.out / 'ablation.json'} and the plots")
     return 0
 
 
@@ -637,6 +698,7 @@ def build_parser() -> argparse.ArgumentParser:
         add(tok_sub)
     add_eval(sub)
     add_compare(sub)
+    add_ablate(sub)
     add_sample(sub)
     return parser
 

@@ -35,6 +35,9 @@ class DataConfig:
     source: str = "stdlib"  # data spec: stdlib | files:PATH[?split=...] | tfds:...
     split_seed: int = 0  # seed of the stable hash split
     heldout_fraction: float = 0.05  # expected fraction of documents held out
+    # expected fraction of the other documents kept out of training as the validation split, on
+    # which learning rates are selected (bytelm ablate); 0 = none. The held-out bytes do not move.
+    validation_fraction: float = 0.0
     segment_bytes: int = 1024  # evaluation segments are at most this long
     max_eval_bytes: int = 1 << 20  # total bytes scored by the evaluator
     cache_dir: str = ""  # "" = $BYTELM_CACHE_DIR or ~/.cache/bytelm
@@ -42,6 +45,8 @@ class DataConfig:
     def __post_init__(self) -> None:
         if not 0.0 < self.heldout_fraction < 1.0:
             raise ValueError(f"data.heldout_fraction must be in (0, 1), got {self.heldout_fraction}")
+        if not 0.0 <= self.validation_fraction < 1.0:
+            raise ValueError(f"data.validation_fraction must be in [0, 1) (0: no validation split), got {self.validation_fraction}")
         if self.segment_bytes < 1 or self.max_eval_bytes < 1:
             raise ValueError(
                 f"data.segment_bytes ({self.segment_bytes}) and data.max_eval_bytes "

@@ -122,3 +122,34 @@ def test_presets_load_and_bad_presets_fail(tmp_path):
     bad.write_text('[compare]\nflop_budget = 1e9\n[[model]]\nname = "x"\nconfig = "missing.toml"\n')
     with pytest.raises(UserError, match="not found"):
         load_preset(str(bad))
+
+
+def test_compare_chooses_each_models_learning_rate_on_the_validation_split(corpus_dir, tmp_path):
+    """``[compare] learning_rates``: a short run per rate, scored on the validation split; the
+    lowest validation BPB trains the compared run, and the report shows every rate's score."""
+    from bytelm.experiments import compare as cmp  # noqa: PLC0415
+
+    preset = load_preset("test")
+    preset = cmp.Preset(**{
+        **preset.__dict__, "models": tuple(m for m in preset.models if m.name == "byte"),
+        "overrides": (*preset.overrides, "data.validation_fraction=0.1"), "learning_rates": (1e-3, 1e-2), "sweep_fraction": 0.5,
+    })
+    out = tmp_path / "cmp"
+    result = cmp.compare(preset, out, data_spec=f"files:{corpus_dir}")
+    for name in ("byte",):
+        plan = result.report["compare"]["models"][name]
+        sweep = plan["lr_sweep"]
+        scores = {float(k): v for k, v in sweep["validation_bpb"].items()}
+        assert set(scores) == {1e-3, 1e-2} and sweep["chosen"] == min(scores, key=scores.get)
+        assert plan["learning_rate"] == sweep["chosen"]
+        cfg = (out / "runs" / name / "config.toml").read_text()
+        assert f"learning_rate = {sweep['chosen']}" in cfg
+        for lr in (1e-3, 1e-2):  # the sweep runs: half the budget each, on their own directories
+            info = json.loads((out / "sweeps" / name / f"lr{lr:g}" / "run.json").read_text())
+            assert info["status"] == "finished" and abs(2 * info["step"] - plan["steps"]) <= 1
+        row = next(m for m in result.report["models"] if m["name"] == name)
+        assert row["bpb"] not in scores.values()  # the held-out score is not the validation one
+    assert "validation BPB" in result.report_md.read_text() or "validation split" in result.report_md.read_text()
+    bad = cmp.Preset(**{**preset.__dict__, "overrides": tuple(o for o in preset.overrides if "validation" not in o)})
+    with pytest.raises(UserError, match="validation_fraction"):
+        cmp.compare(bad, tmp_path / "bad", data_spec=f"files:{corpus_dir}")

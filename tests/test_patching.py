@@ -524,3 +524,24 @@ def test_cli_bad_run_dirs(entropy_run, tmp_path, capsys):
         (blt / "run.json").write_text(json.dumps({"family": "blt", **info}))
         fails(blt, match=match)
     fails(entropy_run, "--target-len", "0.5", match="below 1")
+
+
+def test_space_patcher_layout_follows_the_space_rule_and_covers_every_byte():
+    """BLT's space patching (model.patching = "space"): starts after every space-like byte, split at
+    max_patch_len, and the layout's lengths tile each row's real positions."""
+    from bytelm.patching import SpacePatcher, apply_max_len, real_lengths, starts_to_lengths, valid_mask  # noqa: PLC0415
+
+    text = [b"def f(x):  return x + 1\n", b"aaaaaaaaaaaaaaaaaaaaaaaaa b", "zwölf Boxkämpfer".encode()]
+    ids = np.full((3, 32), PAD_ID, np.int32)
+    for r, t in enumerate(text):
+        row = np.concatenate([[BOS_ID], np.frombuffer(t, np.uint8).astype(np.int32) + BYTE_OFFSET])
+        ids[r, : len(row)] = row
+    patcher = SpacePatcher(max_patch_len=8)
+    starts = patcher.starts(ids)
+    np.testing.assert_array_equal(starts, apply_max_len(space_starts(ids), 8, valid=valid_mask(ids)))
+    layout = patcher.layout(ids, max_patches=32)
+    n = real_lengths(ids)
+    np.testing.assert_array_equal(layout.lengths_BxP.sum(axis=1), n)
+    np.testing.assert_array_equal(layout.lengths_BxP, starts_to_lengths(starts, n, 32))
+    assert layout.lengths_BxP.max() <= 8 and not layout.overflow_B.any()
+    assert patcher.record() == {"rule": "space", "max_patch_len": 8}

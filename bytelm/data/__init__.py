@@ -11,6 +11,7 @@ from bytelm.data.corpus import (
     default_cache_dir,
     fingerprint_segments,
     is_heldout,
+    is_validation,
     load_corpus,
     load_corpus_from_config,
 )
@@ -24,6 +25,7 @@ __all__ = [
     "default_cache_dir",
     "fingerprint_segments",
     "is_heldout",
+    "is_validation",
     "load_corpus",
     "load_corpus_from_config",
     "parse_source",

@@ -50,6 +50,16 @@ def is_heldout(name: str, split_seed: int, heldout_fraction: float) -> bool:
     return int.from_bytes(digest, "little") / 2.0**64 < heldout_fraction
 
 
+def is_validation(name: str, split_seed: int, validation_fraction: float) -> bool:
+    """Of the documents not held out, the validation ones: a second hash of (seed, name), salted so
+    that it is independent of the held-out draw. Validation documents leave the training stream;
+    they are what hyperparameters are selected on (never the held-out segments that reports score)."""
+    if validation_fraction <= 0:
+        return False
+    digest = hashlib.blake2b(f"{split_seed}\0validation\0{name}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") / 2.0**64 < validation_fraction
+
+
 @dataclasses.dataclass(frozen=True)
 class Segment:
     """One scored piece of held-out text: ``length`` bytes of document ``doc`` from ``start``."""
@@ -82,6 +92,8 @@ class Corpus:
         self.names: list[str] = self.manifest["names"]
         self.groups: list[str] = self.manifest["groups"]
         self.heldout = np.asarray(self.manifest["heldout"], dtype=bool)
+        # carved from the train documents (data.validation_fraction); absent in older caches
+        self.validation = np.asarray(self.manifest.get("validation") or [False] * len(self.names), dtype=bool)
         self.offsets = np.fromfile(self.path / "offsets.i64", dtype=np.int64)
         n_bytes = int(self.offsets[-1])
         self.data = (
@@ -109,10 +121,12 @@ class Corpus:
         if split == "all":
             return np.arange(self.n_documents)
         if split == "train":
-            return np.flatnonzero(~self.heldout)
+            return np.flatnonzero(~self.heldout & ~self.validation)
+        if split == "validation":
+            return np.flatnonzero(self.validation)
         if split == "heldout":
             return np.flatnonzero(self.heldout)
-        raise ValueError(f"split must be 'train', 'heldout' or 'all', got {split!r}")
+        raise ValueError(f"split must be 'train', 'validation', 'heldout' or 'all', got {split!r}")
 
     def documents(self, split: str = "all") -> Iterator[bytes]:
         """The documents of ``split`` as ``bytes``, in canonical (source) order."""
@@ -137,9 +151,17 @@ class Corpus:
     def segments(self) -> list[Segment]:
         """Held-out documents in canonical order, cut into pieces of at most ``segment_bytes``,
         capped at ``max_eval_bytes`` in total (the last piece is cut to fit the cap)."""
+        return self.segments_of("heldout")
+
+    @functools.cached_property
+    def validation_segments(self) -> list[Segment]:
+        """The validation documents cut like the held-out ones (empty without a validation split)."""
+        return self.segments_of("validation")
+
+    def segments_of(self, split: str) -> list[Segment]:
         out: list[Segment] = []
         budget = self.max_eval_bytes
-        for d in self.document_indices("heldout"):
+        for d in self.document_indices(split):
             length = int(self.offsets[d + 1] - self.offsets[d])
             for start in range(0, length, self.segment_bytes):
                 if budget <= 0:
@@ -153,8 +175,8 @@ class Corpus:
         base = int(self.offsets[seg.doc]) + seg.start
         return self.data[base : base + seg.length].tobytes()
 
-    def segment_data(self) -> list[bytes]:
-        return [self.segment_bytes_of(s) for s in self.segments]
+    def segment_data(self, segments: list[Segment] | None = None) -> list[bytes]:
+        return [self.segment_bytes_of(s) for s in (self.segments if segments is None else segments)]
 
     @property
     def eval_bytes(self) -> int:
@@ -171,8 +193,10 @@ class Corpus:
             "source": self.manifest.get("source", self.spec),
             "documents": self.n_documents,
             "bytes": self.n_bytes,
-            "train_documents": int((~self.heldout).sum()),
+            "train_documents": len(self.document_indices("train")),
             "train_bytes": self.split_bytes("train"),
+            "validation_documents": int(self.validation.sum()),
+            "validation_bytes": self.split_bytes("validation"),
             "heldout_documents": int(self.heldout.sum()),
             "heldout_bytes": self.split_bytes("heldout"),
             "eval_segments": len(self.segments),
@@ -196,18 +220,19 @@ def fingerprint_segments(segments: list[bytes]) -> str:
     return h.hexdigest()
 
 
-def _cache_key(spec: str, signature: str, split_seed: int, heldout_fraction: float) -> str:
-    payload = json.dumps(
-        {"v": CACHE_VERSION, "spec": spec, "sig": signature, "seed": split_seed, "frac": heldout_fraction},
-        sort_keys=True,
-    )
+def _cache_key(spec: str, signature: str, split_seed: int, heldout_fraction: float, validation_fraction: float = 0.0) -> str:
+    key = {"v": CACHE_VERSION, "spec": spec, "sig": signature, "seed": split_seed, "frac": heldout_fraction}
+    if validation_fraction > 0:  # caches without a validation split keep their key
+        key["val"] = validation_fraction
+    payload = json.dumps(key, sort_keys=True)
     return hashlib.sha256(payload.encode()).hexdigest()[:24]
 
 
-def _build(source, out: Path, split_seed: int, heldout_fraction: float, progress: Progress | None) -> None:
+def _build(source, out: Path, split_seed: int, heldout_fraction: float, validation_fraction: float, progress: Progress | None) -> None:
     names: list[str] = []
     groups: list[str] = []
     heldout: list[bool] = []
+    validation: list[bool] = []
     offsets = [0]
     train_len = 0
     with open(out / "bytes.u8", "wb") as fb, open(out / "train.u16", "wb") as ft:
@@ -216,9 +241,11 @@ def _build(source, out: Path, split_seed: int, heldout_fraction: float, progress
             groups.append(doc.group)
             held = is_heldout(doc.name, split_seed, heldout_fraction)
             heldout.append(held)
+            valid = not held and is_validation(doc.name, split_seed, validation_fraction)
+            validation.append(valid)
             fb.write(doc.data)
             offsets.append(offsets[-1] + len(doc.data))
-            if not held:
+            if not held and not valid:
                 ids = np.empty(len(doc.data) + 2, np.uint16)
                 ids[0] = BOS_ID
                 ids[1:-1] = np.frombuffer(doc.data, np.uint8)
@@ -238,6 +265,8 @@ def _build(source, out: Path, split_seed: int, heldout_fraction: float, progress
         "names": names,
         "groups": groups,
         "heldout": heldout,
+        "validation_fraction": validation_fraction,
+        "validation": validation,
         "train_stream_len": train_len,
     }
     (out / "manifest.json").write_text(json.dumps(manifest))
@@ -248,6 +277,7 @@ def load_corpus(
     *,
     split_seed: int = 0,
     heldout_fraction: float = 0.05,
+    validation_fraction: float = 0.0,
     segment_bytes: int = 1024,
     max_eval_bytes: int = 1 << 20,
     cache_dir: str | os.PathLike | None = None,
@@ -262,19 +292,27 @@ def load_corpus(
     """
     if not 0.0 < heldout_fraction < 1.0:
         raise UserError(f"data.heldout_fraction must be in (0, 1), got {heldout_fraction}")
+    if not 0.0 <= validation_fraction < 1.0:
+        raise UserError(f"data.validation_fraction must be in [0, 1) (0: no validation split), got {validation_fraction}")
     if segment_bytes < 1:
         raise UserError(f"data.segment_bytes must be >= 1, got {segment_bytes}")
     if max_eval_bytes < 1:
         raise UserError(f"data.max_eval_bytes must be >= 1, got {max_eval_bytes}")
     source = parse_source(spec)
     root = Path(cache_dir) if cache_dir else default_cache_dir()
-    path = root / "corpora" / _cache_key(source.spec, source.signature(), split_seed, heldout_fraction)
+    path = root / "corpora" / _cache_key(source.spec, source.signature(), split_seed, heldout_fraction, validation_fraction)
     if not (path / "manifest.json").is_file():
         with atomic_directory(path) as tmp:
-            _build(source, tmp, split_seed, heldout_fraction, progress)
+            _build(source, tmp, split_seed, heldout_fraction, validation_fraction, progress)
     corpus = Corpus(path, segment_bytes=segment_bytes, max_eval_bytes=max_eval_bytes)
     if require_split:
         _check_split(corpus, spec, heldout_fraction)
+        if validation_fraction > 0 and (not corpus.validation.any() or not len(corpus.document_indices("train"))):
+            raise UserError(
+                f"data.validation_fraction {validation_fraction} of {spec!r} leaves "
+                f"{int(corpus.validation.sum())} validation and {len(corpus.document_indices('train'))} train document(s); "
+                "both must be non-empty: change the fraction or split the files into more documents"
+            )
     return corpus
 
 
@@ -284,6 +322,7 @@ def load_corpus_from_config(data_cfg, *, progress: Progress | None = None, requi
         data_cfg.source,
         split_seed=data_cfg.split_seed,
         heldout_fraction=data_cfg.heldout_fraction,
+        validation_fraction=data_cfg.validation_fraction,
         segment_bytes=data_cfg.segment_bytes,
         max_eval_bytes=data_cfg.max_eval_bytes,
         cache_dir=data_cfg.cache_dir or None,

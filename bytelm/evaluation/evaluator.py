@@ -154,8 +154,15 @@ def evaluate_run(
     model) changed since training is refused with :class:`UserError`.
     """
     run_dir = Path(run_dir)
-    info = read_run_json(run_dir)
     trainer = restore_trainer(run_dir, corpus=corpus if corpus is not None else eval_set.corpus)
+    return evaluate_trained(trainer, run_dir, eval_set, name=name, progress=progress)
+
+
+def evaluate_trained(trainer, run_dir: str | Path, eval_set: EvalSet, *, name: str | None = None, progress: Progress | None = None) -> ModelResult:
+    """:func:`evaluate_run` with the run's trainer already in memory (the one training just
+    returned, :attr:`TrainResult.trainer`, whose state is the run's last checkpoint)."""
+    run_dir = Path(run_dir)
+    info = read_run_json(run_dir)
     scores, global_steps, pipeline_stats = evaluate_trainer(trainer, eval_set, progress=progress)
     step = trainer.step
     positions = float(info.get("positions_per_step") or trainer.task.positions_per_step())

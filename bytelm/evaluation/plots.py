@@ -1,4 +1,5 @@
-"""The comparison figure: held-out BPB against training FLOPs, one line per model (matplotlib's Agg
+"""The figures: the comparison's held-out BPB against training FLOPs, one line per model, and the
+ablation's BPB against bytes per global step, training curves and per-group BPB (matplotlib's Agg
 canvas: no pyplot, no display needed)."""
 
 from __future__ import annotations
@@ -64,7 +65,98 @@ def plot_bpb_vs_flops(
     ax.grid(True, which="both", alpha=0.3)
     if curves:
         ax.legend(fontsize=8)
+    _save(fig, path)
+
+
+def _save(fig: Figure, path: str | Path) -> None:
     fig.tight_layout()
     buf = io.BytesIO()
     fig.savefig(buf, format="png")
     atomic_write_bytes(path, buf.getvalue())
+
+
+def _grid_cells(report: dict, budget_index: int | None = None) -> list[dict]:
+    """The ablation's seed-0 grid cells (of one budget) that have a held-out score."""
+    return [r for r in report["runs"] if r.get("in_grid") and r["seed"] == 0 and r.get("bpb") is not None
+            and (budget_index is None or r["budget_index"] == budget_index)]
+
+
+def _series(row: dict) -> str:
+    """One series per family; a BPE family's pre-tokenizer patterns are series of their own."""
+    pattern = next((p.split("=", 1)[1] for p in row["cell"].split(",") if p.startswith("pattern=")), None)
+    return f"{row['family']} ({pattern})" if pattern else row["family"]
+
+
+def plot_bpb_vs_bytes_per_step(path: str | Path, report: dict) -> None:
+    """One panel per budget: held-out BPB against mean bytes per global step (log2 axis), one
+    series per family (the patch size, mean patch length or bytes per token is the knob)."""
+    budgets = report["budgets"]
+    fig = Figure(figsize=(5.0 * max(1, len(budgets)), 4.4), dpi=110)
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(1, max(1, len(budgets)), sharey=True, squeeze=False)[0]
+    colors: dict[str, str] = {}
+    for b, (ax, budget) in enumerate(zip(axes, budgets)):
+        groups: dict[str, list[tuple[float, float, str]]] = {}
+        for r in _grid_cells(report, b):
+            if r.get("mean_bytes_per_global_step"):
+                groups.setdefault(_series(r), []).append((r["mean_bytes_per_global_step"], r["bpb"], r["cell"]))
+        for name, pts in sorted(groups.items()):
+            pts.sort()
+            (line,) = ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=name, color=colors.get(name))
+            colors.setdefault(name, line.get_color())
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("mean bytes per global step (held-out)")
+        ax.set_title(f"{budget:.3g} training FLOPs", fontsize=10)
+        ax.grid(True, which="both", alpha=0.3)
+        if groups:
+            ax.legend(fontsize=7)
+    axes[0].set_ylabel("bits per byte (held-out)")
+    fig.suptitle(f"ablation {report['grid']}: BPB vs bytes per global step", fontsize=11)
+    _save(fig, path)
+
+
+def plot_training_curves(path: str | Path, report: dict) -> None:
+    """The periodic held-out evaluations of every grid cell against training FLOPs: one colour per
+    family, one line style per budget; stars are the final full-set scores."""
+    fig = Figure(figsize=(8.0, 5.0), dpi=110)
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    colors: dict[str, str] = {}
+    styles = ["-", "--", ":", "-."]
+    for r in sorted(_grid_cells(report), key=lambda r: (r["family"], r["budget_index"], r["cell"])):
+        pts = sorted(p for p in eval_curve(r["run_dir"]) if p[0] > 0)
+        color = colors.get(r["family"])
+        label = None if color else r["family"]
+        if pts:
+            (line,) = ax.plot([p[0] for p in pts], [p[1] for p in pts], styles[r["budget_index"] % 4], color=color, linewidth=1,
+                              alpha=0.8, label=label)
+            color = colors.setdefault(r["family"], line.get_color())
+        if r.get("train_flops"):
+            ax.plot([r["train_flops"]], [r["bpb"]], marker="*", markersize=8, color=color or "k", linestyle="none")
+    ax.set_xscale("log")
+    ax.set_xlabel("training FLOPs (analytic)")
+    ax.set_ylabel("bits per byte (held-out)")
+    ax.set_title(f"ablation {report['grid']}: training curves (line style = budget)", fontsize=10)
+    ax.grid(True, which="both", alpha=0.3)
+    if colors:
+        ax.legend(fontsize=8)
+    _save(fig, path)
+
+
+def plot_bpb_per_group(path: str | Path, groups: dict[str, dict[str, float]], *, title: str) -> None:
+    """Grouped bars: ``groups`` maps a series (a family's best cell) to BPB per group (directory)."""
+    names = list(groups)
+    labels = list(dict.fromkeys(k for g in groups.values() for k in g))
+    fig = Figure(figsize=(max(6.0, 0.9 * len(labels) * max(1, len(names)) / 2 + 3), 4.4), dpi=110)
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    width = 0.8 / max(1, len(names))
+    for i, name in enumerate(names):
+        xs = [j + i * width for j in range(len(labels))]
+        ax.bar(xs, [groups[name].get(k, float("nan")) for k in labels], width, label=name)
+    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(labels))], labels, rotation=30, ha="right", fontsize=8)
+    ax.set_ylabel("bits per byte (held-out)")
+    ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=7)
+    ax.grid(True, axis="y", alpha=0.3)
+    _save(fig, path)

@@ -1,6 +1,6 @@
 """What the evaluator produces: the evaluation set and one result row per model.
 
-A leaf module of :mod:`bytelm.evaluation` (it imports only the arithmetic of :mod:`~bytelm.evaluation.bpb`), shared by the evaluator,
+A leaf module of :mod:`bytelm.evaluation` (it imports only the arithmetic of :mod:`~bytelm.evaluation.bpb` and the segment fingerprint of :mod:`bytelm.data.corpus`), shared by the evaluator,
 outside scores (:mod:`bytelm.evaluation.external`) and reports (:mod:`bytelm.evaluation.report`).
 The protocol behind the numbers is docs/evaluation.md.
 """
@@ -12,6 +12,8 @@ import sys
 
 import numpy as np
 
+from bytelm.data.corpus import fingerprint_segments
+from bytelm.errors import UserError
 from bytelm.evaluation.bpb import SegmentScores, breakdown, top_directory
 
 
@@ -25,8 +27,18 @@ class EvalSet:
     fingerprint: str
 
     @classmethod
-    def from_corpus(cls, corpus) -> EvalSet:
-        return cls(corpus, list(corpus.segments), corpus.segment_data(), corpus.fingerprint)
+    def from_corpus(cls, corpus, split: str = "heldout") -> EvalSet:
+        """The held-out segments (what reports score), or ``split="validation"``: the validation
+        documents cut the same way (what hyperparameters are selected on)."""
+        if split == "heldout":
+            return cls(corpus, list(corpus.segments), corpus.segment_data(), corpus.fingerprint)
+        if split != "validation":
+            raise ValueError(f"split must be 'heldout' or 'validation', got {split!r}")
+        segments = list(corpus.validation_segments)
+        if not segments:
+            raise UserError(f"the corpus {corpus.spec} has no validation split: set data.validation_fraction > 0 (e.g. 0.05)")
+        data = corpus.segment_data(segments)
+        return cls(corpus, segments, data, fingerprint_segments(data))
 
     @property
     def ids(self) -> list[str]:

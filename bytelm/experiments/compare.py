@@ -32,6 +32,12 @@ A **preset** (``configs/compare/NAME.toml``) names the budget, the model configs
     flop_budget = 5e11          # optional: this model's own budget
     set = ["model.d_model=96"]  # optional: overrides for this model
 
+With ``[compare] learning_rates = [...]`` every compared model's rate is chosen first: a short run
+per rate (``sweep_fraction`` of its budget, in ``OUT/sweeps/<name>/lr<rate>``), each scored on the
+validation split (``data.validation_fraction`` of the training documents, never the held-out
+segments the report scores); the rate with the lowest validation BPB trains the model's run. The
+report's schedule shows every rate's validation BPB and the chosen one (docs/ablations.md).
+
 With a time budget (``[compare] time_budget_s`` or ``bytelm compare --minutes M``) every compared
 model trains for the same training time (``train.time_budget_s``: compilation included,
 evaluations not) instead of the same FLOPs; the artefact makers (the entropy model) keep their
@@ -59,7 +65,7 @@ from bytelm.baselines.bpe import train_bpe_on_corpus
 from bytelm.config import Config, load_config, shipped_configs
 from bytelm.errors import UserError
 from bytelm.evaluation.bpb import SegmentScores
-from bytelm.evaluation.evaluator import CorpusCache, check_same_fingerprint, evaluate_run, unigram_baselines
+from bytelm.evaluation.evaluator import CorpusCache, check_same_fingerprint, evaluate_run, evaluate_trained, unigram_baselines
 from bytelm.evaluation.plots import eval_curve, plot_bpb_vs_flops
 from bytelm.evaluation.report import breakdown_table, build_report, header_lines, human, pipeline_lines, results_table, seconds, table, write_report_json
 from bytelm.evaluation.results import EvalSet, ModelResult
@@ -100,6 +106,8 @@ class Preset:
     overrides: tuple[str, ...] = ()
     eval_points: int = 8
     time_budget_s: float = 0.0  # > 0: every compared model trains for this long instead of flop_budget
+    learning_rates: tuple[float, ...] = ()  # a sweep per compared model, chosen on the validation split
+    sweep_fraction: float = 0.25  # each sweep run's share of the model's budget
     vocab_size: int = 4096
     pattern: str = "cl100k"
 
@@ -122,31 +130,56 @@ def _number(value, where: str, *, positive: bool = True) -> float:
     return float(value)
 
 
-def find_preset(name_or_path: str) -> Path:
-    """A preset file path, or the name of a file in ``configs/compare/``."""
+def _rates(value, where: str) -> tuple[float, ...]:
+    if not isinstance(value, list):
+        raise UserError(f"{where} must be a list of positive learning rates, got {value!r}")
+    return tuple(_number(v, where) for v in value)
+
+
+def _fraction(value, where: str) -> float:
+    x = _number(value, where)
+    if x > 1:
+        raise UserError(f"{where} must be in (0, 1], got {value!r}")
+    return x
+
+
+def find_toml(name_or_path: str, directory: Path, what: str) -> Path:
+    """A TOML file path, or the name of a file in ``directory`` (shipped presets and grids)."""
     p = Path(name_or_path)
     if p.suffix == ".toml" or p.is_file():
         if not p.is_file():
-            raise UserError(f"preset file {p} not found; give a TOML file or a name from {PRESET_DIR}")
+            raise UserError(f"{what} file {p} not found; give a TOML file or a name from {directory}")
         return p
-    path = PRESET_DIR / f"{name_or_path}.toml"
+    path = directory / f"{name_or_path}.toml"
     if not path.is_file():
-        known = sorted(q.stem for q in PRESET_DIR.glob("*.toml")) if PRESET_DIR.is_dir() else []
-        raise UserError(f"no compare preset {name_or_path!r} (known: {', '.join(known) or 'none'}); or give a TOML file path")
+        known = sorted(q.stem for q in directory.glob("*.toml")) if directory.is_dir() else []
+        raise UserError(f"no {what} {name_or_path!r} (known: {', '.join(known) or 'none'}); or give a TOML file path")
     return path
+
+
+def find_preset(name_or_path: str) -> Path:
+    """A preset file path, or the name of a file in ``configs/compare/``."""
+    return find_toml(name_or_path, PRESET_DIR, "compare preset")
+
+
+def read_sections(path: Path, what: str, sections: tuple[str, ...]) -> dict:
+    """A preset or grid file's tables, refusing a file that does not parse or has unknown sections."""
+    try:
+        raw = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as e:
+        raise UserError(f"cannot parse {what} {path}: {e}") from None
+    unknown = set(raw) - set(sections)
+    if unknown:
+        raise UserError(f"{what} {path}: unknown section(s) {sorted(unknown)}; valid: {', '.join(sections)}")
+    return raw
 
 
 def load_preset(name_or_path: str) -> Preset:
     path = find_preset(name_or_path)
-    try:
-        raw = tomllib.loads(path.read_text())
-    except tomllib.TOMLDecodeError as e:
-        raise UserError(f"cannot parse preset {path}: {e}") from None
-    unknown = set(raw) - {"compare", "tokenizer", "model"}
-    if unknown:
-        raise UserError(f"preset {path}: unknown section(s) {sorted(unknown)}; valid: compare, tokenizer, model")
+    raw = read_sections(path, "preset", ("compare", "tokenizer", "model"))
     comp, tok = raw.get("compare", {}), raw.get("tokenizer", {})
-    for table, valid, label in ((comp, {"flop_budget", "eval_points", "time_budget_s", "set"}, "compare"), (tok, {"vocab_size", "pattern"}, "tokenizer")):
+    compare_keys = {"flop_budget", "eval_points", "time_budget_s", "learning_rates", "sweep_fraction", "set"}
+    for table, valid, label in ((comp, compare_keys, "compare"), (tok, {"vocab_size", "pattern"}, "tokenizer")):
         bad = set(table) - valid
         if bad:
             raise UserError(f"preset {path}: unknown key(s) {sorted(bad)} in [{label}]; valid: {', '.join(sorted(valid))}")
@@ -183,6 +216,8 @@ def load_preset(name_or_path: str) -> Preset:
         overrides=_strings(comp.get("set", []), f"preset {path} [compare] set"),
         eval_points=int(_number(comp.get("eval_points", 8), f"preset {path} eval_points")),
         time_budget_s=_number(comp.get("time_budget_s", 0), f"preset {path} time_budget_s", positive=False),
+        learning_rates=_rates(comp.get("learning_rates", []), f"preset {path} [compare] learning_rates"),
+        sweep_fraction=_fraction(comp.get("sweep_fraction", 0.25), f"preset {path} [compare] sweep_fraction"),
         vocab_size=int(_number(tok.get("vocab_size", 4096), f"preset {path} vocab_size")),
         pattern=str(tok.get("pattern", "cl100k")),
     )
@@ -233,7 +268,7 @@ def model_config(spec: ModelSpec, preset: Preset, *, data_spec: str | None, arte
     cfg = load_config(spec.config, overrides)
     if cfg.model is None:
         raise UserError(f"preset {preset.path}: model {spec.name!r}: its config {spec.config} has no [model] section")
-    for field, kind in task_class(cfg.model.family).artefacts.items():
+    for field, kind in task_class(cfg.model.family).artefacts_of(cfg.model).items():
         if artefacts.get(kind) is None:
             makers = [role for role, made in ROLES.items() if made == kind]
             how = f"no [[model]] has role = {makers[0]!r}" if makers else "a preset cannot make one"
@@ -330,7 +365,7 @@ class _Job:
     # 2.
     def train_tokenizer(self) -> None:
         """The subword tokenizer, when some model's family needs one, on the train split."""
-        if not any("tokenizer" in task_class(cfg.model.family).artefacts.values() for cfg in self.configs.values()):
+        if not any("tokenizer" in task_class(cfg.model.family).artefacts_of(cfg.model).values() for cfg in self.configs.values()):
             return
         tokenizer_dir, p = self.artefacts["tokenizer"], self.preset
         if (tokenizer_dir / "bytelm_bpe.json").is_file():
@@ -343,6 +378,46 @@ class _Job:
         dt = self.timed("tokenizer", t0)
         self.say(f"tokenizer: {tok.n_vocab} ids ({p.pattern}) in {dt:.1f}s -> {tokenizer_dir}")
 
+    def sweep_rate(self, spec: ModelSpec, cfg, planned, budget: float, seconds_budget: float) -> dict:
+        """One short run per learning rate (``sweep_fraction`` of the budget), each scored on the
+        validation split; returns ``{"validation_bpb": {rate: bpb}, "chosen": rate}``."""
+        p = self.preset
+        if not cfg.data.validation_fraction > 0:
+            raise UserError(
+                f"preset {p.path}: learning_rates are chosen on the validation split, but data.validation_fraction "
+                "is 0: add \"data.validation_fraction=0.05\" to [compare] set"
+            )
+        validation = EvalSet.from_corpus(self.corpus[spec.name], "validation")
+        scores = {}
+        for lr in p.learning_rates:
+            run_dir = self.out / "sweeps" / spec.name / f"lr{lr:g}"
+            extra, steps, _ = derived_schedule(cfg, planned, budget * p.sweep_fraction, p.eval_points)
+            extra = [f"train.learning_rate={lr:g}", *extra]
+            if seconds_budget:
+                extra.append(f"train.time_budget_s={seconds_budget * p.sweep_fraction}")
+                steps = None
+            sweep_cfg = self.config_of(spec, extra)
+            trainer.check_run_config(run_dir, sweep_cfg)
+            cache = run_dir / "validation.json"
+            if _run_finished(run_dir, steps) and cache.is_file():
+                scores[lr] = json.loads(cache.read_text())["bpb"]
+                continue
+            label = f"sweep {spec.name} lr {lr:g}"
+            t0 = time.perf_counter()
+            result = trainer.train(sweep_cfg, run_dir, corpus=self.corpus[spec.name], progress=self.bar(label))
+            if result.stopped_by_signal:
+                raise CompareStopped(f"the sweep run {run_dir} stopped (checkpoint saved); run the same compare again to resume")
+            tr = result.trainer or trainer.restore_trainer(run_dir, corpus=self.corpus[spec.name])
+            scores[lr] = evaluate_trained(tr, run_dir, validation, name=label).bpb
+            atomic_write_text(cache, json.dumps({"bpb": scores[lr], "fingerprint": validation.fingerprint}))
+            self.timed(label, t0)
+            self.say(f"{label}: validation BPB {scores[lr]:.4f}")
+        chosen = min(scores, key=lambda lr: (scores[lr], lr))
+        self.say(f"learning rate of {spec.name}: {chosen:g} (validation BPB " + ", ".join(f"{lr:g}: {b:.4f}" for lr, b in scores.items()) + ")")
+        at_edge = len(p.learning_rates) > 1 and chosen in (min(p.learning_rates), max(p.learning_rates))
+        return {"validation_bpb": {f"{lr:g}": b for lr, b in scores.items()}, "chosen": chosen, "fraction": p.sweep_fraction,
+                "at_edge": at_edge}
+
     # 3-4.
     def train_models(self) -> None:
         """Every model at its budget, the artefact makers (the entropy model) first."""
@@ -352,14 +427,21 @@ class _Job:
             budget = spec.flop_budget or self.preset.flop_budget
             seconds_budget = self.preset.time_budget_s if ROLES[spec.role] is None else 0.0
             planned = _PlannedTask.of(cfg, self.corpus[spec.name], run_dir)
+            sweep = {}
+            if self.preset.learning_rates and ROLES[spec.role] is None:
+                sweep = self.sweep_rate(spec, cfg, planned, budget, seconds_budget)
+                cfg = self.config_of(spec, [f"train.learning_rate={sweep['chosen']:g}"])
             extra, steps, per_step = derived_schedule(cfg, planned, budget, self.preset.eval_points)
             if seconds_budget:  # the FLOP plan's warmup and eval spacing stay; the time decides the steps
                 extra = [*extra, f"train.time_budget_s={seconds_budget}"]
+            if sweep:
+                extra = [f"train.learning_rate={sweep['chosen']:g}", *extra]
             cfg = self.config_of(spec, extra)
             self.plan[spec.name] = {
                 "family": cfg.model.family, "role": spec.role, "config": str(spec.config), "overrides": list(spec.overrides),
                 "flop_budget": None if seconds_budget else budget, "time_budget_s": seconds_budget or None,
                 "flops_per_step": per_step, "steps": None if seconds_budget else steps, "run_dir": str(run_dir),
+                "learning_rate": cfg.train.learning_rate, "lr_sweep": sweep or None,
             }
             trainer.check_run_config(run_dir, cfg)
             plan = self.plan[spec.name]
@@ -421,6 +503,7 @@ class _Job:
             "flop_budget": p.flop_budget,
             "time_budget_s": p.time_budget_s or None,
             "matched": "training time" if p.time_budget_s else "training FLOPs",
+            "learning_rates": list(p.learning_rates) or None,
             "tokenizer": {"vocab_size": p.vocab_size, "pattern": p.pattern, "dir": str(self.artefacts["tokenizer"])},
             "models": self.plan,
         }
@@ -502,6 +585,17 @@ def schedule_sentence(c: dict) -> str:
     return f"each compared model's steps = {human(c['flop_budget'])} FLOPs / FLOPs per step."
 
 
+def _lr_cell(plan: dict) -> str:
+    lr = plan.get("learning_rate")
+    sweep = plan.get("lr_sweep")
+    if lr is None:
+        return "-"
+    if not sweep:
+        return f"{lr:g}"
+    edge = " (at an end of the swept range)" if sweep.get("at_edge") else ""
+    return f"{lr:g}{edge} (" + ", ".join(f"{k}: {v:.3f}" for k, v in sweep["validation_bpb"].items()) + ")"
+
+
 def _budget_cell(plan: dict) -> str:
     return seconds(plan["time_budget_s"]) if plan.get("time_budget_s") else f"{plan['flop_budget']:.3g} FLOPs"
 
@@ -545,14 +639,19 @@ def markdown_report(report: dict) -> str:
         [
             name, m["family"], m["role"], _budget_cell(m), f"{m['flops_per_step']:.3g}", str(m["steps"]),
             human(trained[name]["flops"]) if name in trained else "-", seconds(m.get("train_s")),
+            _lr_cell(m),
         ]
         for name, m in c["models"].items()
     ]
     lines += [
         "## Schedule",
         "",
-        table(["run", "family", "role", "budget", "FLOPs/step", "steps", "train FLOPs", "train time"], rows, "lllrrrrr"),
+        table(["run", "family", "role", "budget", "FLOPs/step", "steps", "train FLOPs", "train time", "learning rate"], rows, "lllrrrrrl"),
         "",
+        *([f"Learning rates: each compared model's chosen from {', '.join(f'{x:g}' for x in c['learning_rates'])} by a "
+           f"run at {next(iter(m['lr_sweep']['fraction'] for m in c['models'].values() if m.get('lr_sweep')))} of its "
+           "budget per rate, scored on the validation split (train documents held out of training; never the "
+           "held-out segments above); in brackets, each rate's validation BPB.", ""] if c.get("learning_rates") else []),
         "## Stage wall times",
         "",
         table(["stage", "wall"], [[k, seconds(v)] for k, v in c["stages_s"].items()], "lr"),

@@ -131,6 +131,9 @@ class BLTConfig(ModelConfig):
     cross-attention pooling, a latent global transformer over patches, a local decoder."""
 
     family: str = "blt"
+    # "entropy": patches from the entropy model (BLT); "space": a patch after every space-like byte
+    # (SpaceByte / BLT's space baseline; no entropy model, target_patch_len then only sizes the slots)
+    patching: str = "entropy"
     entropy_run: str = ""  # run directory of the entropy model (bytelm train configs/tiny/entropy.toml)
     target_patch_len: float = 4.0  # theta is calibrated on training data to hit this mean patch length
     threshold: float = 0.0  # > 0: use this global entropy threshold (nats) instead of calibrating
@@ -162,6 +165,8 @@ class BLTConfig(ModelConfig):
         super().__post_init__()
         if not self.target_patch_len >= 1.0:
             raise ValueError(f"model.target_patch_len must be >= 1 byte, got {self.target_patch_len}")
+        if self.patching not in ("entropy", "space"):
+            raise ValueError(f"model.patching must be 'entropy' or 'space', got {self.patching!r}")
         if self.max_patch_len < 1 or self.max_patches < 0 or not self.patch_slots >= 1.0:
             raise ValueError(
                 f"model.max_patch_len ({self.max_patch_len}) must be >= 1, model.max_patches ({self.max_patches}) >= 0 "

@@ -17,7 +17,7 @@ from flax import nnx
 
 from bytelm.patching.calibrate import calibrate_threshold
 from bytelm.patching.lengths import cap_starts, starts_to_lengths
-from bytelm.patching.patchers import entropy_starts, real_lengths, valid_mask
+from bytelm.patching.patchers import apply_max_len, entropy_starts, real_lengths, space_starts, valid_mask
 
 
 def params_fingerprint(params: nnx.State) -> str:
@@ -197,3 +197,28 @@ class PatchLayout:
             "positions": int(self.n_real_B.sum()),
             "overflow_positions": int(self.overflow_B.sum()),
         }
+
+
+@dataclasses.dataclass
+class SpacePatcher:
+    """Space patching (SpaceByte, Slagle 2024; BLT's space baseline): a patch starts after every
+    space-like byte (:func:`~bytelm.patching.patchers.space_starts`), long patches are split at
+    ``max_patch_len``; no model. The same :meth:`layout` as :class:`EntropyPatcher`."""
+
+    max_patch_len: int | None = None
+
+    def settings(self) -> dict:
+        return {"rule": "space", "max_patch_len": self.max_patch_len}
+
+    def record(self) -> dict:
+        return self.settings()
+
+    def starts(self, ids) -> np.ndarray:
+        ids = np.asarray(ids)
+        return apply_max_len(space_starts(ids), self.max_patch_len, valid=valid_mask(ids))
+
+    def layout(self, ids_BxL, max_patches: int) -> PatchLayout:
+        ids_BxL = np.atleast_2d(np.asarray(ids_BxL))
+        n_B = real_lengths(ids_BxL)
+        starts_BxL, overflow_B = cap_starts(self.starts(ids_BxL), n_B, max_patches)
+        return PatchLayout(starts_to_lengths(starts_BxL, n_B, max_patches), overflow_B, n_B)

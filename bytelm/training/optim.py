@@ -1,9 +1,11 @@
 """AdamW with linear warmup + cosine decay and global-norm clipping (optax).
 
-The schedule's horizon (the step at which the cosine ends) is an argument of every update, not a
-constant of the compiled step: a run with a time budget (``train.time_budget_s``) fixes it only
-after timing its first steps, without compiling the step again. For a run counted in steps it is
-``train.steps``. The optimizer state is the same tree as ``optax.adamw``'s (checkpoints written
+The schedule's horizon (the step at which the cosine ends), its peak learning rate and its warmup
+are arguments of every update (:func:`schedule_plan`), not constants of the compiled step: a run
+with a time budget (``train.time_budget_s``) fixes the horizon only after timing its first steps,
+without compiling the step again, and runs that differ only in learning rate or length (a
+learning-rate sweep, the budgets of ``bytelm ablate``) share one compiled step through JAX's
+compilation cache. For a run counted in steps the horizon is ``train.steps``. The optimizer state is the same tree as ``optax.adamw``'s (checkpoints written
 before the horizon became an argument restore).
 """
 
@@ -11,20 +13,31 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 
 
-def learning_rate_schedule(tcfg):
-    """``schedule(count, horizon)``: ``learning_rate / warmup`` -> ``learning_rate`` linearly over
-    ``warmup = min(warmup_steps, horizon - 1)`` steps (so the first update is not wasted at 0), then
-    cosine to ``learning_rate * min_lr_ratio`` at ``horizon``, held there after it."""
-    peak, end = float(tcfg.learning_rate), float(tcfg.learning_rate * tcfg.min_lr_ratio)
+def schedule_plan(tcfg, horizon) -> dict:
+    """The schedule's run-time arguments: ``horizon``, ``peak`` (``train.learning_rate``) and
+    ``warmup`` (``train.warmup_steps``), float32 scalars."""
+    return {"horizon": np.float32(horizon), "peak": np.float32(tcfg.learning_rate), "warmup": np.float32(tcfg.warmup_steps)}
 
-    def schedule(count, horizon):
+
+def learning_rate_schedule(tcfg):
+    """``schedule(count, horizon, peak=None, warmup=None)``: ``peak / warmup`` -> ``peak``
+    linearly over ``warmup = min(warmup, horizon - 1)`` steps (so the first update is not wasted at
+    0), then cosine to ``peak * min_lr_ratio`` at ``horizon``, held there after it. ``peak`` and
+    ``warmup`` default to ``train.learning_rate`` and ``train.warmup_steps``."""
+    ratio = float(tcfg.min_lr_ratio)
+
+    def schedule(count, horizon, peak=None, warmup=None):
         count = jnp.asarray(count, jnp.float32)
         horizon = jnp.asarray(horizon, jnp.float32)
-        warmup = jnp.minimum(float(tcfg.warmup_steps), jnp.maximum(horizon - 1.0, 0.0))
+        peak = jnp.asarray(tcfg.learning_rate if peak is None else peak, jnp.float32)
+        warmup = jnp.asarray(tcfg.warmup_steps if warmup is None else warmup, jnp.float32)
+        end = peak * ratio
+        warmup = jnp.minimum(warmup, jnp.maximum(horizon - 1.0, 0.0))
         steps_up = jnp.maximum(warmup, 1.0)
         init = peak / steps_up
         rising = init + (peak - init) * jnp.minimum(count, steps_up) / steps_up
@@ -37,16 +50,16 @@ def learning_rate_schedule(tcfg):
 
 
 def _scale_by_schedule_at_horizon(schedule) -> optax.GradientTransformationExtraArgs:
-    """``optax.scale_by_learning_rate`` for ``schedule(count, horizon)``, with ``horizon`` given to
-    every ``update`` (an extra argument); the same state as optax's (a step count)."""
+    """``optax.scale_by_learning_rate`` for ``schedule``, with its :func:`schedule_plan` given to
+    every ``update`` (an extra argument, ``plan``); the same state as optax's (a step count)."""
 
     def init(params):
         del params
         return optax.ScaleByScheduleState(count=jnp.zeros([], jnp.int32))
 
-    def update(updates, state, params=None, *, horizon, **extra):
+    def update(updates, state, params=None, *, plan, **extra):
         del params, extra
-        step_size = -schedule(state.count, horizon)
+        step_size = -schedule(state.count, plan["horizon"], plan["peak"], plan["warmup"])
         updates = jax.tree.map(lambda g: jnp.asarray(step_size, g.dtype) * g, updates)
         return updates, optax.ScaleByScheduleState(count=optax.safe_increment(state.count))
 
@@ -55,7 +68,7 @@ def _scale_by_schedule_at_horizon(schedule) -> optax.GradientTransformationExtra
 
 def make_optimizer(tcfg) -> optax.GradientTransformationExtraArgs:
     """Clip (if ``grad_clip`` > 0), then AdamW; weight decay on matrices only (not norms).
-    ``update(grads, state, params, horizon=H)``."""
+    ``update(grads, state, params, plan=schedule_plan(tcfg, horizon))``."""
     decay_mask = lambda params: jax.tree.map(lambda p: p.ndim >= 2, params)  # noqa: E731
     parts = [optax.clip_by_global_norm(tcfg.grad_clip)] if tcfg.grad_clip > 0 else []
     adamw = optax.chain(  # optax.adamw's three parts, its schedule taking the horizon

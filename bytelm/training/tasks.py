@@ -34,7 +34,7 @@ from bytelm.models.byte_lm import ByteLM
 from bytelm.models.configs import BLTConfig, ByteLMConfig, MegaByteConfig, ModelConfig, TokenLMConfig
 from bytelm.models.megabyte import MegaByte
 from bytelm.models.token_lm import TokenLM
-from bytelm.patching import EntropyModel, EntropyPatcher
+from bytelm.patching import EntropyModel, EntropyPatcher, SpacePatcher, mean_patch_length, real_lengths
 from bytelm.sampling.decoders import BLTDecoder, Decoder, MegaByteDecoder, byte_decoder, token_decoder
 from bytelm.training import flops
 
@@ -57,6 +57,26 @@ ARTEFACT_KINDS = {
 }
 
 
+@dataclasses.dataclass(frozen=True)
+class Trunk:
+    """Transformer sizes from a size rule: the main stack and the half-width local stacks."""
+
+    d_model: int
+    layers: int
+    heads: int
+    mlp_dim: int
+    local_d_model: int
+    local_layers: int
+    local_heads: int
+    local_mlp_dim: int
+
+    def stack(self, prefix: str, *, local: bool = False) -> list[str]:
+        """``model.<prefix>d_model`` / ``layers`` / ``heads`` / ``mlp_dim`` overrides."""
+        d, L, h, m = (self.local_d_model, self.local_layers, self.local_heads, self.local_mlp_dim) if local else (
+            self.d_model, self.layers, self.heads, self.mlp_dim)
+        return [f"model.{prefix}d_model={d}", f"model.{prefix}layers={L}", f"model.{prefix}heads={h}", f"model.{prefix}mlp_dim={m}"]
+
+
 class Task:
     """Base class: a family's view of the data. Subclasses fill in the model-specific parts."""
 
@@ -66,6 +86,17 @@ class Task:
     config_class: ClassVar[type[ModelConfig]] = ModelConfig
     artefacts: ClassVar[Mapping[str, str]] = {}  # model config field -> artefact kind
     uses_nbytes: ClassVar[bool] = False  # batches carry each target's byte length ("nbytes")
+
+    @classmethod
+    def artefacts_of(cls, model_cfg) -> Mapping[str, str]:
+        """The artefacts this model config needs (:attr:`artefacts`, unless its settings need fewer)."""
+        return cls.artefacts
+
+    @classmethod
+    def sized(cls, model_cfg, trunk: Trunk) -> list[str]:
+        """``--set`` overrides giving this family's model the ``trunk`` (the size rule of
+        ``bytelm ablate``: its main stack; a local stack gets the trunk's local sizes)."""
+        raise UserError(f"the family {cls.family!r} has no size rule (Task.sized)")
 
     def __init__(self, cfg, corpus: Corpus | None, run_dir: Path | None = None, *, modules: Mapping[str, nnx.Module] | None = None):
         self.cfg = cfg
@@ -201,6 +232,11 @@ class ByteTask(Task):
     description = "a byte LM"
     config_class = ByteLMConfig
 
+    @classmethod
+    def sized(cls, model_cfg, trunk: Trunk) -> list[str]:
+        return [f"model.d_model={trunk.d_model}", f"model.n_layers={trunk.layers}", f"model.n_heads={trunk.heads}",
+                f"model.mlp_dim={trunk.mlp_dim}"]
+
     def build_model(self, rngs: nnx.Rngs) -> nnx.Module:
         return ByteLM(self.cfg.model, rngs=rngs)
 
@@ -227,6 +263,13 @@ class MegaByteTask(ByteTask):
     description = "a MegaByte model"
     global_step = "patch of P bytes"
     config_class = MegaByteConfig
+
+    @classmethod
+    def sized(cls, model_cfg, trunk: Trunk) -> list[str]:
+        P = model_cfg.patch_size
+        if trunk.d_model % P:
+            raise UserError(f"the size rule's width {trunk.d_model} is not divisible by model.patch_size {P} (embed_dim = width / P)")
+        return [*trunk.stack("global_"), f"model.embed_dim={trunk.d_model // P}", *trunk.stack("local_", local=True)]
 
     def __init__(self, cfg, corpus, run_dir=None, *, modules=None):
         super().__init__(cfg, corpus, run_dir, modules=modules)
@@ -257,6 +300,10 @@ class TokenTask(Task):
     global_step = "token"
     config_class = TokenLMConfig
     artefacts = {"tokenizer": "tokenizer"}
+
+    @classmethod
+    def sized(cls, model_cfg, trunk: Trunk) -> list[str]:
+        return ByteTask.sized(model_cfg, trunk)  # the byte LM's transformer over token ids
     uses_nbytes = True
 
     def __init__(self, cfg, corpus, run_dir=None, *, modules=None):
@@ -348,8 +395,22 @@ class BLTTask(ByteTask):
     artefacts = {"entropy_run": "entropy_model"}
     calibration_rows = 64
 
+    @classmethod
+    def sized(cls, model_cfg, trunk: Trunk) -> list[str]:
+        return [*trunk.stack("global_"), f"model.local_d_model={trunk.local_d_model}", f"model.local_heads={trunk.local_heads}",
+                f"model.local_mlp_dim={trunk.local_mlp_dim}"]
+
+    @classmethod
+    def artefacts_of(cls, model_cfg) -> Mapping[str, str]:
+        return {} if model_cfg.patching == "space" else cls.artefacts
+
     def __init__(self, cfg, corpus, run_dir=None, *, modules=None):
         super().__init__(cfg, corpus, run_dir, modules=modules)
+        self.max_patches = cfg.model.patches_for(cfg.train.seq_len)
+        self.space = cfg.model.patching == "space"
+        if self.space:
+            self.entropy_model = None
+            return
         if "entropy_run" not in self.modules:
             raise UserError(
                 "a BLT task needs its entropy model: build it with bytelm.training.trainer.make_task, which "
@@ -358,18 +419,30 @@ class BLTTask(ByteTask):
         # one fixed row width (the training window) for training and evaluation rows alike, so a
         # segment's entropies, and hence its patches, never depend on its batch
         self.entropy_model = EntropyModel(self.modules["entropy_run"], width=cfg.train.seq_len + 1)
-        self.max_patches = cfg.model.patches_for(cfg.train.seq_len)
+
+    def _calibration_sample(self) -> np.ndarray:
+        return WindowBatches(
+            self.corpus.train_stream, batch_size=self.calibration_rows, window=self.cfg.train.seq_len + 1,
+            seed=self.cfg.train.seed + 7919, process_index=0, process_count=1,
+        ).batch(0)
 
     @functools.cached_property
-    def _patching(self) -> tuple[EntropyPatcher, float | None]:
+    def _patching(self) -> tuple[EntropyPatcher | SpacePatcher, float | None]:
         """The patcher and the mean patch length calibration achieved (None when not calibrated):
         a run keeps the threshold it was trained with; else the configured threshold; else a
-        threshold calibrated on training windows (computed on first use, not at construction)."""
+        threshold calibrated on training windows (computed on first use, not at construction).
+        Space patching has no threshold; its mean length is measured on the same training windows."""
         m = self.cfg.model
         mono = m.monotonic_threshold or None
         recorded = {}
         if self.run_dir is not None and (Path(self.run_dir) / "run.json").is_file():
             recorded = json.loads((Path(self.run_dir) / "run.json").read_text()).get("patching") or {}
+        if self.space:
+            patcher = SpacePatcher(m.max_patch_len)
+            if recorded.get("achieved_mean_patch_len") or self.corpus is None:
+                return patcher, recorded.get("achieved_mean_patch_len")
+            sample = self._calibration_sample()
+            return patcher, mean_patch_length(patcher.starts(sample), real_lengths(sample))
         if recorded.get("threshold") is not None:
             return EntropyPatcher.from_settings(self.entropy_model, recorded), recorded.get("achieved_mean_patch_len")
         if m.threshold > 0:
@@ -380,16 +453,12 @@ class BLTTask(ByteTask):
                 "so the threshold would be calibrated on the training corpus, which was not loaded: set model.threshold "
                 "or restore the run with its corpus"
             )
-        sample = WindowBatches(
-            self.corpus.train_stream, batch_size=self.calibration_rows, window=self.cfg.train.seq_len + 1,
-            seed=self.cfg.train.seed + 7919, process_index=0, process_count=1,
-        ).batch(0)
         return EntropyPatcher.calibrated(
-            self.entropy_model, sample, m.target_patch_len, monotonic_threshold=mono, max_patch_len=m.max_patch_len
+            self.entropy_model, self._calibration_sample(), m.target_patch_len, monotonic_threshold=mono, max_patch_len=m.max_patch_len
         )
 
     @property
-    def patcher(self) -> EntropyPatcher:
+    def patcher(self) -> EntropyPatcher | SpacePatcher:
         return self._patching[0]
 
     @property
@@ -400,6 +469,8 @@ class BLTTask(ByteTask):
         return BLT(self.cfg.model, rngs=rngs)
 
     def decoder(self, model: nnx.Module) -> Decoder:
+        if self.space:
+            raise UserError("sampling from a space-patched BLT (model.patching = 'space') is not supported; sample an entropy-patched run")
         return BLTDecoder(model, self.modules["entropy_run"], self.patcher.settings(), self.cfg.train.seq_len, self.max_patches)
 
     def decorate(self, batch: dict) -> dict:
@@ -420,6 +491,8 @@ class BLTTask(ByteTask):
         return flops.blt_forward_flops_per_byte(self.cfg.model, self.cfg.train.seq_len, self.mean_bytes_per_global_step())
 
     def entropy_inference_flops_per_byte(self) -> float:
+        if self.space:
+            return 0.0
         return flops.entropy_inference_flops_per_byte(self.modules["entropy_run"].cfg, self.cfg.train.seq_len)
 
     def stats_record(self, sums: Mapping[str, int]) -> dict:
@@ -431,12 +504,14 @@ class BLTTask(ByteTask):
         }
 
     def fingerprints(self) -> dict[str, tuple[str, str]]:
+        if self.space:
+            return {}
         return {"entropy": (self.entropy_model.fingerprint, str(Path(self.cfg.model.entropy_run).absolute()))}
 
     def run_info(self) -> dict:
         return {
             **super().run_info(),
-            "entropy_run": str(Path(self.cfg.model.entropy_run).absolute()),
+            "entropy_run": None if self.space else str(Path(self.cfg.model.entropy_run).absolute()),
             "patching": {
                 **self.patcher.record(),
                 "target_mean_patch_len": self.cfg.model.target_patch_len,

@@ -40,7 +40,7 @@ from bytelm.evaluation.bpb import LN2, score_segments
 from bytelm.models.core import EMBEDDING_AXIS
 from bytelm.training.checkpoint import Checkpointer
 from bytelm.training.flops import measure_matmul_peak
-from bytelm.training.optim import learning_rate_schedule, make_optimizer
+from bytelm.training.optim import learning_rate_schedule, make_optimizer, schedule_plan
 from bytelm.training.sharding import batch_sharding, make_mesh, param_shardings
 from bytelm.training.tasks import ARTEFACT_KINDS, FAMILIES, STATS_KEY, Task, task_class
 
@@ -72,6 +72,9 @@ class TrainResult:
     eval_bpb: float | None
     stopped_by_signal: bool = False
     train_s: float | None = None  # training time (compilation included, evaluations not), summed across resumes
+    # the trainer at the end of this invocation (None when the run had finished before): its state is
+    # the last checkpoint's, so evaluating it equals evaluating the restored run, without the restore
+    trainer: Trainer | None = dataclasses.field(default=None, repr=False, compare=False)
 
 
 def count_params(state: nnx.State) -> dict:
@@ -210,7 +213,7 @@ class Trainer:
         self.params = jax.jit(init_state, out_shardings=self.param_shardings)()
         self.tx = make_optimizer(cfg.train)
         self.schedule = learning_rate_schedule(cfg.train)
-        self._lr = jax.jit(self.schedule)  # one compiled call for the logged rate, not a dozen eager ops
+        self._lr = jax.jit(lambda count, plan: self.schedule(count, plan["horizon"], plan["peak"], plan["warmup"]))  # one call, not a dozen eager ops
         # the step at which the schedule ends: train.steps, or what a time-budgeted run plans
         self.horizon = cfg.train.steps
         # Every leaf on the mesh from the start (the step counts too, replicated): a leaf that only
@@ -233,7 +236,7 @@ class Trainer:
         s = self._scores(params, batch)
         return jnp.sum(s.nll_BxT), (jnp.sum(s.mask_BxT), jnp.sum(s.nbytes_BxT))
 
-    def _step_fn(self, params, opt_state, batch, horizon):
+    def _step_fn(self, params, opt_state, batch, plan):
         accum = self.cfg.train.grad_accum
         grad_fn = jax.value_and_grad(self._sums, has_aux=True)
         if accum == 1:
@@ -250,7 +253,7 @@ class Trainer:
             (grads, nll, count, nbytes), _ = jax.lax.scan(body, (zeros, 0.0, 0.0, 0.0), micro)
         count = jnp.maximum(count, 1.0)
         grads = jax.tree.map(lambda g: g / count, grads)
-        updates, opt_state = self.tx.update(grads, opt_state, params, horizon=horizon)
+        updates, opt_state = self.tx.update(grads, opt_state, params, plan=plan)
         params = jax.tree.map(jnp.add, params, updates)
         metrics = {
             "loss": nll / count,
@@ -275,8 +278,9 @@ class Trainer:
         }
 
     def train_step(self, batch: dict) -> dict:
-        horizon = np.float32(self.horizon)  # an argument: a new horizon does not compile the step again
-        self.params, self.opt_state, metrics = self._train_step(self.params, self.opt_state, self.device_batch(batch), horizon)
+        # arguments: a new horizon (or learning rate, or warmup) does not compile the step again
+        plan = schedule_plan(self.cfg.train, self.horizon)
+        self.params, self.opt_state, metrics = self._train_step(self.params, self.opt_state, self.device_batch(batch), plan)
         self.step += 1
         return metrics
 
@@ -339,7 +343,7 @@ def make_task(cfg: Config, corpus, run_dir: Path | None = None) -> Task:
         raise UserError("the config has no [model] section: set model.family (e.g. --set model.family=byte)")
     cls = task_class(cfg.model.family)
     modules = {}
-    for field, kind_name in cls.artefacts.items():
+    for field, kind_name in cls.artefacts_of(cfg.model).items():
         kind = ARTEFACT_KINDS[kind_name]
         if kind.run_family is not None:
             modules[field] = _restore_artefact_run(getattr(cfg.model, field), field, kind)
@@ -563,7 +567,7 @@ class _Run:
             "loss": loss,
             "bpb": float(m["bpb"]),
             "grad_norm": float(m["grad_norm"]),
-            "lr": float(trainer._lr(trainer.step - 1, np.float32(trainer.horizon))),
+            "lr": float(trainer._lr(trainer.step - 1, schedule_plan(trainer.cfg.train, trainer.horizon))),
             "step_s": step_s,
             "bytes_s": nbytes / step_s,
             "tokens_s": float(m["positions"]) / step_s,
@@ -686,7 +690,8 @@ class _Run:
             "finished" if done else "stopped", wall_s=self.wall_s(), train_s=self.clock.spent(), final_loss=self.last_loss,
             final_eval_bpb=self.last_eval, **budget,
         )
-        return TrainResult(self.run_dir, self.trainer.step, self.last_loss, self.last_eval, self.stopped_by_signal, self.clock.spent())
+        return TrainResult(self.run_dir, self.trainer.step, self.last_loss, self.last_eval, self.stopped_by_signal, self.clock.spent(),
+                           trainer=self.trainer)
 
 
 def train(

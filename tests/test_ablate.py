@@ -1,0 +1,230 @@
+"""`bytelm ablate`: the micro grid end to end (with a broken cell), skipping on re-run, the
+scheduler path (--print-commands, then --collect) against the in-process grid, the size rule."""
+
+import json
+import math
+import shlex
+
+import pytest
+
+from bytelm import cli
+from bytelm.config import load_config, shipped_configs
+from bytelm.errors import UserError
+from bytelm.experiments.ablate import GRID_DIR, SizeRule, load_grid
+
+from conftest import word_corpus
+
+# a cell that cannot be built: the micro width (16) is not a multiple of the patch size
+BROKEN = """
+[[family]]
+name = "broken"
+config = "{tiny}/megabyte.toml"
+lr_from = "megabyte"
+grid = {{ "model.patch_size" = [3] }}
+"""
+
+
+def micro_grid(tmp_path, *, broken: bool = False, families: set[str] | None = None):
+    """The shipped micro grid with absolute config paths, plus the broken cell, or only some families."""
+    text = (GRID_DIR / "micro.toml").read_text().replace('"../tiny/', f'"{shipped_configs() / "tiny"}/')
+    if families is not None:
+        head, *tables = text.split("[[family]]")
+        text = head + "".join(f"[[family]]{t}" for t in tables if t.split('name = "')[1].split('"')[0] in families)
+    if broken:
+        text += BROKEN.format(tiny=shipped_configs() / "tiny")
+    path = tmp_path / "micro.toml"
+    path.write_text(text)
+    return path
+
+
+@pytest.fixture(scope="module")
+def grid_run(tmp_path_factory):
+    """The micro grid (plus a broken cell) trained in this process, then run again."""
+    root = tmp_path_factory.mktemp("ablate")
+    corpus = word_corpus(root / "corpus", words_per_doc=200, two_dirs=True)
+    grid = micro_grid(root, broken=True)
+    out = root / "out"
+    args = ["ablate", str(grid), "--data", f"files:{corpus}", "--out", str(out)]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("BYTELM_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "bytelm-cache"))
+        assert cli.main(args) == 0
+        first = json.loads((out / "ablation.json").read_text())
+        mtimes = {p: p.stat().st_mtime_ns for p in (out / "runs").glob("**/checkpoints/*")}
+        assert cli.main(args) == 0  # everything finished: nothing trains, the report is rebuilt
+        again = json.loads((out / "ablation.json").read_text())
+        again_mtimes = {p: p.stat().st_mtime_ns for p in (out / "runs").glob("**/checkpoints/*")}
+    return {"root": root, "corpus": corpus, "grid": grid, "out": out, "report": first, "again": again,
+            "mtimes": (mtimes, again_mtimes)}
+
+
+def cells(report, budget_index):
+    return [r for r in report["runs"] if r["in_grid"] and r["seed"] == 0 and r["budget_index"] == budget_index]
+
+
+def test_micro_grid_writes_every_output_and_reports_the_broken_cell(grid_run):
+    out, report = grid_run["out"], grid_run["report"]
+    assert report["stage"] == "done"
+    assert report["data"]["dirs"] == ["de", "en"]  # groups: the per-directory panel is drawn
+    for name in ("ablation.json", "ablation.md", "bpb_vs_bytes_per_step.png", "bpb_vs_flops.png", "bpb_per_group.png"):
+        assert (out / name).is_file() and (out / name).stat().st_size > 0, name
+    for name in ("bpb_vs_bytes_per_step.png", "bpb_vs_flops.png", "bpb_per_group.png"):
+        assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    grid = load_grid(grid_run["grid"])
+    assert len(report["budgets"]) == 2 and report["budgets"][1] == 4 * report["budgets"][0]
+    for b in range(2):
+        rows = cells(report, b)
+        expected = sum(len(f.cells()) for f in grid.families)
+        assert len(rows) == expected
+        broken = [r for r in rows if r["family"] == "broken"]
+        assert [r["status"] for r in broken] == ["failed"] and "patch_size 3" in broken[0]["error"]
+        for r in rows:
+            if r["family"] != "broken":
+                assert r["status"] == "done" and math.isfinite(r["bpb"]) and 0 < r["bpb"] < 9, r
+                assert abs(r["train_flops"] - r["budget"]) <= 0.5 * r["train_flops"] / r["steps"] + 1e-6 * r["budget"]
+    done = [r for r in report["runs"] if r["status"] == "done"]
+    by_family = {r["family"]: r for r in cells(report, 0) if r["status"] == "done"}
+    assert by_family["byte"]["mean_bytes_per_global_step"] == 1.0
+    assert {r["mean_bytes_per_global_step"] for r in cells(report, 0) if r["family"] == "megabyte"} == {2.0, 4.0}
+    # BLT's inference FLOPs per byte include its entropy model's; space patching runs no model
+    assert by_family["blt"]["entropy_inference_flops_per_byte"] > 0 and by_family["blt-space"]["entropy_inference_flops_per_byte"] == 0
+    assert by_family["blt"]["inference_flops_per_byte"] > by_family["blt"]["entropy_inference_flops_per_byte"]
+    assert by_family["bpe"]["mean_bytes_per_global_step"] > 1.0
+    # the size rule: one trunk per budget for every family (the micro budgets sit on its floor)
+    assert report["trunks"] == {f"{b:.3g}": {"d_model": 16, "layers": 2} for b in report["budgets"]}
+    md = (out / "ablation.md").read_text()
+    assert "patch_size 3" in md and "bpb_vs_bytes_per_step.png" in md and report["fingerprint"] in md
+    assert len(report["sentences"]) == 2 and all(s.startswith("At ") and "wins with" in s for s in report["sentences"])
+    assert all("seed-to-seed spread" in s for s in report["sentences"])
+    assert len(done) >= 20
+
+
+def test_learning_rates_are_chosen_on_the_validation_split(grid_run):
+    report = grid_run["report"]
+    sweeps = [r for r in report["runs"] if r["stage"] == "sweep"]
+    assert {r["family"] for r in sweeps} == {"byte", "megabyte", "blt", "bpe"}  # blt-space and broken borrow a rate
+    for fam, s in report["sweep"].items():
+        scored = {float(lr): bpb for lr, bpb in s["validation_bpb"].items()}
+        assert s["chosen"] == min(scored, key=scored.get)
+        for r in sweeps:
+            if r["family"] == fam:  # the validation score is not the held-out one
+                assert r["validation_bpb"] == scored[r["lr"]] and r["validation_bpb"] != r["bpb"]
+    lr_of = {r["family"]: r["lr"] for r in cells(report, 1) if r["status"] == "done"}
+    assert lr_of["blt-space"] == report["sweep"]["blt"]["chosen"]
+    assert report["validation_fingerprint"] != report["fingerprint"]
+    spread = report["seed_spread"]
+    assert set(spread) == {"byte", "megabyte", "blt", "blt-space", "bpe"}
+    for s in spread.values():
+        assert len(s["bpb"]) == 2 and s["spread"] == pytest.approx(max(s["bpb"]) - min(s["bpb"]))
+
+
+def test_rerun_skips_every_finished_run(grid_run):
+    before, after = grid_run["mtimes"]
+    assert before and before == after
+    strip = lambda rep: [(r["id"], r["status"], r.get("bpb")) for r in rep["runs"]]  # noqa: E731
+    assert strip(grid_run["again"]) == strip(grid_run["report"])
+
+
+def test_print_commands_then_collect_equals_the_in_process_grid(grid_run, tmp_path, capsys):
+    """A scheduler's path: each stage's printed commands run on their own (here: in this process),
+    then --collect; the same runs and the same numbers as the in-process grid. A family's runs
+    depend only on its own (its sweep, its best cell), so one family (with an artefact: its
+    tokenizer) stands for the grid."""
+    families = {"bpe"}
+    grid = micro_grid(tmp_path, families=families)
+    out = tmp_path / "out"
+    base = ["ablate", str(grid), "--data", f"files:{grid_run['corpus']}", "--out", str(out)]
+    stages = []
+    for _ in range(6):
+        capsys.readouterr()
+        assert cli.main([*base, "--print-commands"]) == 0
+        printed = capsys.readouterr()
+        commands = [line for line in printed.out.splitlines() if line.startswith("bytelm ")]
+        if not commands:
+            assert "complete" in printed.err
+            break
+        stages.append(len(commands))
+        for command in commands:
+            assert cli.main(shlex.split(command)[1:]) == 0, command
+    assert len(stages) == 4  # artefacts, sweep, grid, seeds
+    assert cli.main([*base, "--collect"]) == 0
+    collected = json.loads((out / "ablation.json").read_text())
+    assert collected["stage"] == "done"
+    ours = {r["id"]: r for r in grid_run["report"]["runs"] if r["family"] in families}
+    theirs = {r["id"]: r for r in collected["runs"]}
+    assert set(theirs) == set(ours)
+    for key, r in theirs.items():
+        assert r["steps"] == ours[key]["steps"] and r["lr"] == ours[key]["lr"]
+        assert r["bpb"] == pytest.approx(ours[key]["bpb"], rel=1e-6, abs=1e-6), key
+    assert collected["sweep"] == {f: s for f, s in grid_run["report"]["sweep"].items() if f in families}
+
+
+def test_shipped_grids_load_and_their_sizes_follow_the_rule():
+    for name in ("micro", "tiny", "small", "base"):
+        grid = load_grid(name)
+        assert len(grid.budgets) >= 2 and grid.budgets[-1] >= 4 * grid.budgets[0]
+        assert {load_config(f.config).model.family for f in grid.families} == {"byte", "megabyte", "blt", "bpe"}
+        d_prev = 0
+        for b in grid.budgets:
+            d, L = grid.size.trunk(b)
+            assert d % grid.size.head_dim == 0 and d >= d_prev
+            d_prev = d
+    # the rule itself: N = sqrt(C / (6 x 20)), d = 32 L, 12 L d^2 = N, rounded
+    rule = SizeRule(width_multiple=16, head_dim=16)
+    C = 6 * 20 * (12 * 4 * 128**2) ** 2  # N = 12 L d^2 for L = 4, d = 128 exactly
+    assert rule.trunk(C) == (128, 4)
+    assert rule.trunk(C * 64) == (256, 8)  # 8x the parameters: 2x the depth and 2x the width
+
+
+def test_bad_grids_fail_with_the_key(tmp_path):
+    def bad(text, match):
+        p = tmp_path / "g.toml"
+        p.write_text(text)
+        with pytest.raises(UserError, match=match):
+            load_grid(str(p))
+
+    head = '[ablation]\nbudgets = [1e9]\nlearning_rates = [1e-3]\n'
+    fam = f'[[family]]\nname = "byte"\nconfig = "{shipped_configs() / "tiny" / "byte.toml"}"\n'
+    bad(head.replace("budgets", "budget") + fam, "unknown key")
+    bad(head + fam + 'grid = { "model.patch_size" = 4 }\n', "grid must map")
+    bad(head + fam + 'lr_from = "nobody"\n', "lr_from")
+    bad(head + "[size]\nwidth_multiple = 24\nhead_dim = 16\n" + fam, "whole heads")
+    bad(head, "needs \\[\\[family\\]\\]")
+    with pytest.raises(UserError, match="no ablation grid"):
+        load_grid("nonexistent")
+
+
+def test_an_interrupted_run_resumes_and_a_failed_one_is_not_retried(tmp_path, monkeypatch):
+    """A run stopped mid-way (Ctrl-C) stops the grid with its checkpoint saved; the same command
+    continues it from there. A run whose training failed is recorded and reported, not retried."""
+    from bytelm.experiments import ablate as ab  # noqa: PLC0415
+    from bytelm.training import trainer as trainer_mod  # noqa: PLC0415
+
+    grid = micro_grid(tmp_path, families={"byte"})
+    out = tmp_path / "out"
+    real_train = trainer_mod.train
+    calls = []
+
+    def interrupted(cfg, run_dir, **kw):
+        calls.append(run_dir)
+        if len(calls) == 1:
+            return real_train(cfg, run_dir, stop_after=6, **kw)  # past the first log record (train.log_every = 5)
+        if len(calls) == 3:  # the second sweep run: its training fails
+            raise FloatingPointError("loss is nan")
+        return real_train(cfg, run_dir, **kw)
+
+    monkeypatch.setattr(trainer_mod, "train", interrupted)
+    data = f"files:{word_corpus(tmp_path / 'corpus', words_per_doc=200, two_dirs=True)}"
+    with pytest.raises(ab.AblationStopped, match="stopped at step 6"):
+        ab.ablate(str(grid), out, data_spec=data)
+    report = ab.ablate(str(grid), out, data_spec=data).report
+    first = calls[0]
+    records = [json.loads(x) for x in (first / "metrics.jsonl").read_text().splitlines()]
+    steps = [r["step"] for r in records if r["kind"] == "train"]
+    assert steps == sorted(set(steps)) and 5 in steps and steps[-1] > 6  # continued, not restarted (no step twice)
+    failed = [r for r in report["runs"] if r["status"] == "failed"]
+    assert len(failed) == 1 and "loss is nan" in failed[0]["error"] and failed[0]["stage"] == "sweep"
+    assert report["sweep"]["byte"]["chosen"] != failed[0]["lr"]  # a failed rate loses
+    n = len(calls)
+    again = ab.ablate(str(grid), out, data_spec=data).report
+    assert len(calls) == n  # nothing retrained, the failure kept
+    assert [r["status"] for r in again["runs"]] == [r["status"] for r in report["runs"]]
