@@ -65,3 +65,20 @@ def word_corpus(root, *, n_docs: int = 60, words_per_doc: int = 300, two_dirs: b
         name = f"{'en' if i % 2 else 'de'}/d{i:02d}.txt" if two_dirs else f"d{i:02d}.txt"
         files[name] = (" ".join(words) + ".\n").encode()
     return write_files(root, files)
+
+
+# The longest tests start first, so that two workers (pytest -n auto on 2 cores) are not left with
+# one of them at the end: the suite's wall time is the busier worker's. Order otherwise unchanged.
+_LONGEST_FIRST = (
+    "test_ablate.py",  # one module-scoped grid (the xdist group below keeps it on one worker)
+    "test_sharding.py::test_every_family_sharded_equals_one_device",
+    "test_compare.py",
+    "test_training.py::test_resume_after_sigkill_equals_uninterrupted",
+)
+
+
+def pytest_collection_modifyitems(session, config, items):
+    def rank(item):
+        return next((i for i, key in enumerate(_LONGEST_FIRST) if key in item.nodeid), len(_LONGEST_FIRST))
+
+    items.sort(key=rank)  # stable: the collection order within a rank

@@ -14,6 +14,9 @@ from bytelm.experiments.ablate import GRID_DIR, SizeRule, load_grid
 
 from conftest import word_corpus
 
+# every test of this module on one worker (pyproject: --dist loadgroup): the micro grid is trained once
+pytestmark = pytest.mark.xdist_group("ablate")
+
 # a cell that cannot be built: the micro width (16) is not a multiple of the patch size
 BROKEN = """
 [[family]]

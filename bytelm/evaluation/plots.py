@@ -157,6 +157,6 @@ def plot_bpb_per_group(path: str | Path, groups: dict[str, dict[str, float]], *,
     ax.set_xticks([j + 0.4 - width / 2 for j in range(len(labels))], labels, rotation=30, ha="right", fontsize=8)
     ax.set_ylabel("bits per byte (held-out)")
     ax.set_title(title, fontsize=10)
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2)  # below the bars, never over them
     ax.grid(True, axis="y", alpha=0.3)
     _save(fig, path)
