@@ -393,6 +393,8 @@ class _Ablation:
             self._schedule(run, load_config(fam.config, overrides))
         except (UserError, ValueError) as e:
             run.error = str(e)
+        if run.error is None and run.failure_file.is_file():  # a failed training would fail again: not retried
+            run.error = f"{run.failure_file.read_text().strip()} (recorded in {run.failure_file}; delete {run.run_dir} to retry)"
         return run
 
     def _schedule(self, run: Run, cfg: Config) -> None:
@@ -505,9 +507,8 @@ class _Ablation:
     def execute(self, runs: list[Run], stage: str) -> None:
         """Train every unfinished run without an error; failures are recorded, never raised."""
         for r in runs:
-            if r.error is None and r.failure_file.is_file():  # a failed training fails again: not retried
-                r.error = r.failure_file.read_text().strip()
-                self.say(f"{stage}: {r.id} failed earlier ({r.error}); delete {r.run_dir} to retry it")
+            if r.error is not None and r.failure_file.is_file():
+                self.say(f"{stage}: {r.id} failed earlier: {r.error}")
             elif r.error is None and r.finished():
                 self.say(f"{stage}: {r.id} finished earlier, skipped")
         todo = [r for r in runs if r.error is None and not r.finished()]
