@@ -31,8 +31,8 @@ from bytelm.evaluation.evaluator import evaluate_runs
 from bytelm.evaluation.external import export_heldout
 from bytelm.evaluation.report import seconds, terminal_report
 from bytelm.evaluation.results import EvalSet
-from bytelm.experiments.ablate import AblationStopped, ablate
-from bytelm.experiments.compare import CompareStopped, compare
+from bytelm.experiments.ablate import ablate
+from bytelm.experiments.compare import StageStopped, compare
 from bytelm.patching import EntropyModel, format_patches, patch_text, read_patch_source
 from bytelm.patching.plot import plot_entropies
 from bytelm.progress import ProgressBar
@@ -540,10 +540,6 @@ def cmd_compare(args: argparse.Namespace) -> int:
     try:
         result = compare(args.preset, args.out, data_spec=args.data, progress=progress, note=note,
                          time_budget_s=_budget_seconds(args.minutes))
-    except CompareStopped as e:
-        close()
-        print(f"bytelm: {e}", file=sys.stderr)
-        return 130
     finally:
         close()
     print(terminal_report(result.report))
@@ -585,10 +581,6 @@ def cmd_ablate(args: argparse.Namespace) -> int:
     try:
         result = ablate(args.grid, out, data_spec=args.data, scale=args.scale, jobs=args.jobs,
                         print_commands=args.print_commands, collect=args.collect, progress=progress, note=note)
-    except AblationStopped as e:
-        close()
-        print(f"bytelm: {e}", file=sys.stderr)
-        return 130
     finally:
         close()
     if args.print_commands:
@@ -732,6 +724,9 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as e:
         print(f"bytelm: error: {e}", file=sys.stderr)
         return EXIT_USER_ERROR
+    except StageStopped as e:  # a compare or ablate training stopped by a signal: checkpoint saved
+        print(f"bytelm: {e}", file=sys.stderr)
+        return 130
     except KeyboardInterrupt:
         print("bytelm: interrupted", file=sys.stderr)
         return 130

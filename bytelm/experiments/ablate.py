@@ -79,6 +79,7 @@ from bytelm.experiments.compare import (
     _result_to_json,
     _strings,
     derived_schedule,
+    StageStopped,
     find_toml,
     read_sections,
 )
@@ -313,7 +314,7 @@ class Run:
         return info.get("status") == "finished" and info.get("step") == self.steps
 
 
-class AblationStopped(RuntimeError):
+class AblationStopped(StageStopped):
     """A training stopped by SIGINT/SIGTERM; its checkpoint is saved and the same ablate resumes it."""
 
 

@@ -83,7 +83,12 @@ StageProgress = Callable[[str, int, "int | None", str], None]
 Note = Callable[[str], None]
 
 
-class CompareStopped(RuntimeError):
+class StageStopped(RuntimeError):
+    """A training stopped before its last step (SIGINT/SIGTERM) inside a multi-run job; its checkpoint
+    is saved and the same command resumes it (the CLI exits with status 130)."""
+
+
+class CompareStopped(StageStopped):
     """A training stage stopped before its last step (SIGINT/SIGTERM); its checkpoint is saved and
     running the same compare again resumes it."""
 
