@@ -39,7 +39,7 @@ from bytelm.baselines.bpe.parallel import balanced_shards, resolve_workers, shar
 PAIR_SHIFT = 21  # a pair of ids as one integer key: left << PAIR_SHIFT | right
 _NO_MERGE = 1 << 62
 _LONG_CHUNK = 256  # chunks longer than this use the O(n log n) heap merger
-_VECTOR_CHUNK = 64  # new chunks up to this length are merged together by numpy (_bpe_many)
+_VECTOR_CHUNK = 64  # new chunks up to this length are merged together by numpy (_segment_many)
 _CACHE_LIMIT = 1 << 20  # chunk cache entries before it is cleared
 _PARALLEL_BYTES = 1 << 20  # inputs smaller than this are encoded in-process
 _BATCH_BYTES = 1 << 22
@@ -200,9 +200,9 @@ class FastEncoder:
             self._prepare()
             new = list(islice(reversed(cache.index), n_new))
             new.reverse()
-            cache.tokens += self._bpe_many(new)
+            cache.tokens += self._segment_many(new)
 
-    def _bpe_many(self, chunks: list[str | bytes]) -> list[tuple[int, ...]]:
+    def _segment_many(self, chunks: list[str | bytes]) -> list[tuple[int, ...]]:
         """The token ids of many chunks (cache keys as str or bytes; packed integer keys get theirs
         in :meth:`_ascii_entries`). A chunk whose bytes are a whole token is that token; the other
         chunks of up to ``_VECTOR_CHUNK`` bytes merge together in numpy (:meth:`_bpe_arrays`);

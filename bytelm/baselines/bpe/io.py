@@ -9,12 +9,13 @@ A tokenizer directory holds:
   special and added tokens are ``[{"id", "content"}, ...]``. The fingerprint is checked on load.
 - ``tokenizer.json``: HF ``tokenizers`` format (``Tokenizer.from_file``): a BPE model over GPT-2's
   byte characters, a ``Split`` pre-tokenizer with the same pattern followed by
-  ``ByteLevel(use_regex=False)``, and the special/added tokens. Same ids.
+  ``ByteLevel(use_regex=False)``, and the special/added tokens. Same ids. With
+  ``encoder="longest"`` the model is HF's ``WordPiece`` (:func:`hf_longest_match_model`).
 - ``ranks.tiktoken``: ``base64(token bytes) rank`` per line, for
   ``tiktoken.load.load_tiktoken_bpe``; the rank of a mergeable token is its id. With
   ``tiktoken.Encoding(pat_str=tokenizer.pattern, mergeable_ranks=..., special_tokens=...)`` it
   gives the same ids (a custom pattern that leaves gaps is the exception: tiktoken drops text
-  the pattern does not match, this tokenizer keeps it as chunks).
+  the pattern does not match, this tokenizer keeps it as chunks). Only for ``encoder="ranks"``.
 - ``vocab.txt``: a human-readable dump (id, kind, bytes, and for merged tokens the merge that
   made them). Written for people; never loaded back.
 
@@ -56,6 +57,8 @@ def native_json(tok) -> str:
         "fingerprint": tok.fingerprint,
         "merges": [list(m) for m in tok.merges],
     }
+    if tok.encoder != "ranks":
+        doc = {**{k: v for k, v in doc.items() if k != "merges"}, "encoder": tok.encoder, "merges": doc["merges"]}
     head = json.dumps({k: v for k, v in doc.items() if k != "merges"}, indent=1, ensure_ascii=False)
     # one merge per line keeps the file diffable and short
     merges = ",\n".join(f"  [{a}, {b}]" for a, b in tok.merges)
@@ -75,9 +78,42 @@ def _hf_added_token(token_id: int, content: str, *, special: bool) -> dict:
     }
 
 
+def hf_model(tok) -> dict:
+    """The ``model`` of ``tokenizer.json``: BPE (ranked merges), or WordPiece for greedy longest
+    match (``encoder="longest"`` of any vocabulary; see :func:`hf_longest_match_model`)."""
+    if tok.encoder == "longest":
+        return hf_longest_match_model(tok)
+    return {
+        "type": "BPE",
+        "dropout": None,
+        "unk_token": None,
+        "continuing_subword_prefix": None,
+        "end_of_word_suffix": None,
+        "fuse_unk": False,
+        "byte_fallback": False,
+        "ignore_merges": False,
+        "vocab": {bytes_to_chars(tok.token_bytes(i)): i for i in range(tok.n_mergeable)},
+        "merges": [[bytes_to_chars(tok.token_bytes(a)), bytes_to_chars(tok.token_bytes(b))] for a, b in tok.merges],
+    }
+
+
+def hf_longest_match_model(tok) -> dict:
+    """HF's ``WordPiece`` model as greedy longest match on a byte alphabet: no ``##`` prefix
+    (``continuing_subword_prefix=""``: a piece is the same inside a word as at its start) and no
+    length limit on a word (``max_input_chars_per_word``: WordPiece otherwise turns longer words
+    into its unknown token). Its ``unk_token`` is never produced: every byte is a piece."""
+    return {
+        "type": "WordPiece",
+        "unk_token": "[UNK]",
+        "continuing_subword_prefix": "",
+        "max_input_chars_per_word": 1 << 30,
+        "vocab": {bytes_to_chars(tok.token_bytes(i)): i for i in range(tok.n_mergeable)},
+    }
+
+
 def hf_tokenizer_json(tok) -> str:
-    """``tokenizer.json`` text for HF ``tokenizers`` (same ids as ``tok``)."""
-    vocab = {bytes_to_chars(tok.token_bytes(i)): i for i in range(tok.n_mergeable)}
+    """``tokenizer.json`` text for HF ``tokenizers`` (same ids as ``tok``): the pattern's ``Split``
+    and ``ByteLevel`` around ``tok``'s model (:func:`hf_model`, or the tokenizer's own ``hf_model``)."""
     added = [_hf_added_token(i, s, special=True) for s, i in tok.special_tokens.items()]
     added += [_hf_added_token(i, s, special=False) for s, i in tok.added_tokens.items()]
     doc = {
@@ -95,18 +131,7 @@ def hf_tokenizer_json(tok) -> str:
         },
         "post_processor": None,
         "decoder": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False},
-        "model": {
-            "type": "BPE",
-            "dropout": None,
-            "unk_token": None,
-            "continuing_subword_prefix": None,
-            "end_of_word_suffix": None,
-            "fuse_unk": False,
-            "byte_fallback": False,
-            "ignore_merges": False,
-            "vocab": vocab,
-            "merges": [[bytes_to_chars(tok.token_bytes(a)), bytes_to_chars(tok.token_bytes(b))] for a, b in tok.merges],
-        },
+        "model": tok.hf_model() if hasattr(tok, "hf_model") else hf_model(tok),
     }
     return json.dumps(doc, ensure_ascii=False, indent=1) + "\n"
 
@@ -149,15 +174,18 @@ def write_tokenizer_files(tok, directory: str | os.PathLike) -> Path:
     if d.exists() and not d.is_dir():
         raise UserError(f"cannot save the tokenizer to {d}: it exists and is not a directory")
     atomic_write_text(d / HF_FILE, hf_tokenizer_json(tok))
-    atomic_write_text(d / TIKTOKEN_FILE, tiktoken_ranks(tok))
+    if tok.encoder == "ranks":
+        atomic_write_text(d / TIKTOKEN_FILE, tiktoken_ranks(tok))
+    elif (d / TIKTOKEN_FILE).exists():  # tiktoken ranks mean ranked merges: a stale file would mislead
+        (d / TIKTOKEN_FILE).unlink()
     atomic_write_text(d / VOCAB_DUMP_FILE, vocab_dump(tok))
     atomic_write_text(d / NATIVE_FILE, native_json(tok))
     return d
 
 
 # -- reading ------------------------------------------------------------------------------------
-def read_native(directory: str | os.PathLike) -> tuple[Path, dict]:
-    """``(path, document)`` of the native file in ``directory``, its format and version checked.
+def read_native(directory: str | os.PathLike, *, name: str = NATIVE_FILE, format_name: str = FORMAT_NAME) -> tuple[Path, dict]:
+    """``(path, document)`` of the native file ``name`` in ``directory``, its format and version checked.
 
     Raises :class:`~bytelm.errors.UserError` (a ``ValueError``) naming the file when the
     directory or file is missing, truncated, corrupted or of an unknown version.
@@ -165,7 +193,7 @@ def read_native(directory: str | os.PathLike) -> tuple[Path, dict]:
     d = Path(directory)
     if not d.is_dir():
         raise UserError(f"tokenizer directory {d} does not exist; train one with 'bytelm tokenizer train'")
-    path = d / NATIVE_FILE
+    path = d / name
     if not path.is_file():
         raise UserError(f"{path} is missing: {d} is not a bytelm tokenizer directory (or its save did not finish)")
     try:
@@ -174,8 +202,8 @@ def read_native(directory: str | os.PathLike) -> tuple[Path, dict]:
         raise invalid(path, f"not UTF-8: {e}") from None
     except json.JSONDecodeError as e:
         raise invalid(path, f"truncated or corrupted JSON: {e}") from None
-    if not isinstance(doc, dict) or doc.get("format") != FORMAT_NAME:
-        raise invalid(path, f"the 'format' field is not {FORMAT_NAME!r}")
+    if not isinstance(doc, dict) or doc.get("format") != format_name:
+        raise invalid(path, f"the 'format' field is not {format_name!r}")
     version = doc.get("version")
     if version != FORMAT_VERSION:
         raise invalid(path, f"format version {version!r}; this bytelm reads version {FORMAT_VERSION}")
