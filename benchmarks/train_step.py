@@ -63,6 +63,7 @@ def jax_setup(model_overrides: list[str], batch: int, seq_len: int):
     import jax
 
     from bytelm.config import load_config
+    from bytelm.training.optim import schedule_plan
     from bytelm.training.trainer import make_task
     from bytelm.training.trainer import Trainer
 
@@ -72,12 +73,13 @@ def jax_setup(model_overrides: list[str], batch: int, seq_len: int):
     )
     task = make_task(cfg, corpus=None)
     trainer = Trainer(cfg, task)
+    plan = schedule_plan(cfg.train, trainer.horizon)  # the schedule's runtime arguments
     rng = np.random.default_rng(0)
     device_batch = trainer.device_batch({"ids": rng.integers(4, 260, size=(batch, seq_len + 1)).astype(np.int32)})
 
     def step():
         t0 = time.perf_counter()
-        trainer.params, trainer.opt_state, m = trainer._train_step(trainer.params, trainer.opt_state, device_batch)
+        trainer.params, trainer.opt_state, m = trainer._train_step(trainer.params, trainer.opt_state, device_batch, plan)
         jax.block_until_ready(m["loss"])
         return {"step_s": time.perf_counter() - t0}
 
@@ -96,6 +98,7 @@ def blt_setup(model_overrides: list[str], entropy_overrides: list[str], batch: i
     from bytelm.models.byte_lm import ByteLM
     from bytelm.patching import EntropyModel, EntropyPatcher
     from bytelm.training import flops
+    from bytelm.training.optim import schedule_plan
     from bytelm.training.tasks import ByteTask
     from bytelm.training.trainer import Trainer
 
@@ -122,6 +125,7 @@ def blt_setup(model_overrides: list[str], entropy_overrides: list[str], batch: i
 
     task = Task(cfg, corpus)
     trainer = Trainer(cfg, task)
+    plan = schedule_plan(cfg.train, trainer.horizon)  # the schedule's runtime arguments
     max_patches = cfg.model.patches_for(seq_len)
     counter = iter(range(10**9))
 
@@ -131,7 +135,7 @@ def blt_setup(model_overrides: list[str], entropy_overrides: list[str], batch: i
         layout = patcher.layout(ids, max_patches)
         t1 = time.perf_counter()
         batch_np = {"ids": ids, "patch_lengths": layout.lengths_BxP}
-        trainer.params, trainer.opt_state, m = trainer._train_step(trainer.params, trainer.opt_state, trainer.device_batch(batch_np))
+        trainer.params, trainer.opt_state, m = trainer._train_step(trainer.params, trainer.opt_state, trainer.device_batch(batch_np), plan)
         jax.block_until_ready(m["loss"])
         return {"step_s": time.perf_counter() - t1, "patch_s": t1 - t0, **layout.stats()}
 

@@ -23,7 +23,8 @@ import jax
 
 from bytelm.__main__ import entry  # noqa: F401  (the console script's old home)
 from bytelm.atomic import atomic_write_text
-from bytelm.baselines.bpe import load_tokenizer, tokenizer_stats, train_bpe
+from bytelm.baselines import KINDS, load_tokenizer
+from bytelm.baselines.bpe import tokenizer_stats, train_bpe
 from bytelm.config import load_config
 from bytelm.data import default_cache_dir, load_corpus_from_config
 from bytelm.errors import UserError
@@ -69,7 +70,7 @@ def _add_data_option(p: argparse.ArgumentParser) -> None:
 
 
 def _add_tokenizer_option(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--tokenizer", required=True, metavar="DIR", help="tokenizer directory written by 'bytelm tokenizer train' (holds bytelm_bpe.json)")
+    p.add_argument("--tokenizer", required=True, metavar="DIR", help="tokenizer directory written by 'bytelm tokenizer train' (holds bytelm_bpe.json or bytelm_unigram.json)")
 
 
 def _add_workers_option(p: argparse.ArgumentParser) -> None:
@@ -310,15 +311,24 @@ def cmd_patch(args: argparse.Namespace) -> int:
 def add_tokenizer_train(sub) -> None:
     p = sub.add_parser(
         "train",
-        help="train a byte-level BPE tokenizer on the train split of a corpus",
-        description="Learn a byte-level BPE merge list on the train documents of --data and write the "
-        "tokenizer directory: bytelm_bpe.json (native, versioned), tokenizer.json (HF tokenizers), "
-        "ranks.tiktoken (tiktoken) and vocab.txt (human-readable). The merge list is identical to HF "
-        "tokenizers' BpeTrainer with the same pattern.",
+        help="train a byte-level BPE or Unigram tokenizer on the train split of a corpus",
+        description="Learn a byte-level tokenizer on the train documents of --data and write its "
+        "directory. --kind bpe (default): a merge list identical to HF tokenizers' BpeTrainer with the same "
+        "pattern; files bytelm_bpe.json (native, versioned), tokenizer.json (HF tokenizers), ranks.tiktoken "
+        "(tiktoken) and vocab.txt (human-readable). --kind unigram: a Unigram LM (seed substrings, EM over "
+        "all segmentations, pruning; SentencePiece's algorithm on bytes); files bytelm_unigram.json, "
+        "tokenizer.json (HF Unigram model) and vocab.txt.",
     )
     _add_data_option(p)
     _add_config_options(p)
-    p.add_argument("--vocab-size", type=int, required=True, metavar="N", help="number of ids: 256 bytes + learned merges + special tokens (as HF counts it)")
+    p.add_argument("--kind", choices=KINDS, default="bpe", help="the algorithm: 'bpe' (ranked merges, default) or 'unigram' (Viterbi over scored pieces)")
+    p.add_argument(
+        "--encoder",
+        choices=["ranks", "viterbi", "longest"],
+        help="the segmentation rule recorded with the tokenizer: the kind's own (bpe: 'ranks', unigram: 'viterbi'; "
+        "the default) or 'longest' (greedy longest match over the same vocabulary, WordPiece's rule)",
+    )
+    p.add_argument("--vocab-size", type=int, required=True, metavar="N", help="number of ids: 256 bytes + learned merges or pieces + special tokens (as HF counts it)")
     p.add_argument(
         "--pattern",
         default="cl100k",
@@ -339,38 +349,50 @@ def add_tokenizer_train(sub) -> None:
 
 def cmd_tokenizer_train(args: argparse.Namespace) -> int:
     corpus = _load_corpus(_resolve_config(args).data)
+    own = "ranks" if args.kind == "bpe" else "viterbi"
+    if args.encoder not in (None, own, "longest"):
+        raise UserError(f"--encoder {args.encoder} is not a rule of a {args.kind} tokenizer: use {own} (the default) or longest")
     count_bar = ProgressBar("pre-tokenizing", unit=" MB")
-    merge_bar = ProgressBar("merging", unit=" merges")
+    learn_bar = ProgressBar("merging" if args.kind == "bpe" else "pruning", unit=" merges" if args.kind == "bpe" else " rounds")
     bars_open = [count_bar]
 
-    def on_merge(done: int, total: int) -> None:
+    def on_learn(done: int, total: int) -> None:
         if count_bar in bars_open:
             count_bar.close()
             bars_open.remove(count_bar)
-            bars_open.append(merge_bar)
-        merge_bar.update(done, total)
+            bars_open.append(learn_bar)
+        learn_bar.update(done, total)
 
+    kwargs = dict(
+        vocab_size=args.vocab_size,
+        pattern=args.pattern,
+        special_tokens=args.special,
+        num_workers=args.workers,
+        progress=on_learn,
+        count_progress=lambda done, total: count_bar.update(done >> 20, (total or 0) >> 20 or None),
+        total_bytes=corpus.split_bytes("train"),
+    )
     try:
-        tok = train_bpe(
-            corpus.documents("train"),
-            vocab_size=args.vocab_size,
-            pattern=args.pattern,
-            special_tokens=args.special,
-            num_workers=args.workers,
-            progress=on_merge,
-            count_progress=lambda done, total: count_bar.update(done >> 20, (total or 0) >> 20 or None),
-            total_bytes=corpus.split_bytes("train"),
-        )
+        if args.kind == "bpe":
+            tok = train_bpe(corpus.documents("train"), **kwargs)
+        else:
+            from bytelm.baselines.unigram import train_unigram
+
+            tok = train_unigram(corpus.documents("train"), **kwargs)
     finally:
         for bar in bars_open:
             bar.close()
+    if args.encoder == "longest":
+        tok = tok.with_encoder("longest")
     tok.save(args.out)
+    learned = f"{len(tok.merges):,} merges" if args.kind == "bpe" else f"{tok.n_mergeable - 256:,} pieces"
     _print_rows(
         [
             ("tokenizer", args.out),
+            ("kind", f"{args.kind} (encoder: {tok.encoder})"),
             ("data", f"{corpus.spec} (train split: {corpus.split_bytes('train'):,} bytes)"),
             ("pattern", args.pattern),
-            ("ids", f"{tok.n_vocab:,} = 256 bytes + {len(tok.merges):,} merges + {len(tok.special_tokens)} special"),
+            ("ids", f"{tok.n_vocab:,} = 256 bytes + {learned} + {len(tok.special_tokens)} special"),
             ("fingerprint", tok.fingerprint),
         ]
     )
@@ -682,8 +704,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_patch(sub)
     tok = sub.add_parser(
         "tokenizer",
-        help="train and use the byte-level BPE baseline tokenizer",
-        description="Train, apply and measure the byte-level BPE tokenizer of the subword baseline.",
+        help="train and use the subword baseline tokenizers (byte-level BPE or Unigram)",
+        description="Train, apply and measure the byte-level BPE and Unigram tokenizers of the subword baseline.",
     )
     tok_sub = tok.add_subparsers(dest="tokenizer_command", metavar="SUBCOMMAND", required=True, help="tokenizer command")
     for add in (add_tokenizer_train, add_tokenizer_encode, add_tokenizer_decode, add_tokenizer_stats):

@@ -70,7 +70,7 @@ def word_corpus(root, *, n_docs: int = 60, words_per_doc: int = 300, two_dirs: b
 # The longest tests start first, so that two workers (pytest -n auto on 2 cores) are not left with
 # one of them at the end: the suite's wall time is the busier worker's. Order otherwise unchanged.
 _LONGEST_FIRST = (
-    "test_ablate.py",  # one module-scoped grid (the xdist group below keeps it on one worker)
+    "test_ablate.py::test_micro_grid_end_to_end",  # the micro grid, trained once (one test: see there)
     "test_sharding.py::test_every_family_sharded_equals_one_device",
     "test_compare.py",
     "test_training.py::test_resume_after_sigkill_equals_uninterrupted",

@@ -4,6 +4,7 @@ scheduler path (--print-commands, then --collect) against the in-process grid, t
 import json
 import math
 import shlex
+import shutil
 
 import pytest
 
@@ -14,8 +15,6 @@ from bytelm.experiments.ablate import GRID_DIR, SizeRule, load_grid
 
 from conftest import word_corpus
 
-# every test of this module on one worker (pyproject: --dist loadgroup): the micro grid is trained once
-pytestmark = pytest.mark.xdist_group("ablate")
 
 # a cell that cannot be built: the micro width (16) is not a multiple of the patch size
 BROKEN = """
@@ -64,7 +63,16 @@ def cells(report, budget_index):
     return [r for r in report["runs"] if r["in_grid"] and r["seed"] == 0 and r["budget_index"] == budget_index]
 
 
-def test_micro_grid_writes_every_output_and_reports_the_broken_cell(grid_run):
+def test_micro_grid_end_to_end(grid_run, tmp_path, capsys):
+    """The micro grid trained once, checked four ways (one test: the grid is trained once per
+    process, and pytest-xdist's grouping of tests onto one worker does not hold here)."""
+    check_outputs_and_the_broken_cell(grid_run)
+    check_learning_rates_chosen_on_the_validation_split(grid_run)
+    check_rerun_skips_every_finished_run(grid_run)
+    check_print_commands_then_collect_equal_the_in_process_grid(grid_run, tmp_path, capsys)  # rewrites the grid's files: last
+
+
+def check_outputs_and_the_broken_cell(grid_run):
     out, report = grid_run["out"], grid_run["report"]
     assert report["stage"] == "done"
     assert report["data"]["dirs"] == ["de", "en"]  # groups: the per-directory panel is drawn
@@ -92,6 +100,8 @@ def test_micro_grid_writes_every_output_and_reports_the_broken_cell(grid_run):
     assert by_family["blt"]["entropy_inference_flops_per_byte"] > 0 and by_family["blt-space"]["entropy_inference_flops_per_byte"] == 0
     assert by_family["blt"]["inference_flops_per_byte"] > by_family["blt"]["entropy_inference_flops_per_byte"]
     assert by_family["bpe"]["mean_bytes_per_global_step"] > 1.0
+    assert by_family["unigram"]["mean_bytes_per_global_step"] > 1.0  # a Unigram tokenizer, trained by the grid
+    assert (out / "tokenizers" / "unigram-320-cl100k" / "bytelm_unigram.json").is_file()
     # the size rule: one trunk per budget for every family (the micro budgets sit on its floor)
     assert report["trunks"] == {f"{b:.3g}": {"d_model": 16, "layers": 2} for b in report["budgets"]}
     md = (out / "ablation.md").read_text()
@@ -101,10 +111,10 @@ def test_micro_grid_writes_every_output_and_reports_the_broken_cell(grid_run):
     assert len(done) >= 20
 
 
-def test_learning_rates_are_chosen_on_the_validation_split(grid_run):
+def check_learning_rates_chosen_on_the_validation_split(grid_run):
     report = grid_run["report"]
     sweeps = [r for r in report["runs"] if r["stage"] == "sweep"]
-    assert {r["family"] for r in sweeps} == {"byte", "megabyte", "blt", "bpe"}  # blt-space and broken borrow a rate
+    assert {r["family"] for r in sweeps} == {"byte", "megabyte", "blt", "bpe"}  # blt-space, unigram and broken borrow a rate
     for fam, s in report["sweep"].items():
         scored = {float(lr): bpb for lr, bpb in s["validation_bpb"].items()}
         assert s["chosen"] == min(scored, key=scored.get)
@@ -113,28 +123,42 @@ def test_learning_rates_are_chosen_on_the_validation_split(grid_run):
                 assert r["validation_bpb"] == scored[r["lr"]] and r["validation_bpb"] != r["bpb"]
     lr_of = {r["family"]: r["lr"] for r in cells(report, 1) if r["status"] == "done"}
     assert lr_of["blt-space"] == report["sweep"]["blt"]["chosen"]
+    assert lr_of["unigram"] == report["sweep"]["bpe"]["chosen"]
     assert report["validation_fingerprint"] != report["fingerprint"]
     spread = report["seed_spread"]
-    assert set(spread) == {"byte", "megabyte", "blt", "blt-space", "bpe"}
+    assert set(spread) == {"byte", "megabyte", "blt", "blt-space", "bpe", "unigram"}
     for s in spread.values():
         assert len(s["bpb"]) == 2 and s["spread"] == pytest.approx(max(s["bpb"]) - min(s["bpb"]))
 
 
-def test_rerun_skips_every_finished_run(grid_run):
+def check_rerun_skips_every_finished_run(grid_run):
     before, after = grid_run["mtimes"]
     assert before and before == after
     strip = lambda rep: [(r["id"], r["status"], r.get("bpb")) for r in rep["runs"]]  # noqa: E731
     assert strip(grid_run["again"]) == strip(grid_run["report"])
 
 
-def test_print_commands_then_collect_equals_the_in_process_grid(grid_run, tmp_path, capsys):
+def check_print_commands_then_collect_equal_the_in_process_grid(grid_run, tmp_path, capsys):
     """A scheduler's path: each stage's printed commands run on their own (here: in this process),
     then --collect; the same runs and the same numbers as the in-process grid. A family's runs
     depend only on its own (its sweep, its best cell), so one family (with an artefact: its
-    tokenizer) stands for the grid."""
+    tokenizer) stands for the grid. In the in-process grid's directory, that family's tokenizer
+    and one run per stage (a sweep rate that lost, the larger budget, the extra seed) are
+    deleted; the printed commands must make exactly those again. (It rewrites that directory's
+    ablation.json: it comes last.)"""
     families = {"bpe"}
     grid = micro_grid(tmp_path, families=families)
-    out = tmp_path / "out"
+    out = grid_run["out"]
+    ours = {r["id"]: r for r in grid_run["report"]["runs"] if r["family"] in families}
+    chosen = grid_run["report"]["sweep"]["bpe"]["chosen"]
+    lost = next(r for r in ours.values() if r["stage"] == "sweep" and r["lr"] != chosen)
+    larger = next(r for r in ours.values() if r["stage"] == "grid" and r["budget_index"] == 1)
+    seed = next(r for r in ours.values() if r["seed"] == 1)
+    shutil.rmtree(out / "tokenizers" / "bpe-320-cl100k")
+    for r in (lost, larger, seed):
+        shutil.rmtree(out / "runs" / r["id"])
+        for cached in (out / "evals").glob(f"{r['id'].replace('/', '__')}.*.json"):
+            cached.unlink()
     base = ["ablate", str(grid), "--data", f"files:{grid_run['corpus']}", "--out", str(out)]
     stages = []
     for _ in range(6):
@@ -148,11 +172,10 @@ def test_print_commands_then_collect_equals_the_in_process_grid(grid_run, tmp_pa
         stages.append(len(commands))
         for command in commands:
             assert cli.main(shlex.split(command)[1:]) == 0, command
-    assert len(stages) == 4  # artefacts, sweep, grid, seeds
+    assert stages == [1, 1, 1, 1]  # artefacts, sweep, grid, seeds: one missing each
     assert cli.main([*base, "--collect"]) == 0
     collected = json.loads((out / "ablation.json").read_text())
     assert collected["stage"] == "done"
-    ours = {r["id"]: r for r in grid_run["report"]["runs"] if r["family"] in families}
     theirs = {r["id"]: r for r in collected["runs"]}
     assert set(theirs) == set(ours)
     for key, r in theirs.items():

@@ -122,6 +122,27 @@ def test_presets_load_and_bad_presets_fail(tmp_path):
     bad.write_text('[compare]\nflop_budget = 1e9\n[[model]]\nname = "x"\nconfig = "missing.toml"\n')
     with pytest.raises(UserError, match="not found"):
         load_preset(str(bad))
+    bad.write_text('[compare]\nflop_budget = 1e9\n[tokenizer]\nkind = "wordpiece"\n')
+    with pytest.raises(UserError, match="kind is 'wordpiece'"):
+        load_preset(str(bad))
+
+
+def test_compare_with_a_unigram_tokenizer_records_its_kind_and_rule(corpus_dir, tmp_path):
+    """``[tokenizer] kind = "unigram"``: the subword LM trains on Unigram ids; the report and
+    the run name the kind and the encoder rule; a directory holding another kind is refused."""
+    from bytelm.experiments import compare as cmp  # noqa: PLC0415
+
+    preset = load_preset("test")
+    preset = cmp.Preset(**{**preset.__dict__, "models": tuple(m for m in preset.models if m.name == "bpe"), "tokenizer_kind": "unigram"})
+    out = tmp_path / "cmp"
+    result = cmp.compare(preset, out, data_spec=f"files:{corpus_dir}")
+    assert result.report["compare"]["tokenizer"]["kind"] == "unigram" and result.report["compare"]["tokenizer"]["encoder"] == "viterbi"
+    info = json.loads((out / "runs" / "bpe" / "run.json").read_text())
+    assert (info["tokenizer_kind"], info["tokenizer_encoder"]) == ("unigram", "viterbi")
+    assert "Tokenizer: unigram" in result.report_md.read_text()
+    other = cmp.Preset(**{**preset.__dict__, "tokenizer_kind": "bpe"})
+    with pytest.raises(UserError, match="holds a unigram tokenizer"):
+        cmp.compare(other, out, data_spec=f"files:{corpus_dir}")
 
 
 def test_compare_chooses_each_models_learning_rate_on_the_validation_split(corpus_dir, tmp_path):

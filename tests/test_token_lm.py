@@ -80,3 +80,38 @@ def test_run_refuses_another_tokenizer(corpus_dir, tokenizer_dir, tmp_path):  # 
     (tmp_path / "run" / "config.toml").write_text(text)
     with pytest.raises(UserError, match="was trained with"):
         restore_trainer(tmp_path / "run")
+
+
+def test_unigram_stream_and_sampled_segmentations(corpus_dir, tmp_path):  # noqa: F811
+    """A Unigram tokenizer feeds the same LM; with model.sample_alpha > 0 the train stream's
+    segmentations are drawn (reproducibly, by train.seed) but spell the same bytes, and a BPE
+    tokenizer refuses sampling."""
+    from bytelm.baselines.unigram import train_unigram
+
+    corpus = load_corpus(f"files:{corpus_dir}", cache_dir=tmp_path / "c")
+    tok = train_unigram(corpus.documents("train"), vocab_size=320, pattern="gpt2", num_workers=1)
+    tok.save(tmp_path / "uni")
+
+    def stream(**extra):
+        cfg = bpe_cfg(corpus_dir, tmp_path / "uni", **extra)
+        task = make_task(cfg, load_corpus(cfg.data.source, segment_bytes=64, max_eval_bytes=4096))
+        return task, np.asarray(task.train_stream()).astype(np.int64)
+
+    task, viterbi = stream()
+    first = next(task.corpus.documents("train"))
+    assert viterbi[1 : 1 + len(tok.encode_ordinary(first))].tolist() == [t + 4 for t in tok.encode_ordinary(first)]
+    _, sampled = stream(**{"model.sample_alpha": 0.3})
+    _, again = stream(**{"model.sample_alpha": 0.3})
+    _, other_seed = stream(**{"model.sample_alpha": 0.3, "train.seed": 1})
+    assert np.array_equal(sampled, again) and not np.array_equal(sampled, viterbi) and not np.array_equal(sampled, other_seed)
+    spell = lambda s: task.tokenizer.decode_bytes([int(t) - 4 for t in s if t >= 4])  # noqa: E731
+    assert spell(sampled) == spell(viterbi) and len(sampled) > len(viterbi)  # drawn paths are longer on average
+    with pytest.raises(UserError, match="sample_alpha"):
+        stream(**{"model.tokenizer": str(tokenizer_dir_of(corpus_dir, tmp_path)), "model.sample_alpha": 0.3})
+
+
+def tokenizer_dir_of(corpus_dir, tmp_path):  # noqa: F811
+    corpus = load_corpus(f"files:{corpus_dir}", cache_dir=tmp_path / "c")
+    out = tmp_path / "bpe"
+    train_bpe(corpus.documents("train"), vocab_size=300, pattern="gpt2", num_workers=1).save(out)
+    return out

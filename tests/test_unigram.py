@@ -156,15 +156,16 @@ def test_bytes_round_trip_and_fast_equals_reference_on_random_bytes(trained, doc
 def test_hf_unigram_and_wordpiece_give_identical_ids(trained, tmp_path):
     tokenizers = pytest.importorskip("tokenizers")
     tok = trained["tok"]
-    texts = [d.decode() for d in stdlib_sample(100_000, skip=80)] + MULTILINGUAL + ADVERSARIAL[:8]
+    # the adversarial strings up to 10k characters, and one of 100k (the others of 100k cost seconds, not coverage)
+    texts = [d.decode() for d in stdlib_sample(100_000, skip=80)] + MULTILINGUAL + [t for t in ADVERSARIAL if len(t) <= 10_000]
     hf = tokenizers.Tokenizer.from_file(str(trained["dir"] / "tokenizer.json"))
-    for t in texts:
+    for t in [*texts, "a" * 100_000]:
         assert hf.encode(t).ids == tok.encode_ordinary(t), t[:60]
     assert hf.encode("x<|endoftext|>").ids == tok.encode("x<|endoftext|>", allowed_special="all")
     longest = tok.with_encoder("longest")
     longest.save(tmp_path)
     wp = tokenizers.Tokenizer.from_file(str(tmp_path / "tokenizer.json"))
-    for t in texts:
+    for t in texts:  # (HF's WordPiece tries every end of a word from its last: quadratic on 100k-char words)
         assert wp.encode(t).ids == longest.encode_ordinary(t), t[:60]
 
 
@@ -199,3 +200,18 @@ def test_bad_input_is_a_value_error_naming_the_problem():
         UnigramTokenizer([b"ab", b"ab"], [-1.0] * 258)
     with pytest.raises(ValueError, match="finite"):
         UnigramTokenizer([b"ab"], [-1.0] * 256 + [math.nan])
+
+
+def test_cli_trains_either_kind_with_its_rule(text_dir, tmp_path, capsys):
+    from bytelm import cli
+
+    base = ["tokenizer", "train", "--data", f"files:{text_dir}", "--vocab-size", "300", "--pattern", "gpt2"]
+    assert cli.main([*base, "--kind", "unigram", "--out", str(tmp_path / "u")]) == 0
+    tok = load_tokenizer(tmp_path / "u")
+    assert (tok.kind, tok.encoder, tok.n_vocab) == ("unigram", "viterbi", tok.n_mergeable)
+    assert "unigram (encoder: viterbi)" in capsys.readouterr().out
+    assert cli.main([*base, "--encoder", "longest", "--out", str(tmp_path / "b")]) == 0
+    tok = load_tokenizer(tmp_path / "b")
+    assert (tok.kind, tok.encoder) == ("bpe", "longest") and not (tmp_path / "b" / "ranks.tiktoken").exists()
+    assert cli.main([*base, "--kind", "bpe", "--encoder", "viterbi", "--out", str(tmp_path / "x")]) == 2
+    assert "not a rule of a bpe tokenizer" in capsys.readouterr().err

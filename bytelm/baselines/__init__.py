@@ -19,6 +19,12 @@ from bytelm.errors import UserError
 KINDS = ("bpe", "unigram")
 
 
+def is_saved(directory) -> bool:
+    """Whether ``directory`` holds a complete saved tokenizer (its native file is written last)."""
+    d = Path(directory)
+    return (d / "bytelm_bpe.json").is_file() or (d / "bytelm_unigram.json").is_file()
+
+
 def load_tokenizer(directory):
     """The tokenizer saved in ``directory``, BPE or Unigram (by its native file)."""
     from bytelm.baselines.bpe.io import NATIVE_FILE as BPE_FILE

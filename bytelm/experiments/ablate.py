@@ -23,8 +23,9 @@ rates to sweep, the size rule and, per family, the cells to vary::
     grid = { "model.patch_size" = [2, 4, 8] }   # cells: the product of these lists
     sweep = { "model.patch_size" = 4 }          # the cell whose learning-rate sweep the family uses
 
-``tokenizer.vocab_size`` and ``tokenizer.pattern`` in a grid name the BPE tokenizer of the cell
-(trained by the grid, one per pair). ``lr_from = "blt"`` reuses another family's chosen rate.
+``tokenizer.vocab_size`` and ``tokenizer.pattern`` in a grid name the subword tokenizer of the
+cell (trained by the grid, one per distinct tokenizer); ``tokenizer.kind`` (``bpe``, the default,
+or ``unigram``) and ``tokenizer.encoder`` (the kind's own rule, or ``longest``) are optional. ``lr_from = "blt"`` reuses another family's chosen rate.
 
 The runs, in four stages (each a list of independent ``bytelm train`` commands):
 
@@ -65,7 +66,7 @@ from pathlib import Path
 import numpy as np
 
 from bytelm.atomic import atomic_directory, atomic_write_text
-from bytelm.baselines.bpe import train_bpe_on_corpus
+from bytelm.baselines import KINDS, is_saved, train_tokenizer
 from bytelm.config import Config, load_config, shipped_configs
 from bytelm.errors import UserError
 from bytelm.evaluation.bpb import breakdown
@@ -90,7 +91,8 @@ log = logging.getLogger(__name__)
 
 GRID_DIR = shipped_configs() / "ablations"
 STAGES = ("artefacts", "sweep", "grid", "seeds")
-TOKENIZER_KEYS = ("tokenizer.vocab_size", "tokenizer.pattern")
+TOKENIZER_KEYS = ("tokenizer.vocab_size", "tokenizer.pattern")  # required of a subword cell
+TOKENIZER_OPTIONS = ("tokenizer.kind", "tokenizer.encoder")
 StageProgress = Callable[[str, int, "int | None", str], None]
 Note = Callable[[str], None]
 
@@ -197,7 +199,7 @@ def _model_fields(cell: dict, model_cfg) -> dict:
 
 
 def cell_overrides(cell: dict) -> list[str]:
-    return [f"{k}={v}" for k, v in cell.items() if k not in TOKENIZER_KEYS]
+    return [f"{k}={v}" for k, v in cell.items() if k not in TOKENIZER_KEYS + TOKENIZER_OPTIONS]
 
 
 def find_grid(name_or_path: str) -> Path:
@@ -348,7 +350,16 @@ class _Ablation:
         return [*self.grid.overrides, *fam.overrides, *self.data_overrides]
 
     def tokenizer_dir(self, cell: dict) -> Path:
-        return self.out / "tokenizers" / f"bpe-{cell['tokenizer.vocab_size']}-{cell['tokenizer.pattern']}"
+        kind, encoder = self.tokenizer_kind(cell)
+        rule = "" if encoder in ("", "ranks", "viterbi") else f"-{encoder}"
+        return self.out / "tokenizers" / f"{kind}-{cell['tokenizer.vocab_size']}-{cell['tokenizer.pattern']}{rule}"
+
+    @staticmethod
+    def tokenizer_kind(cell: dict) -> tuple[str, str]:
+        kind, encoder = str(cell.get("tokenizer.kind", "bpe")), str(cell.get("tokenizer.encoder", ""))
+        if kind not in KINDS:
+            raise UserError(f"tokenizer.kind = {kind!r} in a grid cell; use one of {list(KINDS)}")
+        return kind, encoder
 
     def artefact_overrides(self, family: str, cell: dict, model_cfg) -> list[str]:
         out = []
@@ -471,15 +482,21 @@ class _Ablation:
         data = " ".join(f"--set {shlex.quote(o)}" for o in [*self.grid.overrides, *self.data_overrides] if o.startswith("data."))
         for cell in self.tokenizer_cells():
             tdir = self.tokenizer_dir(cell)
-            if (tdir / "bytelm_bpe.json").is_file():
+            if is_saved(tdir):
                 continue
             vocab, pattern = int(cell["tokenizer.vocab_size"]), str(cell["tokenizer.pattern"])
+            kind, encoder = self.tokenizer_kind(cell)
             if self.mode == "print":
-                commands.append(f"bytelm tokenizer train {data} --vocab-size {vocab} --pattern {shlex.quote(pattern)} --out {shlex.quote(str(tdir))}")
+                rule = f" --encoder {shlex.quote(encoder)}" if encoder else ""
+                commands.append(
+                    f"bytelm tokenizer train {data} --kind {kind}{rule} --vocab-size {vocab} --pattern {shlex.quote(pattern)} --out {shlex.quote(str(tdir))}"
+                )
             elif self.mode == "run":
                 t0 = time.perf_counter()
                 try:
-                    tok = train_bpe_on_corpus(self.corpus, vocab_size=vocab, pattern=pattern, progress=self.bar(f"tokenizer {tdir.name}"))
+                    tok = train_tokenizer(kind, self.corpus, vocab_size=vocab, pattern=pattern, progress=self.bar(f"tokenizer {tdir.name}"))
+                    if encoder:
+                        tok = tok.with_encoder(encoder)
                     with atomic_directory(tdir) as tmp:
                         tok.save(tmp)
                     self.say(f"tokenizer {tdir.name}: {tok.n_vocab} ids in {time.perf_counter() - t0:.1f}s")
@@ -501,7 +518,7 @@ class _Ablation:
 
     def _artefacts_missing(self) -> bool:
         ent = self.entropy_run()
-        return any(not (self.tokenizer_dir(c) / "bytelm_bpe.json").is_file() for c in self.tokenizer_cells()) or (
+        return any(not is_saved(self.tokenizer_dir(c)) for c in self.tokenizer_cells()) or (
             ent is not None and ent.error is None and not ent.finished())
 
     # -- training

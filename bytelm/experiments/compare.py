@@ -24,6 +24,8 @@ A **preset** (``configs/compare/NAME.toml``) names the budget, the model configs
     [tokenizer]
     vocab_size = 4096
     pattern = "cl100k"
+    kind = "bpe"                # or "unigram"
+    encoder = ""                # the kind's own rule (ranks / viterbi), or "longest"
 
     [[model]]
     name = "entropy"            # the run directory name and the report's row name
@@ -61,7 +63,7 @@ from pathlib import Path
 import numpy as np
 
 from bytelm.atomic import atomic_directory, atomic_write_text
-from bytelm.baselines.bpe import train_bpe_on_corpus
+from bytelm.baselines import KINDS, load_tokenizer, train_tokenizer
 from bytelm.config import Config, load_config, shipped_configs
 from bytelm.errors import UserError
 from bytelm.evaluation.bpb import SegmentScores
@@ -115,10 +117,18 @@ class Preset:
     sweep_fraction: float = 0.25  # each sweep run's share of the model's budget
     vocab_size: int = 4096
     pattern: str = "cl100k"
+    tokenizer_kind: str = "bpe"
+    tokenizer_encoder: str = ""  # "": the kind's own rule
 
     @property
     def entropy_model(self) -> ModelSpec | None:
         return next((m for m in self.models if m.role == "entropy"), None)
+
+
+def _kind(value, where: str) -> str:
+    if value not in KINDS:
+        raise UserError(f"{where} is {value!r}; use one of {list(KINDS)}")
+    return value
 
 
 def _strings(value, where: str) -> tuple[str, ...]:
@@ -184,10 +194,15 @@ def load_preset(name_or_path: str) -> Preset:
     raw = read_sections(path, "preset", ("compare", "tokenizer", "model"))
     comp, tok = raw.get("compare", {}), raw.get("tokenizer", {})
     compare_keys = {"flop_budget", "eval_points", "time_budget_s", "learning_rates", "sweep_fraction", "set"}
-    for table, valid, label in ((comp, compare_keys, "compare"), (tok, {"vocab_size", "pattern"}, "tokenizer")):
+    for table, valid, label in ((comp, compare_keys, "compare"), (tok, {"vocab_size", "pattern", "kind", "encoder"}, "tokenizer")):
         bad = set(table) - valid
         if bad:
             raise UserError(f"preset {path}: unknown key(s) {sorted(bad)} in [{label}]; valid: {', '.join(sorted(valid))}")
+    kind = _kind(tok.get("kind", "bpe"), f"preset {path} [tokenizer] kind")
+    encoder = str(tok.get("encoder", ""))
+    if encoder not in ("", "longest", "ranks" if kind == "bpe" else "viterbi"):
+        raise UserError(f"preset {path} [tokenizer] encoder is {encoder!r}: a {kind} tokenizer's rule is its own ('' or "
+                        f"{'ranks' if kind == 'bpe' else 'viterbi'}) or 'longest'")
     if "flop_budget" not in comp:
         raise UserError(f"preset {path}: [compare] needs flop_budget (training FLOPs per compared model)")
     models = []
@@ -225,6 +240,8 @@ def load_preset(name_or_path: str) -> Preset:
         sweep_fraction=_fraction(comp.get("sweep_fraction", 0.25), f"preset {path} [compare] sweep_fraction"),
         vocab_size=int(_number(tok.get("vocab_size", 4096), f"preset {path} vocab_size")),
         pattern=str(tok.get("pattern", "cl100k")),
+        tokenizer_kind=kind,
+        tokenizer_encoder=encoder,
     )
 
 
@@ -373,15 +390,31 @@ class _Job:
         if not any("tokenizer" in task_class(cfg.model.family).artefacts_of(cfg.model).values() for cfg in self.configs.values()):
             return
         tokenizer_dir, p = self.artefacts["tokenizer"], self.preset
-        if (tokenizer_dir / "bytelm_bpe.json").is_file():
+        if tokenizer_dir.is_dir():
+            tok = load_tokenizer(tokenizer_dir)
+            wanted = (p.tokenizer_kind, p.tokenizer_encoder or tok.encoders[0])
+            # (a corpus can run out of merges or pieces: fewer ids than asked for are the same tokenizer)
+            if (tok.kind, tok.encoder) != wanted or tok.n_vocab > p.vocab_size:
+                raise UserError(
+                    f"{tokenizer_dir} holds a {tok.kind} tokenizer (encoder {tok.encoder}, {tok.n_vocab} ids), but the preset "
+                    f"asks for {wanted[0]} (encoder {wanted[1]}, up to {p.vocab_size} ids): compare into another --out, or delete it"
+                )
             self.say(f"tokenizer: {tokenizer_dir} exists, skipped")
             return
         t0 = time.perf_counter()
-        tok = train_bpe_on_corpus(self.main_corpus, vocab_size=p.vocab_size, pattern=p.pattern, progress=self.bar("tokenizer (merges)"))
+        tok = train_tokenizer(p.tokenizer_kind, self.main_corpus, vocab_size=p.vocab_size, pattern=p.pattern, progress=self.bar(f"tokenizer ({p.tokenizer_kind})"))
+        if p.tokenizer_encoder:
+            tok = tok.with_encoder(p.tokenizer_encoder)
         with atomic_directory(tokenizer_dir) as tmp:
             tok.save(tmp)
         dt = self.timed("tokenizer", t0)
-        self.say(f"tokenizer: {tok.n_vocab} ids ({p.pattern}) in {dt:.1f}s -> {tokenizer_dir}")
+        self.say(f"tokenizer: {tok.kind}, {tok.n_vocab} ids ({p.pattern}, encoder {tok.encoder}) in {dt:.1f}s -> {tokenizer_dir}")
+
+    def tokenizer_info(self) -> dict:
+        """The subword tokenizer as the report records it: kind, encoder rule, size, pattern, directory."""
+        p, d = self.preset, self.artefacts["tokenizer"]
+        encoder = p.tokenizer_encoder or ("ranks" if p.tokenizer_kind == "bpe" else "viterbi")
+        return {"kind": p.tokenizer_kind, "encoder": encoder, "vocab_size": p.vocab_size, "pattern": p.pattern, "dir": str(d)}
 
     def sweep_rate(self, spec: ModelSpec, cfg, planned, budget: float, seconds_budget: float) -> dict:
         """One short run per learning rate (``sweep_fraction`` of the budget), each scored on the
@@ -509,7 +542,7 @@ class _Job:
             "time_budget_s": p.time_budget_s or None,
             "matched": "training time" if p.time_budget_s else "training FLOPs",
             "learning_rates": list(p.learning_rates) or None,
-            "tokenizer": {"vocab_size": p.vocab_size, "pattern": p.pattern, "dir": str(self.artefacts["tokenizer"])},
+            "tokenizer": self.tokenizer_info(),
             "models": self.plan,
         }
         report = build_report(self.eval_set, compared, baselines, compare=info)
@@ -661,7 +694,8 @@ def markdown_report(report: dict) -> str:
         "",
         table(["stage", "wall"], [[k, seconds(v)] for k, v in c["stages_s"].items()], "lr"),
         "",
-        f"Tokenizer: {c['tokenizer']['vocab_size']} ids, pattern {c['tokenizer']['pattern']}. Training FLOPs are "
+        f"Tokenizer: {c['tokenizer'].get('kind', 'bpe')}, {c['tokenizer']['vocab_size']} ids, pattern {c['tokenizer']['pattern']}, "
+        f"encoder {c['tokenizer'].get('encoder') or 'ranks'}. Training FLOPs are "
         f"analytic (bytelm/training/flops.py); {schedule_sentence(c)} *train time* counts compilation, not evaluations.",
         "",
     ]

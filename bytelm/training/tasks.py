@@ -25,7 +25,7 @@ import numpy as np
 from flax import nnx
 
 from bytelm.atomic import atomic_directory
-from bytelm.baselines.bpe import load_tokenizer
+from bytelm.baselines import load_tokenizer
 from bytelm.constants import BOS_ID, BYTE_OFFSET, EOS_ID, NUM_BYTE_IDS, PAD_ID
 from bytelm.data import Corpus, WindowBatches
 from bytelm.errors import UserError
@@ -292,11 +292,12 @@ class MegaByteTask(ByteTask):
 
 
 class TokenTask(Task):
-    """The BPE-token LM: the corpus encoded once into a cached token stream; segments encoded
-    each on its own (tokens never cross a segment boundary), with every token's byte length."""
+    """The subword-token LM (family ``bpe``, for historical reasons: any subword tokenizer, BPE or
+    Unigram, with its encoder rule): the corpus encoded once into a cached token stream; segments
+    encoded each on its own (tokens never cross a segment boundary), with every token's byte length."""
 
     family = "bpe"
-    description = "a subword LM on BPE tokens"
+    description = "a subword LM on BPE or Unigram tokens"
     global_step = "token"
     config_class = TokenLMConfig
     artefacts = {"tokenizer": "tokenizer"}
@@ -327,11 +328,24 @@ class TokenTask(Task):
 
     def _load_stream(self) -> None:
         corpus = self.corpus
-        path = corpus.path.parent.parent / "tokens" / f"{corpus.path.name}-{self.tokenizer.fingerprint[:24]}"
+        alpha = self.cfg.model.sample_alpha
+        sampled = f"-a{alpha:g}-s{self.cfg.train.seed}" if alpha > 0 else ""
+        if alpha > 0 and self.tokenizer.kind != "unigram":
+            raise UserError(f"model.sample_alpha = {alpha} draws Unigram segmentations, but {self.cfg.model.tokenizer} holds a "
+                            f"{self.tokenizer.kind} tokenizer; set model.sample_alpha = 0 or train one with --kind unigram")
+        path = corpus.path.parent.parent / "tokens" / f"{corpus.path.name}-{self.tokenizer.fingerprint[:24]}{sampled}"
         if not (path / "manifest.json").is_file():
             with atomic_directory(path) as tmp:
                 # one process: forking a process that already runs JAX threads risks deadlocks; cached once
-                ids, counts = self.tokenizer.encode_documents(corpus.documents("train"), dtype=np.int64, num_workers=1)
+                if alpha > 0:
+                    parts = [
+                        self.tokenizer.encode_sampled(doc, alpha=alpha, rng=np.random.default_rng([self.cfg.train.seed, j]))
+                        for j, doc in enumerate(corpus.documents("train"))
+                    ]
+                    counts = np.array([len(p) for p in parts], np.int64)
+                    ids = np.fromiter((i for p in parts for i in p), dtype=np.int64, count=int(counts.sum()))
+                else:
+                    ids, counts = self.tokenizer.encode_documents(corpus.documents("train"), dtype=np.int64, num_workers=1)
                 n_docs = len(counts)
                 stream = np.empty(len(ids) + 2 * n_docs, np.uint32)
                 starts = np.concatenate([[0], np.cumsum(counts + 2)])[:-1]
@@ -381,7 +395,15 @@ class TokenTask(Task):
             **super().run_info(),
             "tokenizer": str(Path(self.cfg.model.tokenizer).absolute()),
             "tokenizer_n_vocab": self.tokenizer.n_vocab,
+            "tokenizer_kind": self.tokenizer.kind,
+            "tokenizer_encoder": self.tokenizer.encoder,
+            "sample_alpha": self.cfg.model.sample_alpha,
         }
+
+    @classmethod
+    def report_note(cls, run_info: dict) -> str:
+        kind = run_info.get("tokenizer_kind")
+        return f"{kind} tokenizer, {run_info.get('tokenizer_n_vocab')} ids, encoder {run_info.get('tokenizer_encoder')}" if kind else ""
 
 
 class BLTTask(ByteTask):

@@ -33,7 +33,7 @@ import numpy as np
 from flax import nnx
 
 from bytelm.atomic import atomic_write_text
-from bytelm.config import Config, config_to_dict, load_config, save_config
+from bytelm.config import Config, TrainConfig, config_to_dict, load_config, save_config
 from bytelm.data import load_corpus_from_config
 from bytelm.errors import UserError
 from bytelm.evaluation.bpb import LN2, score_segments
@@ -184,51 +184,26 @@ class _Metrics:
         self.file.close()
 
 
-class Trainer:
-    """Holds the compiled step and state for one run; :func:`train` drives it."""
+# Runs of one shape in one process share their jitted step and scoring functions (so a sweep, the
+# seeds of a cell or a grid's budgets trace and compile them once): keyed by everything the
+# functions close over. The train config enters without the fields that never reach them (the
+# learning rate, warmup and horizon are arguments, `plan`; the rest is host-side).
+_RUNTIME_TRAIN_FIELDS = ("steps", "seed", "learning_rate", "warmup_steps", "log_every", "checkpoint_every",
+                         "keep_checkpoints", "peak_flops", "time_budget_s")
+_PROGRAMS: dict = {}
+_PROGRAMS_LIMIT = 64
 
-    def __init__(self, cfg: Config, task: Task, mesh=None):
-        self.cfg = cfg
-        self.task = task
-        self.mesh = mesh if mesh is not None else default_mesh(cfg)
-        n_batch_shards = self.mesh.shape["data"] * self.mesh.shape["fsdp"]
-        micro = cfg.train.batch_size // cfg.train.grad_accum
-        if micro % n_batch_shards:
-            raise UserError(
-                f"the micro-batch train.batch_size/train.grad_accum = {micro} is not divisible by the "
-                f"data-parallel mesh size (data x fsdp = {n_batch_shards}); change train.batch_size or the mesh"
-            )
-        if cfg.eval.batch_size % n_batch_shards:
-            raise UserError(
-                f"eval.batch_size {cfg.eval.batch_size} is not divisible by the data-parallel mesh size {n_batch_shards}"
-            )
-        seed = cfg.train.seed
 
-        def init_state():
-            return nnx.state(task.build_model(nnx.Rngs(seed)), nnx.Param)
+class _Programs:
+    """The pure step and scoring functions of one model shape and optimizer, jitted once."""
 
-        abstract_model = nnx.eval_shape(lambda: task.build_model(nnx.Rngs(seed)))
-        self.graphdef, abstract_state = nnx.split(abstract_model, nnx.Param)
-        self.param_shardings = param_shardings(abstract_state, self.mesh)
-        self.params = jax.jit(init_state, out_shardings=self.param_shardings)()
-        self.tx = make_optimizer(cfg.train)
-        self.schedule = learning_rate_schedule(cfg.train)
-        self._lr = jax.jit(lambda count, plan: self.schedule(count, plan["horizon"], plan["peak"], plan["warmup"]))  # one call, not a dozen eager ops
-        # the step at which the schedule ends: train.steps, or what a time-budgeted run plans
-        self.horizon = cfg.train.steps
-        # Every leaf on the mesh from the start (the step counts too, replicated): a leaf that only
-        # lands on the mesh after the first step would make the second step compile again.
-        replicated = jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec())
-        self.opt_state = jax.tree.map(
-            lambda x: x if isinstance(x.sharding, jax.sharding.NamedSharding) else jax.device_put(x, replicated),
-            jax.jit(self.tx.init)(self.params),
-        )
-        self.step = 0
-        self._train_step = jax.jit(self._step_fn, donate_argnums=(0, 1))
-        self._score_positions = jax.jit(self._score_positions_fn)
-        self.param_counts = count_params(self.params)
+    def __init__(self, graphdef, tcfg) -> None:
+        self.graphdef = graphdef
+        self.tcfg = tcfg
+        self.tx = make_optimizer(tcfg)
+        self.train_step = jax.jit(self._step_fn, donate_argnums=(0, 1))
+        self.score_positions = jax.jit(self._score_positions_fn)
 
-    # -- pure functions -------------------------------------------------------------------
     def _scores(self, params, batch):
         return nnx.merge(self.graphdef, params).score(batch)
 
@@ -237,7 +212,7 @@ class Trainer:
         return jnp.sum(s.nll_BxT), (jnp.sum(s.mask_BxT), jnp.sum(s.nbytes_BxT))
 
     def _step_fn(self, params, opt_state, batch, plan):
-        accum = self.cfg.train.grad_accum
+        accum = self.tcfg.grad_accum
         grad_fn = jax.value_and_grad(self._sums, has_aux=True)
         if accum == 1:
             (nll, (count, nbytes)), grads = grad_fn(params, batch)
@@ -267,6 +242,68 @@ class Trainer:
     def _score_positions_fn(self, params, batch):
         s = self._scores(params, batch)
         return s.nll_BxT, s.nbytes_BxT
+
+
+def shared_programs(graphdef, train_cfg) -> _Programs:
+    """The :class:`_Programs` of a model shape and train config, shared by every run of the process
+    that has the same ones (the mesh enters through the arguments' shardings)."""
+    tcfg = dataclasses.replace(train_cfg, **{f: getattr(TrainConfig(), f) for f in _RUNTIME_TRAIN_FIELDS})
+    key = (graphdef, tcfg)
+    programs = _PROGRAMS.get(key)
+    if programs is None:
+        if len(_PROGRAMS) >= _PROGRAMS_LIMIT:
+            _PROGRAMS.clear()
+        programs = _PROGRAMS[key] = _Programs(graphdef, tcfg)
+    return programs
+
+
+class Trainer:
+    """Holds the compiled step and state for one run; :func:`train` drives it."""
+
+    def __init__(self, cfg: Config, task: Task, mesh=None):
+        self.cfg = cfg
+        self.task = task
+        self.mesh = mesh if mesh is not None else default_mesh(cfg)
+        n_batch_shards = self.mesh.shape["data"] * self.mesh.shape["fsdp"]
+        micro = cfg.train.batch_size // cfg.train.grad_accum
+        if micro % n_batch_shards:
+            raise UserError(
+                f"the micro-batch train.batch_size/train.grad_accum = {micro} is not divisible by the "
+                f"data-parallel mesh size (data x fsdp = {n_batch_shards}); change train.batch_size or the mesh"
+            )
+        if cfg.eval.batch_size % n_batch_shards:
+            raise UserError(
+                f"eval.batch_size {cfg.eval.batch_size} is not divisible by the data-parallel mesh size {n_batch_shards}"
+            )
+        seed = cfg.train.seed
+
+        def init_state():
+            return nnx.state(task.build_model(nnx.Rngs(seed)), nnx.Param)
+
+        abstract_model = nnx.eval_shape(lambda: task.build_model(nnx.Rngs(seed)))
+        self.graphdef, abstract_state = nnx.split(abstract_model, nnx.Param)
+        self.param_shardings = param_shardings(abstract_state, self.mesh)
+        self.params = jax.jit(init_state, out_shardings=self.param_shardings)()
+        self.programs = shared_programs(self.graphdef, cfg.train)
+        self.tx = self.programs.tx
+        self.schedule = learning_rate_schedule(cfg.train)
+        self._lr = jax.jit(lambda count, plan: self.schedule(count, plan["horizon"], plan["peak"], plan["warmup"]))  # one call, not a dozen eager ops
+        # the step at which the schedule ends: train.steps, or what a time-budgeted run plans
+        self.horizon = cfg.train.steps
+        # Every leaf on the mesh from the start (the step counts too, replicated): a leaf that only
+        # lands on the mesh after the first step would make the second step compile again.
+        replicated = jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec())
+        self.opt_state = jax.tree.map(
+            lambda x: x if isinstance(x.sharding, jax.sharding.NamedSharding) else jax.device_put(x, replicated),
+            jax.jit(self.tx.init)(self.params),
+        )
+        self.step = 0
+        self._train_step, self._score_positions = self.programs.train_step, self.programs.score_positions
+        self.param_counts = count_params(self.params)
+
+    # -- pure functions (shared by the runs of one shape: _Programs) -------------------------
+    def _scores(self, params, batch):
+        return self.programs._scores(params, batch)
 
     # -- host side ------------------------------------------------------------------------
     def device_batch(self, batch: dict) -> dict:

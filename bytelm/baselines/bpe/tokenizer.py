@@ -139,6 +139,13 @@ class Tokenizer(SubwordTokenizer):
         )
         self._fast = state.get("fast")
 
+    def with_encoder(self, encoder: str) -> Tokenizer:
+        """The same merges and tokens segmented by another rule (``"ranks"`` or ``"longest"``)."""
+        return Tokenizer(
+            self.merges, pattern=self.pattern, special_tokens=list(self.special_tokens),
+            added_tokens=list(self.added_tokens), encoder=encoder,
+        )
+
     # -- encoding -------------------------------------------------------------------------------
     def bpe(self, piece: bytes) -> tuple[int, ...]:
         """The ids of one chunk: from its bytes, merge the lowest-ranked adjacent pair (the

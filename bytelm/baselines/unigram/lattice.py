@@ -81,36 +81,45 @@ def _key_hi(words: np.ndarray, pos: np.ndarray, length: int) -> np.ndarray:
 _PAIR = np.dtype([("lo", "<u8"), ("hi", "<u8")])
 
 
+_K = np.uint64(0xC2B2AE3D27D4EB4F)  # an odd constant: a piece of 9-16 bytes is keyed by lo ^ (hi * _K)
+
+
 class PieceIndex:
-    """Finds vocabulary pieces in byte buffers: one exact table per piece length (a hash table of
-    the bytes as one integer up to 8 bytes; a sorted array of two integers above)."""
+    """Finds vocabulary pieces in byte buffers: one exact hash table per piece length, keyed by
+    the bytes as one integer up to 8 bytes; above, by a 64-bit mix of the two integers, each hit
+    checked against the piece's own two integers (a key that two pieces share, which is
+    astronomically rare, falls back to a sorted array of both integers)."""
 
     def __init__(self, pieces: list[bytes], ids: np.ndarray | None = None) -> None:
         ids = np.arange(len(pieces)) if ids is None else np.asarray(ids, np.int64)
         self.lengths: list[int] = []
-        self._tables: dict[int, object] = {}
+        self._tables: dict[int, tuple] = {}
         by_len: dict[int, list[int]] = {}
         for j, p in enumerate(pieces):
             if not 1 <= len(p) <= MAX_PIECE_BYTES:
                 raise ValueError(f"piece {p!r} has {len(p)} bytes; pieces have 1..{MAX_PIECE_BYTES}")
             by_len.setdefault(len(p), []).append(j)
         for n in sorted(by_len):
-            js = by_len[n]
-            chunk = Chunks.of([pieces[j] for j in js])
+            js = np.asarray(by_len[n])
+            chunk = Chunks.of([pieces[j] for j in js.tolist()])
             words = _words(chunk.data)
             lo = _key_lo(words, chunk.starts, n)
             if n <= _WORD:
                 if len(np.unique(lo)) != len(lo):
                     raise ValueError(f"the vocabulary lists a piece of {n} bytes twice")
-                self._tables[n] = IntTable(lo, ids[js])
+                self._tables[n] = ("int", IntTable(lo, ids[js]))
             else:
-                keys = np.empty(len(js), _PAIR)
-                keys["lo"], keys["hi"] = lo, _key_hi(words, chunk.starts, n)
-                order = np.argsort(keys, kind="stable")
-                keys = keys[order]
-                if np.any(keys[1:] == keys[:-1]):
+                hi = _key_hi(words, chunk.starts, n)
+                pairs = np.empty(len(js), _PAIR)
+                pairs["lo"], pairs["hi"] = lo, hi
+                if len(np.unique(pairs)) != len(pairs):
                     raise ValueError(f"the vocabulary lists a piece of {n} bytes twice")
-                self._tables[n] = (keys, ids[js][order])
+                mixed = lo ^ (hi * _K)
+                if len(np.unique(mixed)) == len(mixed):
+                    self._tables[n] = ("mixed", IntTable(mixed, np.arange(len(js))), lo, hi, ids[js])
+                else:
+                    order = np.argsort(pairs)
+                    self._tables[n] = ("sorted", pairs[order], ids[js][order])
             self.lengths.append(n)
 
     def find(self, words: np.ndarray, pos: np.ndarray, length: int) -> np.ndarray:
@@ -119,11 +128,21 @@ class PieceIndex:
         if table is None or not len(pos):
             return np.full(len(pos), -1, np.int64)
         lo = _key_lo(words, pos, length)
-        if length <= _WORD:
-            return table.get(lo, default=-1)
-        keys, ids = table
+        if table[0] == "int":
+            return table[1].get(lo, default=-1)
+        hi = _key_hi(words, pos, length)
+        if table[0] == "mixed":
+            _, index, p_lo, p_hi, p_ids = table
+            at = index.get(lo ^ (hi * _K), default=-1)
+            hit = at >= 0
+            at_hit = at[hit]
+            out = np.full(len(pos), -1, np.int64)
+            exact = (p_lo[at_hit] == lo[hit]) & (p_hi[at_hit] == hi[hit])
+            out[np.flatnonzero(hit)[exact]] = p_ids[at_hit[exact]]
+            return out
+        _, keys, ids = table
         q = np.empty(len(pos), _PAIR)
-        q["lo"], q["hi"] = lo, _key_hi(words, pos, length)
+        q["lo"], q["hi"] = lo, hi
         at = np.minimum(np.searchsorted(keys, q), len(keys) - 1)
         return np.where(keys[at] == q, ids[at], -1)
 
@@ -144,25 +163,34 @@ class Edges:
         return Edges(self.src[keep], self.dst[keep], self.piece[keep], self.chunk[keep])
 
 
+_BLOCK = 1 << 16  # positions looked up together: small temporaries are reused, big ones are page-faulted anew
+
+
 def find_edges(chunks: Chunks, index: PieceIndex) -> Edges:
     """Every occurrence of every piece inside every chunk (never across two chunks)."""
     n = len(chunks.data)
-    owner = np.repeat(np.arange(len(chunks)), chunks.lens)
+    owner = np.repeat(np.arange(len(chunks), dtype=np.int32), chunks.lens)
     room = (chunks.starts + chunks.lens)[owner] - np.arange(n)  # bytes left in the chunk from each position
     words = _words(chunks.data)
     src, length, piece = [], [], []
-    for m in index.lengths:
-        pos = np.flatnonzero(room >= m)
-        found = index.find(words, pos, m)
-        hit = found >= 0
-        src.append(pos[hit])
-        piece.append(found[hit])
-        length.append(np.full(int(hit.sum()), m, np.int64))
+    for p0 in range(0, n, _BLOCK):
+        block_room = room[p0 : p0 + _BLOCK]
+        for m in index.lengths:
+            pos = np.flatnonzero(block_room >= m)
+            if not len(pos):
+                break  # lengths ascend
+            pos += p0
+            found = index.find(words, pos, m)
+            hit = found >= 0
+            src.append(pos[hit])
+            piece.append(found[hit].astype(np.int32))
+            length.append(np.full(len(src[-1]), m, np.int64))
     pos = np.concatenate(src) if src else np.zeros(0, np.int64)
     length = np.concatenate(length) if length else np.zeros(0, np.int64)
     chunk = owner[pos]
     src_node = pos + chunk
-    return Edges(src_node, src_node + length, np.concatenate(piece) if piece else length, chunk)
+    piece = np.concatenate(piece) if piece else np.zeros(0, np.int32)
+    return Edges(src_node, src_node + length, piece, chunk)
 
 
 def _segments(keys: np.ndarray) -> np.ndarray:
@@ -173,23 +201,27 @@ def _segments(keys: np.ndarray) -> np.ndarray:
 class Lattice:
     """The edges of many chunks sorted for the depth-by-depth passes (built once per edge set;
     the scores can change from pass to pass). ``edges`` are held in the forward order: by end
-    depth, then end node, then start node (ascending: the longest piece first)."""
+    depth, then end node, then start node (ascending: the longest piece first). A score of
+    ``-inf`` is allowed on any edge but a single byte's (every node keeps a finite way in and out)."""
 
     def __init__(self, chunks: Chunks, edges: Edges, *, _bwd: np.ndarray | None = None) -> None:
         self.chunks = chunks
         base = chunks.first_nodes()[edges.chunk]
-        if _bwd is None:
-            end_depth = edges.dst - base
-            fwd = np.lexsort((edges.src, edges.dst, end_depth))
-            edges, base = edges.take(fwd), base[fwd]
+        length = edges.dst - edges.src  # 1..16
+        n_nodes = max(chunks.n_nodes, 1)
+        if _bwd is None:  # one integer key per edge, unique: (end depth, end node, 31 - length)
+            fwd = np.argsort(((edges.dst - base) * n_nodes + edges.dst) * 32 + (31 - length))
+            edges, base, length = edges.take(fwd), base[fwd], length[fwd]
         start_depth = edges.src - base
         self.edges = edges
-        self.fwd_depth = self._slices(edges.dst - base)
-        self.fwd_groups = _segments(edges.dst)
-        # backward order: by start depth (descending), then start node
-        self.bwd = np.lexsort((edges.dst, edges.src, -start_depth)) if _bwd is None else _bwd
-        self.bwd_depth = self._slices(-start_depth[self.bwd])
-        self.bwd_groups = _segments(edges.src[self.bwd])
+        self.fwd_depth = self._slices(edges.dst - base, _segments(edges.dst))
+        # backward order: by start depth (descending), then start node, then length
+        if _bwd is None:
+            top = int(start_depth.max()) + 1 if len(start_depth) else 1
+            _bwd = np.argsort(((top - start_depth) * n_nodes + edges.src) * 32 + length)
+        self.bwd = _bwd
+        self.bwd_depth = self._slices(-start_depth[_bwd], _segments(edges.src[_bwd]))
+        self._bwd_src, self._bwd_dst = edges.src[_bwd], edges.dst[_bwd]
 
     def take(self, keep: np.ndarray) -> Lattice:
         """The lattice of the edges where ``keep`` (a boolean mask) holds, without sorting again."""
@@ -197,26 +229,28 @@ class Lattice:
         return Lattice(self.chunks, self.edges.take(keep), _bwd=new[self.bwd[keep[self.bwd]]])
 
     @staticmethod
-    def _slices(depth_sorted: np.ndarray) -> list[tuple[int, int]]:
+    def _slices(depth_sorted: np.ndarray, groups: np.ndarray) -> list[tuple[int, int, np.ndarray]]:
+        """Per depth: ``(first edge, end, the starts of its groups relative to the first edge)``."""
         starts = _segments(depth_sorted)
         ends = np.append(starts[1:], len(depth_sorted))
-        return list(zip(starts.tolist(), ends.tolist()))
+        bounds = np.searchsorted(groups, ends)
+        out, g = [], 0
+        for a, b, hi in zip(starts.tolist(), ends.tolist(), bounds.tolist()):
+            out.append((a, b, groups[g:hi] - a))
+            g = hi
+        return out
 
-    def _pass(self, order, depth_slices, groups, score, read, write, values, reduce):
-        """One depth-by-depth pass: ``values[write[e]] = reduce(values[read[e]] + score[e])``
-        over the edges ``e`` of each group (the edges sharing a ``write`` node); ``order`` is
-        the edges' order (``None``: as they are held)."""
-        g_at = 0
-        for a, b in depth_slices:
-            e = np.arange(a, b) if order is None else order[a:b]
-            g_hi = np.searchsorted(groups, b, side="left")
-            local = groups[g_at:g_hi] - a
-            g_at = g_hi
-            v = values[read[e]] + score[e]
-            values[write[e[local]]] = reduce(v, local, e)
+    def _pass(self, depth_slices, score, read, write, values, reduce):
+        """One depth-by-depth pass over edges held in pass order: ``values[write[e]] =
+        reduce(values[read[e]] + score[e])`` over the edges ``e`` of each group (the edges
+        sharing a ``write`` node). ``reduce(v, local, a)`` gets the slice's first edge ``a``."""
+        for a, b, local in depth_slices:
+            v = values[read[a:b]]
+            v += score[a:b]
+            values[write[a:b][local]] = reduce(v, local, a)
 
     @staticmethod
-    def _logsumexp(v, local, e):
+    def _logsumexp(v, local, a):
         m = np.maximum.reduceat(v, local)
         sizes = np.diff(np.append(local, len(v)))
         return m + np.log(np.add.reduceat(np.exp(v - np.repeat(m, sizes)), local))
@@ -225,24 +259,32 @@ class Lattice:
         """``alpha[node]``: the log of the total probability of all paths from the chunk's start."""
         alpha = np.full(self.chunks.n_nodes, -np.inf)
         alpha[self.chunks.first_nodes()] = 0.0
-        self._pass(None, self.fwd_depth, self.fwd_groups, score, self.edges.src, self.edges.dst, alpha, self._logsumexp)
+        self._pass(self.fwd_depth, score, self.edges.src, self.edges.dst, alpha, self._logsumexp)
         return alpha
 
     def backward(self, score: np.ndarray) -> np.ndarray:
         """``beta[node]``: the log of the total probability of all paths from ``node`` to the end."""
         beta = np.full(self.chunks.n_nodes, -np.inf)
         beta[self.chunks.last_nodes()] = 0.0
-        self._pass(self.bwd, self.bwd_depth, self.bwd_groups, score, self.edges.dst, self.edges.src, beta, self._logsumexp)
+        self._pass(self.bwd_depth, score[self.bwd], self._bwd_dst, self._bwd_src, beta, self._logsumexp)
         return beta
 
     def expected_counts(self, logp: np.ndarray, n_pieces: int) -> tuple[np.ndarray, float]:
         """E-step: ``(expected occurrences of each piece, total log-likelihood)`` over all
         segmentations of all chunks, each chunk weighted by its count."""
-        score = logp[self.edges.piece]
+        edges = self.edges
+        score = logp[edges.piece]
         alpha, beta = self.forward(score), self.backward(score)
         z = alpha[self.chunks.last_nodes()]
-        post = np.exp(alpha[self.edges.src] + score + beta[self.edges.dst] - z[self.edges.chunk])
-        counts = np.bincount(self.edges.piece, weights=post * self.chunks.counts[self.edges.chunk], minlength=n_pieces)
+        # each edge's posterior times its chunk's count, in place (the edge arrays are the big ones)
+        post = alpha[edges.src]
+        post += score
+        del score
+        post += beta[edges.dst]
+        post -= z[edges.chunk]
+        np.exp(post, out=post)
+        post *= self.chunks.counts[edges.chunk]
+        counts = np.bincount(edges.piece, weights=post, minlength=n_pieces)
         return counts, float(np.dot(self.chunks.counts, z))
 
     def viterbi(self, logp: np.ndarray) -> tuple[list[np.ndarray], np.ndarray]:
@@ -254,16 +296,16 @@ class Lattice:
         best[self.chunks.first_nodes()] = 0.0
         back = np.full(self.chunks.n_nodes, -1, np.int64)
 
-        def argmax_first(v, local, e):
+        def argmax_first(v, local, a):
             sizes = np.diff(np.append(local, len(v)))
             m = np.maximum.reduceat(v, local)
             hit = np.flatnonzero(v == np.repeat(m, sizes))
             group = np.repeat(np.arange(len(local)), sizes)[hit]
-            first = hit[np.r_[True, group[1:] != group[:-1]]]  # edges are by start, ascending: the longest piece
-            back[edges.dst[e[first]]] = e[first]
+            first = a + hit[np.r_[True, group[1:] != group[:-1]]]  # edges are by start, ascending: the longest piece
+            back[edges.dst[first]] = first
             return m
 
-        self._pass(None, self.fwd_depth, self.fwd_groups, score, edges.src, edges.dst, best, argmax_first)
+        self._pass(self.fwd_depth, score, edges.src, edges.dst, best, argmax_first)
         return self._trace(back), best[self.chunks.last_nodes()]
 
     def sample(self, logp: np.ndarray, alpha_smoothing: float, rng: np.random.Generator) -> list[np.ndarray]:

@@ -1,6 +1,6 @@
 """SentencePiece's unigram trainer and encoder as a peer, on exactly the problem bytelm solves.
 
-Used by the tests and ``benchmarks/tokenizers.py`` only (``sentencepiece`` is a test extra;
+Used by the tests and ``benchmarks/unigram.py`` only (``sentencepiece`` is a test extra;
 bytelm does not depend on it). To compare *trainers* rather than pre-tokenizers, SentencePiece is
 given bytelm's own chunks: every distinct chunk, with its count, as one line of a TSV file, its
 bytes written as GPT-2's byte characters (:mod:`~bytelm.baselines.bpe.bytelevel`), so that one

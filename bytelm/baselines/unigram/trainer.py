@@ -153,54 +153,66 @@ def seed_pieces(chunks: Chunks, seed_size: int, max_piece_bytes: int = MAX_PIECE
 
 
 class _Model:
-    """The pieces being trained (single bytes first: piece ``b`` is byte ``b``) and their lattice."""
+    """The pieces being trained (single bytes first: piece ``b`` is byte ``b``) and their lattice.
+    A piece that an M-step drops stays in the arrays with a score of ``-inf`` (``alive`` is
+    False) until the next pruning compacts the lattice once: removing edges costs a pass over
+    all of them, and an edge scored ``-inf`` contributes exactly nothing."""
 
     def __init__(self, chunks: Chunks, pieces: list[bytes], logp: np.ndarray) -> None:
         self.chunks = chunks
         self.pieces = pieces
         self.logp = logp
+        self.alive = np.ones(len(pieces), bool)
+        self.counts = np.zeros(len(pieces))
         self.lattice = Lattice(chunks, find_edges(chunks, PieceIndex(pieces)))
+
+    @property
+    def n_alive(self) -> int:
+        return int(self.alive.sum())
 
     def keep(self, keep: np.ndarray) -> None:
         """Keep only the pieces at indexes ``keep`` (sorted; the 256 bytes among them)."""
         new_id = np.full(len(self.pieces), -1, np.int64)
         new_id[keep] = np.arange(len(keep))
         self.lattice = self.lattice.take(new_id[self.lattice.edges.piece] >= 0)
-        self.lattice.edges.piece = new_id[self.lattice.edges.piece]
+        self.lattice.edges.piece = new_id[self.lattice.edges.piece].astype(np.int32)
         self.pieces = [self.pieces[i] for i in keep.tolist()]
         self.logp = self.logp[keep]
+        self.counts = self.counts[keep]
+        self.alive = self.alive[keep]
 
     def em_step(self) -> float:
         """One E-step and M-step; returns the log-likelihood (nats) before the update. A byte
         whose expected count is below the threshold stays, scored 10 below the lowest score."""
         counts, loglik = self.lattice.expected_counts(self.logp, len(self.pieces))
         small = counts < MIN_EXPECTED_COUNT
-        gone = small & (np.arange(len(self.pieces)) >= 256)
+        self.alive &= ~(small & (np.arange(len(self.pieces)) >= 256))
         total = counts[~small].sum()
         logp = digamma(np.maximum(counts, MIN_EXPECTED_COUNT)) - digamma(np.array([total]))[0]
-        self.logp = floored(logp, ~small)
+        self.logp = np.where(self.alive, floored(logp, ~small), -np.inf)
         self.counts = counts
-        if gone.any():
-            self.keep(np.flatnonzero(~gone))
-            self.counts = counts[~gone]
         return loglik
+
+    def learned(self) -> np.ndarray:
+        """The indexes of the live learned pieces."""
+        return np.flatnonzero(self.alive[256:]) + 256
 
     def prune(self, target: int, shrink: float) -> None:
         """Drop the learned pieces whose removal loses the least likelihood (module docstring, 4)."""
-        n = len(self.pieces)
-        learned = np.arange(256, n)
+        n = self.n_alive
         keep_n = max(target, int(shrink * n))
         if n <= keep_n:
             return
-        logp = self.logp
+        learned = self.learned()
+        live = np.flatnonzero(self.alive)
         # each learned piece's best segmentation without itself
         own = Chunks.of([self.pieces[i] for i in learned.tolist()])
-        edges = find_edges(own, PieceIndex(self.pieces))
+        edges = find_edges(own, PieceIndex([self.pieces[i] for i in live.tolist()], ids=live))
         first, last = own.first_nodes(), own.last_nodes()
         selfedge = (edges.piece == learned[edges.chunk]) & (edges.src == first[edges.chunk]) & (edges.dst == last[edges.chunk])
-        alts, _ = Lattice(own, edges.take(~selfedge)).viterbi(logp)
+        alts, _ = Lattice(own, edges.take(~selfedge)).viterbi(self.logp)
         c = self.counts
-        C = c.sum()
+        C = c[self.alive].sum()
         lens = np.fromiter(map(len, alts), dtype=np.int64, count=len(alts))
         alt_piece = np.concatenate(alts)
         alt_owner = np.repeat(np.arange(len(alts)), lens)
@@ -214,7 +226,6 @@ class _Model:
         order = np.lexsort((learned, -loss))
         survivors = np.sort(learned[order[: keep_n - 256]])
         self.keep(np.concatenate([np.arange(256), survivors]))
-        self.counts = c[np.concatenate([np.arange(256), survivors])]
 
 
 def learn_pieces(
@@ -249,18 +260,19 @@ def learn_pieces(
     while True:
         for _ in range(em_steps):
             loglik = model.em_step()
-        stats["rounds"].append({"pieces": len(model.pieces), "loglik": loglik})
+        stats["rounds"].append({"pieces": model.n_alive, "loglik": loglik})
         done += 1
         if progress is not None:
             progress(min(done, rounds), rounds)
-        if len(model.pieces) <= desired:
+        if model.n_alive <= desired:
             break
         model.prune(desired, shrink)
-    if len(model.pieces) > target:  # the final cut: the highest scores
-        learned = np.arange(256, len(model.pieces))
-        order = np.lexsort((learned, -model.logp[learned]))
-        model.keep(np.concatenate([np.arange(256), np.sort(learned[order[:n_learned]])]))
+    learned = model.learned()
+    if len(learned) > n_learned:  # the final cut: the highest scores
+        learned = learned[np.lexsort((learned, -model.logp[learned]))[:n_learned]]
+    model.keep(np.concatenate([np.arange(256), np.sort(learned)]))
     stats["final_loglik"] = model.em_step()
+    model.keep(np.flatnonzero(model.alive))
     # ids: the bytes, then the learned pieces by decreasing score (ties by bytes)
     learned = list(range(256, len(model.pieces)))
     learned.sort(key=lambda i: (-model.logp[i], model.pieces[i]))
