@@ -283,7 +283,7 @@ def test_text_pieces_hold_back_incomplete_utf8():
     assert list(text_pieces([b"\xff", b"d" + e[:1]])) == ["\ufffd", "d", "\ufffd"]  # invalid; cut at the end
 
 
-def test_cli_streams_utf8_and_matches_the_api(byte_run):
+def test_cli_streams_utf8_and_matches_the_api(byte_run, capsysbinary):
     prompt = "Zwö".encode()[:-1]  # ends inside a two-byte character
     api = generate(byte_run, prompt, max_bytes=40, options=SamplingOptions(seed=5, top_k=40))
     assert api  # (an untrained model may draw EOS early: generation stops there)
@@ -293,20 +293,32 @@ def test_cli_streams_utf8_and_matches_the_api(byte_run):
     assert r.stdout.decode("utf-8") == whole[len("Zw") :] + "\n"  # the prompt's open character decoded with what follows
     r = run_cli(byte_run, "--prompt", prompt, "--max-bytes", 40, "--seed", 5, "--top-k", 40, "--echo")
     assert r.stdout.decode("utf-8") == whole + "\n"
-    assert run_cli(byte_run, "--prompt", "hi", "--max-bytes", 0).stdout == b"\n"
+    from bytelm import cli
+
+    assert cli.main(["sample", str(byte_run), "--prompt", "hi", "--max-bytes", "0"]) == 0  # in process: no subprocess start
+    assert capsysbinary.readouterr().out == b"\n"
 
 
-def test_cli_errors(byte_run, tmp_path):
-    r = run_cli(byte_run, "--prompt", "x" * 80, "--max-bytes", 3)
-    assert r.returncode == 2 and b"context is 64" in r.stderr
-    r = run_cli(tmp_path, "--prompt", "x")
-    assert r.returncode == 2 and str(tmp_path).encode() in r.stderr
-    r = run_cli(byte_run, "--prompt", "x", "--temperature", "0")
-    assert r.returncode == 2 and b"temperature" in r.stderr
+def test_cli_errors(byte_run, tmp_path, capsys):
+    """Bad input ends with exit status 2 and a message naming it (in process: the same main the
+    console script runs; the subprocess tests above cover the real argv and streams)."""
+    from bytelm import cli
+
+    def sample(*args):
+        code = cli.main(["sample", *map(str, args)])
+        return code, capsys.readouterr().err
+
+    code, err = sample(byte_run, "--prompt", "x" * 80, "--max-bytes", 3)
+    assert code == 2 and "context is 64" in err
+    code, err = sample(tmp_path, "--prompt", "x")
+    assert code == 2 and str(tmp_path) in err
+    code, err = sample(byte_run, "--prompt", "x", "--temperature", "0")
+    assert code == 2 and "temperature" in err
 
 
-def test_cli_json_stats(byte_run):
-    r = run_cli(byte_run, "--prompt", "the", "--max-bytes", 8, "--greedy", "--stats")
-    assert r.returncode == 0, r.stderr.decode()
-    stats = json.loads(r.stderr.decode().strip().splitlines()[-1])
+def test_cli_json_stats(byte_run, capsys):
+    from bytelm import cli
+
+    assert cli.main(["sample", str(byte_run), "--prompt", "the", "--max-bytes", "8", "--greedy", "--stats"]) == 0
+    stats = json.loads(capsys.readouterr().err.strip().splitlines()[-1])
     assert stats["generated_bytes"] == 8 and stats["family"] == "byte"
