@@ -51,6 +51,30 @@ def check_special_tokens(tokens: Iterable[str]) -> list[str]:
     return out
 
 
+def learnable_ids(vocab_size, special_tokens, *, unit: str) -> tuple[list[str], int]:
+    """``(validated special tokens, ids left to learn)`` for a trainer's ``vocab_size``, which
+    counts every id (256 bytes + learned + special, as HF counts it); ``UserError`` otherwise."""
+    specials = check_special_tokens(special_tokens)
+    if not isinstance(vocab_size, int) or isinstance(vocab_size, bool):
+        raise UserError(f"vocab_size must be an integer, got {vocab_size!r}")
+    minimum = 256 + len(specials)
+    if vocab_size < minimum:
+        raise UserError(
+            f"vocab_size {vocab_size} is below 256 byte {unit} + {len(specials)} special token(s) = {minimum}; "
+            f"use at least {minimum} (vocab_size counts every id, as in HF tokenizers)"
+        )
+    return specials, vocab_size - minimum
+
+
+def check_loaded(tok, doc: dict, expected_ids: dict, invalid) -> None:
+    """The checks after loading a native file: its token ids and size, then its fingerprint
+    (``invalid(why)`` builds the error naming the file)."""
+    if {**tok.special_tokens, **tok.added_tokens} != expected_ids or tok.n_vocab != doc.get("n_vocab"):
+        raise invalid("the token ids do not match the vocabulary and token lists")
+    if tok.fingerprint != doc.get("fingerprint"):
+        raise invalid(f"fingerprint mismatch: the file says {doc.get('fingerprint')}, its contents hash to {tok.fingerprint}")
+
+
 def _literal_regex(tokens: Collection[str]) -> re.Pattern | None:
     """A regex matching any of ``tokens``, longest first (so the leftmost-longest wins)."""
     if not tokens:

@@ -39,6 +39,7 @@ from bytelm.baselines.subword import (  # noqa: F401  (re-exported: the BPE API 
     IncrementalDecoder,
     SubwordTokenizer,
     as_text,
+    check_loaded,
     check_special_tokens,
 )
 from bytelm.errors import UserError
@@ -223,10 +224,7 @@ class Tokenizer(SubwordTokenizer):
             expected_ids = {e["content"]: e["id"] for e in specials + added}
         except (KeyError, TypeError, ValueError) as e:
             raise invalid(path, f"{type(e).__name__}: {e}") from None
-        if {**tok.special_tokens, **tok.added_tokens} != expected_ids or tok.n_vocab != doc.get("n_vocab"):
-            raise invalid(path, "the token ids do not match the merges and token lists")
-        if tok.fingerprint != doc.get("fingerprint"):
-            raise invalid(path, f"fingerprint mismatch: the file says {doc.get('fingerprint')}, its contents hash to {tok.fingerprint}")
+        check_loaded(tok, doc, expected_ids, lambda why: invalid(path, why))
         return tok
 
 

@@ -40,7 +40,8 @@ import numpy as np
 from bytelm.baselines.bpe.bytelevel import HF_BYTE_ORDER
 from bytelm.baselines.bpe.parallel import balanced_shards, resolve_workers, shard_map
 from bytelm.baselines.bpe.pretokenize import PreTokenizer
-from bytelm.baselines.bpe.tokenizer import Tokenizer, check_special_tokens
+from bytelm.baselines.bpe.tokenizer import Tokenizer
+from bytelm.baselines.subword import learnable_ids
 from bytelm.data import load_corpus
 from bytelm.errors import UserError
 
@@ -340,15 +341,7 @@ def train_bpe(
     Raises :class:`~bytelm.errors.UserError` (a ``ValueError``) for a vocabulary too small for
     the 256 bytes and the special tokens, a bad pattern, bad special tokens or an empty corpus.
     """
-    specials = check_special_tokens(special_tokens)
-    if not isinstance(vocab_size, int) or isinstance(vocab_size, bool):
-        raise UserError(f"vocab_size must be an integer, got {vocab_size!r}")
-    minimum = 256 + len(specials)
-    if vocab_size < minimum:
-        raise UserError(
-            f"vocab_size {vocab_size} is below 256 byte tokens + {len(specials)} special token(s) = {minimum}; "
-            f"use at least {minimum} (vocab_size counts every id, as in HF tokenizers)"
-        )
+    specials, n_merges = learnable_ids(vocab_size, special_tokens, unit="tokens")
     if vocab_size > MAX_VOCAB_SIZE:
         raise UserError(f"vocab_size {vocab_size} is above the supported maximum {MAX_VOCAB_SIZE}")
     PreTokenizer(pattern)  # validate before the expensive part
@@ -360,7 +353,7 @@ def train_bpe(
         raise UserError("the training corpus is empty (no documents, or only empty ones): nothing to learn from")
     t1 = time.perf_counter()
     log.info("counted %d distinct chunks in %.2fs", len(chunks), t1 - t0)
-    merges = learn_merges(chunks, vocab_size - minimum, progress=progress)
+    merges = learn_merges(chunks, n_merges, progress=progress)
     log.info("learned %d merges in %.2fs", len(merges), time.perf_counter() - t1)
     return Tokenizer(merges, pattern=pattern, special_tokens=specials)
 

@@ -39,7 +39,7 @@ from bytelm.baselines.bpe.asciisplit import PACKED_BYTES
 from bytelm.baselines.bpe.bytelevel import bytes_to_chars, chars_to_bytes
 from bytelm.baselines.bpe.fast import FastEncoder, _ChunkCache
 from bytelm.baselines.bpe.io import FORMAT_VERSION, HF_FILE, VOCAB_DUMP_FILE, hf_longest_match_model, hf_tokenizer_json, invalid, read_native
-from bytelm.baselines.subword import SubwordTokenizer, _literal_regex, as_text
+from bytelm.baselines.subword import SubwordTokenizer, _literal_regex, as_text, check_loaded
 from bytelm.baselines.unigram.lattice import MAX_PIECE_BYTES, Chunks, Lattice, PieceIndex, find_edges
 from bytelm.errors import UserError
 
@@ -309,10 +309,7 @@ class UnigramTokenizer(SubwordTokenizer):
             expected = {e["content"]: e["id"] for e in specials + added}
         except (KeyError, TypeError, ValueError) as e:
             raise invalid(path, f"{type(e).__name__}: {e}") from None
-        if {**tok.special_tokens, **tok.added_tokens} != expected or tok.n_vocab != doc.get("n_vocab"):
-            raise invalid(path, "the token ids do not match the pieces and token lists")
-        if tok.fingerprint != doc.get("fingerprint"):
-            raise invalid(path, f"fingerprint mismatch: the file says {doc.get('fingerprint')}, its contents hash to {tok.fingerprint}")
+        check_loaded(tok, doc, expected, lambda why: invalid(path, why))
         return tok
 
 

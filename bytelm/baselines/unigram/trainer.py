@@ -48,7 +48,7 @@ from collections.abc import Callable, Iterable, Sequence
 import numpy as np
 
 from bytelm.baselines.bpe.pretokenize import PreTokenizer
-from bytelm.baselines.bpe.tokenizer import check_special_tokens
+from bytelm.baselines.subword import learnable_ids
 from bytelm.baselines.bpe.trainer import count_chunks
 from bytelm.baselines.unigram.lattice import MAX_PIECE_BYTES, Chunks, Lattice, PieceIndex, _words, find_edges
 from bytelm.baselines.unigram.tokenizer import UnigramTokenizer
@@ -300,20 +300,12 @@ def train_unigram(
     vocabulary's size (:func:`learn_pieces`). Raises :class:`~bytelm.errors.UserError` (a
     ``ValueError``) for a vocabulary below 256 bytes + the special tokens, or an empty corpus.
     """
-    specials = check_special_tokens(special_tokens)
-    if not isinstance(vocab_size, int) or isinstance(vocab_size, bool):
-        raise UserError(f"vocab_size must be an integer, got {vocab_size!r}")
-    minimum = 256 + len(specials)
-    if vocab_size < minimum:
-        raise UserError(
-            f"vocab_size {vocab_size} is below 256 byte pieces + {len(specials)} special token(s) = {minimum}; "
-            f"use at least {minimum} (vocab_size counts every id, as for BPE)"
-        )
+    specials, n_learned = learnable_ids(vocab_size, special_tokens, unit="pieces")
     PreTokenizer(pattern)
     chunks = count_chunks(documents, pattern=pattern, num_workers=num_workers, progress=count_progress, total_bytes=total_bytes)
     if not chunks:
         raise UserError("the training corpus is empty (no documents, or only empty ones): nothing to learn from")
-    pieces, logp, stats = learn_pieces(chunks, vocab_size - minimum, seed_size=seed_size, progress=progress)
+    pieces, logp, stats = learn_pieces(chunks, n_learned, seed_size=seed_size, progress=progress)
     log.info("unigram: %d learned pieces in %.2fs", len(pieces), stats["train_s"])
     return UnigramTokenizer(pieces, logp.tolist(), pattern=pattern, special_tokens=specials)
 
