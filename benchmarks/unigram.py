@@ -87,7 +87,6 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.perf_counter()
         ids, _ = tok.encode_documents(held_docs, num_workers=2)
         ours_s.append(time.perf_counter() - t0)
-        sp_chars = None
         t0 = time.perf_counter()
         sp_chars = sentencepiece_ids(sp, sp_inputs)
         sp_s.append(time.perf_counter() - t0)
@@ -96,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as d:
         tok.save(d)
         hf = tokenizers.Tokenizer.from_file(f"{d}/tokenizer.json")
-    texts, compared = [], 0
+    texts = []
     for doc in held_docs:
         try:
             texts.append(doc.decode("utf-8"))

@@ -77,13 +77,11 @@ def quality(chunks: list[bytes], *, ours=None, sp=None) -> dict:
     :class:`~bytelm.baselines.unigram.tokenizer.UnigramTokenizer`, or ``sp``) on ``chunks``."""
     n_bytes = sum(map(len, chunks))
     if ours is not None:
-        paths = ours.viterbi_many(chunks)
-        scores = np.asarray(ours.scores)
-        ids = np.fromiter((i for p in paths for i in p), dtype=np.int64)
+        paths, scores = ours.viterbi_many(chunks), np.asarray(ours.scores)
     else:
         paths = sentencepiece_ids(sp, chunks)
         scores = np.array([sp.get_score(i) for i in range(sp.get_piece_size())])
-        ids = np.fromiter((i for p in paths for i in p), dtype=np.int64)
-        if np.any(ids == sp.unk_id()):
-            raise ValueError("SentencePiece produced <unk>: a byte of the held-out text was not in its training chunks")
+    ids = np.fromiter((i for p in paths for i in p), dtype=np.int64)
+    if sp is not None and np.any(ids == sp.unk_id()):
+        raise ValueError("SentencePiece produced <unk>: a byte of the held-out text was not in its training chunks")
     return {"bytes_per_token": n_bytes / max(len(ids), 1), "loglik_per_byte": float(scores[ids].sum()) / max(n_bytes, 1)}

@@ -28,6 +28,7 @@ checked on load), ``tokenizer.json`` (HF ``tokenizers``: a ``Unigram`` model wit
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -255,8 +256,6 @@ class UnigramTokenizer(SubwordTokenizer):
         return d
 
     def _native_json(self) -> str:
-        import json
-
         head = {
             "format": FORMAT_NAME,
             "version": FORMAT_VERSION,
