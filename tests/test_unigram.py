@@ -116,6 +116,20 @@ def test_training_is_deterministic_and_sized(trained):
     assert again.fingerprint == tok.fingerprint  # any number of workers, the same tokenizer
 
 
+def test_training_leaves_numpys_page_setting_as_it_was():
+    setting = pytest.importorskip("numpy._core.multiarray")._set_madvise_hugepage  # sets, returns the old value
+    original = setting(True)
+    try:
+        for wanted in (True, False):
+            setting(wanted)
+            seen = []
+            learn_pieces({b"abab": 3, b"cdcd": 2}, 2, progress=lambda *_: seen.append(setting(False)))
+            assert seen and not any(seen)  # off while training
+            assert setting(wanted) is wanted  # as it was before
+    finally:
+        setting(original)
+
+
 def test_files_round_trip_and_bad_files_name_the_problem(trained, tmp_path):
     tok, d = trained["tok"], trained["dir"]
     back = load_tokenizer(d)

@@ -40,10 +40,11 @@ tokens. The learned pieces get ids 256.. in order of decreasing score (ties by b
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 
@@ -59,9 +60,35 @@ log = logging.getLogger(__name__)
 
 Progress = Callable[[int, int], None]
 MIN_EXPECTED_COUNT = 0.5  # SentencePiece's kExpectedFrequencyThreshold
-UNSEEN_BYTE_PENALTY = 10.0
+UNSEEN_BYTE_PENALTY = 10.0  # SentencePiece's kUnkPenalty, relative to the lowest score
 SCORE_GRID = float(1 << 12)  # scores are multiples of 2**-12 (module docstring, 5)
-MAX_CHUNK_BYTES = 4192  # SentencePiece's max_sentence_length (it skips longer sentences)  # SentencePiece's kUnkPenalty, relative to the lowest score
+MAX_CHUNK_BYTES = 4192  # SentencePiece's max_sentence_length (it skips longer sentences)
+
+
+@contextlib.contextmanager
+def small_pages() -> Iterator[None]:
+    """numpy without ``madvise(MADV_HUGEPAGE)`` on its large arrays, for the duration.
+
+    Why: training makes hundreds of short-lived arrays of tens of MB (edge keys, orders, gathers).
+    numpy asks for transparent huge pages on every array of 4 MiB or more; where the kernel's THP
+    ``defrag`` mode is ``madvise`` (the kernel's default), each fresh madvised region may stall in
+    direct compaction before its first write. On the 2-core benchmark machine a fresh 36 MB array
+    took 0.3-0.4 s that way instead of 25 ms, and training on the stdlib corpus took 13.0 s instead
+    of 8.4 s (``benchmarks/RESULTS.md``). numpy's setting is process-wide, so it is restored after.
+    """
+    try:
+        from numpy._core.multiarray import _set_madvise_hugepage
+    except ImportError:  # numpy < 2
+        try:
+            from numpy.core.multiarray import _set_madvise_hugepage
+        except ImportError:
+            yield
+            return
+    before = _set_madvise_hugepage(False)
+    try:
+        yield
+    finally:
+        _set_madvise_hugepage(before)
 
 
 def digamma(x: np.ndarray) -> np.ndarray:
@@ -242,6 +269,11 @@ def learn_pieces(
     ``seed_size`` defaults to ``max(10 * n_learned, 4096)`` capped at 1,000,000 (SentencePiece's
     default seed size). ``progress(round, rounds)`` is called after each pruning round.
     """
+    with small_pages():
+        return _learn_pieces(chunks, n_learned, seed_size=seed_size, em_steps=em_steps, shrink=shrink, progress=progress)
+
+
+def _learn_pieces(chunks, n_learned, *, seed_size, em_steps, shrink, progress):
     table = chunk_table(chunks)
     seed_size = seed_size or min(1_000_000, max(10 * n_learned, 4096))
     t0 = time.perf_counter()
