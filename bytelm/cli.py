@@ -39,6 +39,7 @@ from bytelm.patching.plot import plot_entropies
 from bytelm.progress import ProgressBar
 from bytelm.sampling.generate import load_decoder, stream, text_pieces
 from bytelm.sampling.sampler import SamplingOptions
+from bytelm.training import distributed
 from bytelm.training.host import configure_cpu_devices
 from bytelm.training.trainer import TrainingDiverged, restore_model, train
 
@@ -202,6 +203,21 @@ def add_train(sub) -> None:
         "compilation counts, evaluations do not, a resumed run continues the same budget; the learning-rate "
         "schedule's horizon is planned from the first steps' time",
     )
+    multi = p.add_argument_group(
+        "multi-host (docs/scaling.md)",
+        "Run the same command on every host: each process trains on its slice of every batch, the mesh spans all "
+        "hosts' devices, process 0 alone writes the run's records, checkpoints are written together. --out must be "
+        "a directory every host sees (a shared file system).",
+    )
+    multi.add_argument(
+        "--distributed",
+        action="store_true",
+        help="join the job's processes with jax.distributed.initialize(), which finds the cluster itself on Cloud TPU "
+        "VMs, SLURM (srun), Open MPI and Kubernetes",
+    )
+    multi.add_argument("--coordinator", metavar="HOST:PORT", help="the address of process 0, for an explicit layout (with the two below)")
+    multi.add_argument("--num-processes", type=int, metavar="N", help="the number of processes in an explicit layout")
+    multi.add_argument("--process-id", type=int, metavar="I", help="this process's index in an explicit layout, 0..N-1")
     _add_config_options(p, with_config=False)
     p.set_defaults(func=cmd_train)
 
@@ -219,9 +235,11 @@ def cmd_train(args: argparse.Namespace) -> int:
     budget = _budget_seconds(args.minutes)
     cfg = load_config(args.config, [*args.overrides, *([f"train.time_budget_s={budget}"] if budget else [])])
     out = Path(args.out) if args.out else Path("runs") / Path(args.config).stem
+    distributed.initialize(auto=args.distributed, coordinator=args.coordinator, num_processes=args.num_processes, process_id=args.process_id)
     bar = ProgressBar(f"train {out}", unit=" steps")
+    progress = (lambda done, total, suffix: bar.update(done, total, suffix)) if distributed.is_primary() else None
     try:
-        result = train(cfg, out, progress=lambda done, total, suffix: bar.update(done, total, suffix))
+        result = train(cfg, out, progress=progress)
     except TrainingDiverged as e:
         bar.close()
         print(f"bytelm: training stopped: {e}", file=sys.stderr)

@@ -18,6 +18,7 @@ from flax import nnx
 from bytelm.patching.calibrate import calibrate_threshold
 from bytelm.patching.lengths import cap_starts, starts_to_lengths
 from bytelm.patching.patchers import apply_max_len, entropy_starts, real_lengths, space_starts, valid_mask
+from bytelm.training.distributed import gather_rows
 
 
 def params_fingerprint(params: nnx.State) -> str:
@@ -70,6 +71,8 @@ class EntropyModel:
         # later changes to the module (an optimizer step, nnx.jit) would otherwise change these
         # entropies silently; one copy per device lets rows run on all of them.
         self.devices = jax.local_devices()
+        # (on several hosts the restored weights span every process's devices: this host's copy first)
+        params, rest = jax.tree.map(lambda x: gather_rows(x) if isinstance(x, jax.Array) and not x.is_fully_addressable else x, (params, rest))
         self._state = [jax.device_put((params, rest), d) for d in self.devices]
         self.params, self.rest = self._state[0]
         self.width = width

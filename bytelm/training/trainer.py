@@ -39,6 +39,7 @@ from bytelm.errors import UserError
 from bytelm.evaluation.bpb import LN2, score_segments
 from bytelm.models.core import EMBEDDING_AXIS
 from bytelm.training.checkpoint import Checkpointer
+from bytelm.training.distributed import barrier, gather_rows, is_primary
 from bytelm.training.flops import measure_matmul_peak
 from bytelm.training.optim import learning_rate_schedule, make_optimizer, schedule_plan
 from bytelm.training.sharding import batch_sharding, make_mesh, param_shardings
@@ -57,6 +58,11 @@ RESUMABLE_CHANGES = {
     ("model", "attention"),  # kernels change speed, not parameters or results
     ("model", "mlp"),
     ("model", "remat"),  # recomputation changes memory and speed, not parameters
+    # the mesh (and the number of hosts): batches are a function of (seed, step) alone, and the
+    # checkpoint restores onto any mesh (resharded by orbax)
+    ("train", "mesh_data"),
+    ("train", "mesh_fsdp"),
+    ("train", "mesh_tensor"),
 }
 
 
@@ -118,12 +124,12 @@ def check_run_config(run_dir: Path, cfg: Config) -> None:
 
 
 def default_mesh(cfg: Config):
-    """The config's mesh; on a CPU host with the default layout (data=-1, fsdp=tensor=1), the
+    """The config's mesh; on one CPU host with the default layout (data=-1, fsdp=tensor=1), the
     largest number of (virtual) devices that divides both the micro-batch and the eval batch, so
-    any batch size works (see :mod:`bytelm.training.host`)."""
+    any batch size works (see :mod:`bytelm.training.host`). Several processes use every device."""
     t = cfg.train
     devices = jax.devices()
-    if jax.default_backend() == "cpu" and (t.mesh_data, t.mesh_fsdp, t.mesh_tensor) == (-1, 1, 1):
+    if jax.default_backend() == "cpu" and jax.process_count() == 1 and (t.mesh_data, t.mesh_fsdp, t.mesh_tensor) == (-1, 1, 1):
         micro = t.batch_size // t.grad_accum
         n = max(k for k in range(1, len(devices) + 1) if micro % k == 0 and cfg.eval.batch_size % k == 0)
         devices = devices[:n]
@@ -167,21 +173,27 @@ class _SignalFlag:
 
 
 class _Metrics:
-    """Appends JSON lines to ``metrics.jsonl``; on resume, drops lines past the restored step."""
+    """Appends JSON lines to ``metrics.jsonl``; on resume, drops lines past the restored step.
+    Only the primary process writes (the others' records are the same numbers)."""
 
     def __init__(self, path: Path, resume_step: int):
         self.path = path
+        self.file = None
+        if not is_primary():
+            return
         if path.exists():
             kept = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line)["step"] <= resume_step]
             atomic_write_text(path, "".join(k + "\n" for k in kept))
         self.file = open(path, "a")
 
     def write(self, record: dict) -> None:
-        self.file.write(json.dumps(record) + "\n")
-        self.file.flush()
+        if self.file is not None:
+            self.file.write(json.dumps(record) + "\n")
+            self.file.flush()
 
     def close(self) -> None:
-        self.file.close()
+        if self.file is not None:
+            self.file.close()
 
 
 # Runs of one shape in one process share their jitted step and scoring functions (so a sweep, the
@@ -306,13 +318,23 @@ class Trainer:
         return self.programs._scores(params, batch)
 
     # -- host side ------------------------------------------------------------------------
-    def device_batch(self, batch: dict) -> dict:
-        """The batch's arrays on the mesh (its host-side counts, ``batch[STATS_KEY]``, stay behind)."""
-        return {
-            k: jax.make_array_from_process_local_data(batch_sharding(self.mesh, v.ndim), v)
-            for k, v in batch.items()
-            if k != STATS_KEY
-        }
+    def device_batch(self, batch: dict, *, whole: bool = False) -> dict:
+        """The batch's arrays on the mesh (its host-side counts, ``batch[STATS_KEY]``, stay behind).
+        The rows are this process's (training batches are made per process); ``whole``: the batch
+        is the global one, the same on every process, which keeps the rows its devices hold."""
+        out = {}
+        for k, v in batch.items():
+            if k == STATS_KEY:
+                continue
+            sharding = batch_sharding(self.mesh, v.ndim)
+            if whole and jax.process_count() > 1:
+                index = sharding.addressable_devices_indices_map(v.shape).values()
+                lo = min(i[0].start or 0 for i in index)
+                hi = max(len(v) if i[0].stop is None else i[0].stop for i in index)
+                out[k] = jax.make_array_from_process_local_data(sharding, v[lo:hi], v.shape)
+            else:
+                out[k] = jax.make_array_from_process_local_data(sharding, v)
+        return out
 
     def train_step(self, batch: dict) -> dict:
         # arguments: a new horizon (or learning rate, or warmup) does not compile the step again
@@ -334,8 +356,9 @@ class Trainer:
         def rows(batch):
             # per-position values summed here in float64, in one fixed order: a segment's total does
             # not pick up the float32 reduction order of a program shaped by its batch
-            nll_BxT, nbytes_BxT = jax.device_get(self._score_positions(self.params, self.device_batch(batch)))
-            return np.asarray(nll_BxT, np.float64).sum(axis=1), np.asarray(nbytes_BxT, np.float64).sum(axis=1)
+            # (every process builds the same global batch, scores its rows, and gets every row back)
+            nll_BxT, nbytes_BxT = self._score_positions(self.params, self.device_batch(batch, whole=True))
+            return gather_rows(nll_BxT).astype(np.float64).sum(axis=1), gather_rows(nbytes_BxT).astype(np.float64).sum(axis=1)
 
         def observed(batches):
             for batch, n_real in batches:
@@ -430,7 +453,7 @@ def _run_config(run_dir: str | Path) -> Config:
 def _restore(run_dir: Path, cfg: Config, corpus, step: int | None) -> Trainer:
     task = make_task(cfg, corpus, run_dir)
     check_fingerprints(run_dir, task)
-    trainer = Trainer(cfg, task)
+    trainer = Trainer(cfg, task, mesh=_restore_mesh(cfg, run_dir))
     ckpt = Checkpointer(run_dir / "checkpoints", keep=cfg.train.keep_checkpoints)
     try:
         step = ckpt.latest_step() if step is None else step
@@ -442,6 +465,19 @@ def _restore(run_dir: Path, cfg: Config, corpus, step: int | None) -> Trainer:
     trainer.load_state_tree(tree)
     trainer.step = int(meta["step"])
     return trainer
+
+
+def _restore_mesh(cfg: Config, run_dir: Path):
+    """The run's own mesh where this process's devices can hold it; otherwise (a run trained on more
+    devices or hosts than are here) the default layout: the checkpoint is resharded on restore."""
+    t = cfg.train
+    try:
+        return default_mesh(cfg)
+    except UserError:
+        fallback = dataclasses.replace(cfg, train=dataclasses.replace(t, mesh_data=-1, mesh_fsdp=1, mesh_tensor=1))
+        log.info("%s was trained on a mesh (data=%d, fsdp=%d, tensor=%d) that %d devices cannot hold: restoring data-parallel",
+                 run_dir, t.mesh_data, t.mesh_fsdp, t.mesh_tensor, jax.device_count())
+        return default_mesh(fallback)
 
 
 def eval_slice(corpus, eval_bytes: int) -> list[bytes]:
@@ -577,6 +613,8 @@ class _Run:
         return self.wall0 + time.perf_counter() - self.t_start
 
     def write_status(self, status: str, **extra) -> None:
+        if not is_primary():
+            return
         record = {**self.info, "status": status, "step": self.trainer.step, **self.task.stats_record(self.stats_run), **extra}
         atomic_write_text(self.run_dir / "run.json", json.dumps(record, indent=1))
 
@@ -747,7 +785,8 @@ def train(
     finished = _finished_result(run_dir, cfg)
     if finished is not None:  # nothing left to do: leave the run as it is
         return finished
-    save_config(cfg, run_dir)
+    if is_primary():
+        save_config(cfg, run_dir)
     corpus = corpus if corpus is not None else load_corpus_from_config(cfg.data)
     task = make_task(cfg, corpus, run_dir)
     check_fingerprints(run_dir, task)
@@ -756,4 +795,6 @@ def train(
         run.loop(progress, stop_after)
     finally:
         run.close()
-    return run.result()
+    result = run.result()
+    barrier("bytelm: train returns")  # every process returns after process 0 has written the records
+    return result

@@ -1,0 +1,125 @@
+"""Two real processes on localhost (``jax.distributed``, CPU devices, Gloo collectives) train the
+byte LM and BLT, save and resume collectively, and agree with one process.
+
+Each process has 2 simulated CPU devices, so the job's mesh has 4 devices over 2 hosts (data=4).
+The job trains each family 2 steps and stops (checkpoint at step 2), then restores that
+checkpoint into a new trainer and trains the third step. The reference is one uninterrupted
+process (this one), which then restores the two-process checkpoints onto its own one-device mesh
+(resharded by orbax). Tolerance as in tests/test_sharding.py: the collectives sum
+in another order (float32 reassociation), and Adam turns that into parameter differences of a few
+1e-6 at learning rate 1e-3; 1e-5 leaves margin.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import textwrap
+
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+
+from bytelm.config import load_config
+from bytelm.training.trainer import restore_model, train
+
+from conftest import subprocess_env, word_corpus
+
+WORKER = textwrap.dedent(
+    """
+    import json, sys
+    from bytelm.training import distributed
+    port, pid, jobs = sys.argv[1], int(sys.argv[2]), json.loads(sys.argv[3])
+    distributed.initialize(coordinator=f"127.0.0.1:{port}", num_processes=2, process_id=pid)
+    import jax
+    from bytelm.config import load_config
+    from bytelm.training.trainer import train
+    assert jax.process_count() == 2 and jax.device_count() == 4, (jax.process_count(), jax.device_count())
+    for out, overrides, stop_after in jobs:
+        r = train(load_config(None, overrides), out, stop_after=stop_after)
+        status = json.load(open(out + "/run.json"))["status"]  # as process 0 wrote it
+        print(json.dumps({"out": out, "step": r.step, "status": status}), flush=True)
+    """
+)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _job(jobs: list) -> list[dict]:
+    """Run ``jobs`` (``[run_dir, overrides, stop_after]``) in turn as one two-process job; what
+    each job's ``train`` returned, as both processes saw it."""
+    port = _free_port()
+    procs = [
+        subprocess.Popen([sys.executable, "-c", WORKER, str(port), str(pid), json.dumps(jobs)], env=subprocess_env(2),
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for pid in range(2)
+    ]
+    outs = [p.communicate(timeout=600) for p in procs]
+    for pid, (p, (out, err)) in enumerate(zip(procs, outs)):
+        assert p.returncode == 0, f"process {pid} failed:\n{out}\n{err[-4000:]}"
+    seen = [[json.loads(line) for line in out.splitlines() if line.startswith("{")] for out, _ in outs]
+    assert seen[0] == seen[1] and len(seen[0]) == len(jobs)
+    return seen[0]
+
+
+def _flat(run_dir) -> dict:
+    state = nnx.state(restore_model(run_dir), nnx.Param)
+    return {jax.tree_util.keystr(k): np.asarray(v) for k, v in jax.tree_util.tree_leaves_with_path(state)}
+
+
+def _records(run_dir, kind: str) -> list[dict]:
+    return [r for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines()) if r["kind"] == kind]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("multihost")
+    corpus = word_corpus(root / "corpus")
+    base = [
+        f"data.source=files:{corpus}", "data.segment_bytes=64", "data.max_eval_bytes=2048", "train.batch_size=8",
+        "train.seq_len=64", "train.steps=3", "train.learning_rate=1e-3", "train.warmup_steps=2", "train.log_every=1",
+        "train.checkpoint_every=2", "train.peak_flops=1e11", "eval.every=3",
+    ]
+    entropy = ["model.family=byte", "model.d_model=32", "model.n_layers=1", "model.n_heads=2", "model.mlp_dim=64", "model.window=16"]
+    train(load_config(None, [*base, *entropy, "train.steps=2", "eval.every=0"]), root / "entropy")
+    families = {
+        "byte": ["model.family=byte", "model.d_model=32", "model.n_layers=2", "model.n_heads=2", "model.mlp_dim=64"],
+        "blt": [
+            "model.family=blt", f"model.entropy_run={root / 'entropy'}", "model.target_patch_len=3.0", "model.local_d_model=32",
+            "model.local_heads=2", "model.local_mlp_dim=64", "model.local_window=16", "model.global_d_model=32",
+            "model.global_heads=2", "model.global_mlp_dim=64", "model.global_layers=1", "model.hash_table_size=64",
+            "model.ngram_sizes=3,4",
+        ],
+    }
+    results = _job([[str(root / f"two-{f}"), [*base, *o], stop] for f, o in families.items() for stop in (2, None)])
+    for f, o in families.items():
+        train(load_config(None, [*base, *o]), root / f"one-{f}")
+    return root, {f: results[2 * i : 2 * i + 2] for i, f in enumerate(families)}
+
+
+@pytest.mark.parametrize("family", ["byte", "blt"])
+def test_two_processes_agree_with_one_across_a_resume(runs, family):
+    root, results = runs
+    two, one = root / f"two-{family}", root / f"one-{family}"
+    assert [(r["step"], r["status"]) for r in results[family]] == [(2, "stopped"), (3, "finished")]
+    run = json.loads((two / "run.json").read_text())
+    assert run["devices"] == 4 and run["step"] == 3
+    # process 0 alone wrote the records: one line per step, and the first job's lines kept on resume
+    assert [r["step"] for r in _records(two, "train")] == [1, 2, 3]
+    for a, b in zip(_records(two, "train"), _records(one, "train")):
+        assert a["loss"] == pytest.approx(b["loss"], abs=1e-5)
+    (eval_two,), (eval_one,) = _records(two, "eval"), _records(one, "eval")
+    assert eval_two["bytes"] == eval_one["bytes"] and eval_two["bpb"] == pytest.approx(eval_one["bpb"], abs=1e-5)
+    assert sorted(p.name for p in (two / "checkpoints").iterdir() if p.name.isdigit()) == ["2", "3"]
+    # the two-process checkpoint restores onto this process's single-device mesh
+    params_two, params_one = _flat(two), _flat(one)
+    assert params_two.keys() == params_one.keys()
+    worst = max(float(np.max(np.abs(params_two[k] - params_one[k]))) for k in params_one)
+    assert worst < 1e-5, worst
