@@ -112,6 +112,8 @@ def test_repo_configs_load():
     root = Path(__file__).parent.parent / "configs"
     # compare presets and ablation grids have schemas of their own (tests/test_compare.py, tests/test_ablate.py)
     paths = sorted(p for p in root.rglob("*.toml") if not {"compare", "ablations"} & set(p.relative_to(root).parts))
+    # the small and base presets' shared [model] settings (dtype, kernels) are fragments, not presets
+    paths = [p for p in paths if p.relative_to(root).as_posix() not in ("small/base.toml", "base/base.toml")]
     assert len(paths) >= 8
     for path in paths:
         load_config(path)
@@ -124,3 +126,35 @@ def test_config_classes_agree_with_the_family_registry():
     from bytelm.training.tasks import FAMILIES
 
     assert {name: task.config_class for name, task in FAMILIES.items()} == config_classes()
+
+
+def test_small_and_base_presets_have_the_sizes_they_promise():
+    """configs/small: about 100M-parameter models of every family (one GPU); configs/base: about 1B
+    (the global model of MegaByte and BLT; several hosts, FSDP, one preset with tensor parallelism).
+    Counted on the abstract models (no weights are allocated). Embedding tables (BLT's hashed
+    n-grams, the subword vocabulary) are lookups and are not counted."""
+    from flax import nnx
+
+    from bytelm.models.blt import BLT
+    from bytelm.models.byte_lm import ByteLM
+    from bytelm.models.megabyte import MegaByte
+    from bytelm.models.token_lm import TokenLM
+    from bytelm.training.trainer import count_params
+
+    builders = {"byte": ByteLM, "megabyte": MegaByte, "blt": BLT, "bpe": lambda m, rngs: TokenLM(m, 32768, rngs=rngs)}
+    expected = {"small": (80e6, 130e6), "base": (0.95e9, 1.2e9)}
+    for size, (lo, hi) in expected.items():
+        for family in ("byte", "bpe", "megabyte", "blt"):
+            cfg = load_config(f"{size}/{family}")
+            model = nnx.eval_shape(lambda: builders[cfg.model.family](cfg.model, rngs=nnx.Rngs(0)))
+            counts = count_params(nnx.state(model, nnx.Param))
+            trunk = counts["non_embedding"]
+            if family in ("megabyte", "blt"):  # the global model alone
+                trunk = count_params(nnx.state(model.global_stack, nnx.Param))["non_embedding"]
+            assert lo <= trunk <= hi, (size, family, trunk)
+            assert cfg.model.dtype == "bfloat16" and cfg.train.seq_len >= cfg.data.segment_bytes
+            t = cfg.train
+            assert t.batch_size % (t.mesh_fsdp * t.mesh_tensor) == 0 and cfg.eval.batch_size % (t.mesh_fsdp * t.mesh_tensor) == 0
+        assert load_config(f"{size}/entropy").model.window == 512
+    tp = load_config("base/byte_tp").train
+    assert (tp.mesh_fsdp, tp.mesh_tensor) == (4, 2)

@@ -13,6 +13,7 @@ in another order (float32 reassociation), and Adam turns that into parameter dif
 from __future__ import annotations
 
 import json
+import re
 import socket
 import subprocess
 import sys
@@ -123,3 +124,22 @@ def test_two_processes_agree_with_one_across_a_resume(runs, family):
     assert params_two.keys() == params_one.keys()
     worst = max(float(np.max(np.abs(params_two[k] - params_one[k]))) for k in params_one)
     assert worst < 1e-5, worst
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"coordinator": "127.0.0.1:1234"}, "missing --num-processes, --process-id"),
+        ({"coordinator": "127.0.0.1", "num_processes": 2, "process_id": 0}, "must be HOST:PORT"),
+        ({"coordinator": "h:1", "num_processes": 2, "process_id": 2}, "--process-id must lie in [0, --num-processes 2)"),
+        ({"coordinator": "h:1", "num_processes": 0, "process_id": 0}, "--num-processes must be >= 1"),
+        ({"auto": True, "process_id": 1}, "drop --process-id or --distributed"),
+    ],
+)
+def test_a_bad_process_layout_names_the_option(kwargs, message):
+    from bytelm.errors import UserError
+    from bytelm.training import distributed
+
+    with pytest.raises(UserError, match=re.escape(message)):
+        distributed.initialize(**kwargs)
+    assert distributed.initialize() is False and jax.process_count() == 1  # nothing asked: nothing done
