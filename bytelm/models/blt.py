@@ -141,7 +141,10 @@ class BLT(nnx.Module):
         self.encoder = Transformer(dl, cfg.encoder_layers, cfg.local_heads, cfg.local_mlp_dim, **local)
         self.to_queries = param(rngs, (dl, k * dl), ("embed", "mlp"))
         self.to_global = param(rngs, (k * dl, dg), ("mlp", "embed"))
-        self.global_stack = Transformer(dg, cfg.global_layers, cfg.global_heads, cfg.global_mlp_dim, rngs=rngs, kernels=kernels, rope_base=cfg.rope_base, dtype=dt)
+        self.global_stack = Transformer(
+            dg, cfg.global_layers, cfg.global_heads, cfg.global_mlp_dim, rngs=rngs, kernels=kernels, rope_base=cfg.rope_base, dtype=dt,
+            scan=cfg.scan_layers,
+        )
         self.global_norm = RMSNorm(dg)
         self.from_global = param(rngs, (dg, k * dl), ("embed", "mlp"))
         cross = dict(rngs=rngs, dtype=dt, implementation=kernels.attention)

@@ -38,7 +38,7 @@ def empty_cache(attn: Attention, batch: int, slots: int) -> KVCache:
 
 def stack_cache(stack: Transformer, batch: int, slots: int) -> list[KVCache]:
     """One empty cache of ``slots`` positions per layer of ``stack``."""
-    return [empty_cache(block.attn, batch, slots) for block in stack.blocks]
+    return [empty_cache(block.attn, batch, slots) for block in stack.layer_blocks()]
 
 
 def attention_extend(attn: Attention, x_BxNxD: jax.Array, cache: KVCache, pos0: jax.Array, window: int) -> tuple[jax.Array, KVCache]:
@@ -78,7 +78,7 @@ def block_extend(block: Block, x_BxNxD: jax.Array, cache: KVCache, pos0: jax.Arr
 def stack_extend(stack: Transformer, x_BxNxD: jax.Array, caches: list[KVCache], pos0: jax.Array) -> tuple[jax.Array, list[KVCache]]:
     """:meth:`Transformer.__call__` for ``N`` new positions after the cached ones."""
     new = []
-    for block, cache in zip(stack.blocks, caches):
+    for block, cache in zip(stack.layer_blocks(), caches):
         x_BxNxD, cache = block_extend(block, x_BxNxD, cache, pos0, stack.window)
         new.append(cache)
     return x_BxNxD, new

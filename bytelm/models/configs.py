@@ -45,6 +45,9 @@ class ModelConfig:
     attention: str = "auto"  # auto | xla | cudnn | halving (bytelm/models/kernels.py)
     mlp: str = "auto"  # auto | autodiff | manual: the SwiGLU backward (bytelm/models/kernels.py)
     remat: str = "none"  # none | block | dots: what each block recomputes in the backward pass (bytelm/models/kernels.py)
+    # the deep stacks (the byte/token LM trunk, MegaByte's two, BLT's global) as one scanned block:
+    # compile time flat in depth; weights stacked on a leading "layers" axis (bytelm/models/core.py)
+    scan_layers: bool = False
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:

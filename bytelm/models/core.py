@@ -224,18 +224,63 @@ class Block(nnx.Module):
 
 
 class Transformer(nnx.Module):
-    """A stack of ``n_layers`` causal blocks (with an optional sliding window)."""
+    """A stack of ``n_layers`` causal blocks (with an optional sliding window).
 
-    def __init__(self, d_model: int, n_layers: int, n_heads: int, d_hidden: int, *, rngs: nnx.Rngs, kernels: Kernels, window: int = 0, rope_base: float = 10000.0, dtype: Dtype = jnp.float32):
-        self.blocks = nnx.List(
-            [Block(d_model, n_heads, d_hidden, rngs=rngs, kernels=kernels, rope_base=rope_base, dtype=dtype) for _ in range(n_layers)]
-        )
+    ``scan=True`` holds the layers as one block whose every weight has a leading layer axis
+    (logical axis ``layers``, never sharded) and runs them under ``jax.lax.scan``: the program
+    holds the block once, so compile time and program size stay flat in depth. The layers are
+    initialised exactly as without scan (the same random draws, in the same order), so a scanned
+    stack's weights are the unscanned stack's, stacked. Callers that step through the layers one
+    by one (the sampling caches) get them from :meth:`layer_blocks` either way.
+    """
+
+    def __init__(
+        self, d_model: int, n_layers: int, n_heads: int, d_hidden: int, *, rngs: nnx.Rngs, kernels: Kernels, window: int = 0,
+        rope_base: float = 10000.0, dtype: Dtype = jnp.float32, scan: bool = False,
+    ):
+        blocks = [Block(d_model, n_heads, d_hidden, rngs=rngs, kernels=kernels, rope_base=rope_base, dtype=dtype) for _ in range(n_layers)]
         self.window = window
+        self.n_layers = n_layers
+        self.scan = bool(scan) and n_layers > 0
+        if self.scan:
+            self.layers = _stack_blocks(blocks)
+        else:
+            self.blocks = nnx.List(blocks)
+
+    def layer_blocks(self) -> list[Block]:
+        """The stack's blocks, one per layer (for a scanned stack: views of its stacked weights)."""
+        if not self.scan:
+            return list(self.blocks)
+        graphdef, params, rest = nnx.split(self.layers, nnx.Param, ...)
+        return [nnx.merge(graphdef, jax.tree.map(lambda a, i=i: a[i], params), rest) for i in range(self.n_layers)]
 
     def __call__(self, x_BxTxD: jax.Array, *, positions_BxT=None, mask_BxTxS=None) -> jax.Array:
-        for block in self.blocks:
-            x_BxTxD = block(x_BxTxD, positions_BxT=positions_BxT, window=self.window, mask_BxTxS=mask_BxTxS)
+        if not self.scan:
+            for block in self.blocks:
+                x_BxTxD = block(x_BxTxD, positions_BxT=positions_BxT, window=self.window, mask_BxTxS=mask_BxTxS)
+            return x_BxTxD
+        graphdef, params, rest = nnx.split(self.layers, nnx.Param, ...)
+
+        def layer(h_BxTxD, layer_params):
+            block = nnx.merge(graphdef, layer_params, rest)
+            return block(h_BxTxD, positions_BxT=positions_BxT, window=self.window, mask_BxTxS=mask_BxTxS), None
+
+        x_BxTxD, _ = jax.lax.scan(layer, x_BxTxD, params)
         return x_BxTxD
+
+
+LAYER_AXIS = "layers"  # the leading axis of a scanned stack's weights
+
+
+def _stack_blocks(blocks: list[Block]) -> Block:
+    """``blocks[0]`` with every weight replaced by the weights of all ``blocks`` stacked on a new
+    leading :data:`LAYER_AXIS` (the other blocks' modules are dropped)."""
+    flats = [dict(nnx.to_flat_state(nnx.state(b, nnx.Param))) for b in blocks]
+    template = blocks[0]
+    for path, var in flats[0].items():
+        var.set_value(jnp.stack([flat[path].get_value() for flat in flats]))
+        var.set_metadata(logical_axes=(LAYER_AXIS, *var.get_metadata()["logical_axes"]))
+    return template
 
 
 class Embed(nnx.Module):

@@ -27,7 +27,8 @@ class DecoderLM(nnx.Module):
         kernels = resolve_kernels(cfg.attention, cfg.mlp, dtype=cfg.dtype, remat=cfg.remat)
         self.embed = Embed(self.vocab_rows, cfg.d_model, rngs=rngs)
         self.stack = Transformer(
-            cfg.d_model, cfg.n_layers, cfg.n_heads, cfg.mlp_dim, rngs=rngs, kernels=kernels, window=cfg.window, rope_base=cfg.rope_base, dtype=dtype
+            cfg.d_model, cfg.n_layers, cfg.n_heads, cfg.mlp_dim, rngs=rngs, kernels=kernels, window=cfg.window, rope_base=cfg.rope_base, dtype=dtype,
+            scan=cfg.scan_layers,
         )
         self.norm = RMSNorm(cfg.d_model)
         self.head = head_param(rngs, cfg.d_model, n_valid, cfg.vocab_multiple)

@@ -26,6 +26,7 @@ RULES: dict[str, str | tuple[str, ...] | None] = {
     "heads": "tensor",
     "kv": None,
     "vocab": "tensor",
+    "layers": None,  # the layer axis of a scanned stack (model.scan_layers)
 }
 
 

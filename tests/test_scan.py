@@ -1,0 +1,148 @@
+"""Layers under ``jax.lax.scan`` (``model.scan_layers``): the same model as the unrolled stack, and
+a program that does not grow with depth.
+
+Parity: a scanned model is initialised with the same random draws as the unrolled one, so its
+weights are the unrolled weights stacked (checked exactly), and its scores and gradients equal the
+unrolled ones to float32 reassociation (1e-5): scores and gradients for the byte LM, scores for
+MegaByte (both stacks scanned) and BLT (its global stack). The sampling caches step through a scanned stack's layers one by one and
+give the same logits.
+
+Depth: the lowered training-loss program of a scanned 24-layer byte LM is about as large as a
+2-layer one's (the loop body holds one block), where the unrolled program grows with every layer.
+Measured in program text (StableHLO), not in seconds: compile time follows program size, and a
+size does not depend on the machine's load.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from bytelm.config import load_config
+from bytelm.constants import BOS_ID, BYTE_OFFSET
+from bytelm.models.blt import BLT
+from bytelm.models.byte_lm import ByteLM
+from bytelm.models.megabyte import MegaByte
+from bytelm.training.sharding import logical_to_spec
+
+from test_blt import blt_cfg, random_lengths
+
+LM = ["model.family=byte", "model.d_model=32", "model.n_heads=2", "model.mlp_dim=64"]
+MEGABYTE = [
+    "model.family=megabyte", "model.patch_size=4", "model.embed_dim=8", "model.global_d_model=32", "model.global_layers=3",
+    "model.global_heads=2", "model.global_mlp_dim=64", "model.local_d_model=16", "model.local_layers=2", "model.local_heads=2",
+    "model.local_mlp_dim=32",
+]
+
+
+def _pair(build, cfg_of):
+    """The unrolled and the scanned model from the same seed."""
+    return build(cfg_of(False), rngs=nnx.Rngs(0)), build(cfg_of(True), rngs=nnx.Rngs(0))
+
+
+def _flat(model) -> dict:
+    return {tuple(str(k) for k in path): np.asarray(v.get_value()) for path, v in nnx.to_flat_state(nnx.state(model, nnx.Param))}
+
+
+def _stacked_equals_unrolled(unrolled, scanned, stacks: list[str]) -> None:
+    """Every weight of the scanned model equals the unrolled one (stacked over the layers of ``stacks``)."""
+    a, b = _flat(unrolled), _flat(scanned)
+    for path, value in b.items():
+        if path[0] in stacks:
+            assert path[1] == "layers"
+            layers = [a[(path[0], "blocks", str(i), *path[2:])] for i in range(value.shape[0])]
+            np.testing.assert_array_equal(value, np.stack(layers))
+        else:
+            np.testing.assert_array_equal(value, a[path])
+    assert sum(v.size for v in a.values()) == sum(v.size for v in b.values())
+
+
+def _loss_and_grads(model, batch):
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+
+    def loss(p):
+        return nnx.merge(graphdef, p, rest).score(batch).nll_BxT.sum()
+
+    value, grads = jax.jit(jax.value_and_grad(loss))(params)
+    return float(value), {tuple(str(k) for k in path): np.asarray(v.get_value()) for path, v in nnx.to_flat_state(grads)}
+
+
+def _same_scores(unrolled, scanned, batch) -> None:
+    def nll(model):
+        graphdef, state = nnx.split(model)
+        return np.asarray(jax.jit(lambda st: nnx.merge(graphdef, st).score(batch).nll_BxT)(state))
+
+    np.testing.assert_allclose(nll(scanned), nll(unrolled), rtol=1e-5, atol=1e-5)
+
+
+def _same_scores_and_grads(unrolled, scanned, batch, stacks) -> None:
+    loss_a, grads_a = _loss_and_grads(unrolled, batch)
+    loss_b, grads_b = _loss_and_grads(scanned, batch)
+    assert loss_b == pytest.approx(loss_a, rel=1e-5)
+    for path, g in grads_b.items():
+        want = np.stack([grads_a[(path[0], "blocks", str(i), *path[2:])] for i in range(g.shape[0])]) if path[0] in stacks else grads_a[path]
+        np.testing.assert_allclose(g, want, rtol=1e-4, atol=1e-5)
+
+
+def _byte_batch(B=2, T=24, seed=0):
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(BYTE_OFFSET, 260, size=(B, T + 1)).astype(np.int32)
+    ids[:, 0] = BOS_ID
+    return {"ids": jnp.asarray(ids)}
+
+
+def test_scanned_byte_lm_is_the_unrolled_one():
+    unrolled, scanned = _pair(ByteLM, lambda scan: load_config(None, [*LM, "model.n_layers=3", f"model.scan_layers={str(scan).lower()}"]).model)
+    assert scanned.stack.scan and not unrolled.stack.scan
+    _stacked_equals_unrolled(unrolled, scanned, ["stack"])
+    batch = _byte_batch()
+    _same_scores_and_grads(unrolled, scanned, batch, ["stack"])
+    # the sampling caches: the same logits for a prefix, then for one more id
+    ids = batch["ids"][:, :9]
+    outs = []
+    extend = nnx.jit(lambda model, ids, caches, pos0: model.extend(ids, caches, pos0))  # (eagerly: an op at a time)
+    for model in (unrolled, scanned):
+        logits, caches = extend(model, ids[:, :8], model.init_cache(2, 16), jnp.int32(0))
+        more, _ = extend(model, ids[:, 8:9], caches, jnp.int32(8))
+        outs.append((np.asarray(logits), np.asarray(more)))
+    for a, b in zip(*outs):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_scanned_megabyte_and_blt_are_the_unrolled_ones():
+    unrolled, scanned = _pair(MegaByte, lambda scan: load_config(None, [*MEGABYTE, f"model.scan_layers={str(scan).lower()}"]).model)
+    _stacked_equals_unrolled(unrolled, scanned, ["global_stack", "local_stack"])
+    _same_scores(unrolled, scanned, _byte_batch(T=23))  # (gradients through the scan: the byte LM's test)
+
+    unrolled, scanned = _pair(BLT, lambda scan: blt_cfg(global_layers=3, scan_layers=str(scan).lower()))
+    _stacked_equals_unrolled(unrolled, scanned, ["global_stack"])
+    rng = np.random.default_rng(3)
+    batch = _byte_batch(T=15)
+    batch["patch_lengths"] = jnp.asarray([random_lengths(rng, 16, 10), random_lengths(rng, 16, 10)])
+    _same_scores(unrolled, scanned, batch)
+
+
+def _program_size(n_layers: int, scan: bool) -> int:
+    model = ByteLM(load_config(None, [*LM, f"model.n_layers={n_layers}", f"model.scan_layers={str(scan).lower()}"]).model, rngs=nnx.Rngs(0))
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    batch = _byte_batch()
+    loss = jax.jit(jax.grad(lambda p: nnx.merge(graphdef, p, rest).score(batch).nll_BxT.sum()))
+    return len(loss.lower(params).as_text())
+
+
+def test_scanned_program_size_is_flat_in_depth():
+    scanned = _program_size(24, True) / _program_size(2, True)
+    unrolled = _program_size(24, False) / _program_size(2, False)
+    assert scanned < 1.1, scanned  # the same loop body; only the stacked weights' shapes change
+    assert unrolled > 5, unrolled  # the contrast: every layer is in the program
+
+
+def test_the_layer_axis_is_never_sharded():
+    class Mesh:
+        shape = {"data": 1, "fsdp": 2, "tensor": 2}
+
+    # a scanned attention projection: (layers, embed, heads, kv); layers divides 2, and stays whole
+    assert tuple(logical_to_spec(("layers", "embed", "heads", "kv"), (4, 32, 2, 16), Mesh())) == (None, "fsdp", "tensor", None)
