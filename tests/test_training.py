@@ -248,6 +248,9 @@ def test_cli_train_bad_config_exit_2(tmp_path, capsys):
     cfg.write_text('[model]\nfamily = "byte"\nd_modle = 3\n')
     assert cli.main(["train", str(cfg), "--out", str(tmp_path / "r")]) == 2
     assert "did you mean 'model.d_model'" in capsys.readouterr().err
+    cfg.write_text('[model]\nfamily = "byte"\n')
+    assert cli.main(["train", str(cfg), "--out", "gs://bucket/run"]) == 2
+    assert "is a URL; bytelm writes runs to a file system" in capsys.readouterr().err and not (tmp_path / "gs:").exists()
 
 
 def test_resume_on_two_devices_and_finished_run_is_left_alone(corpus_dir, tmp_path):

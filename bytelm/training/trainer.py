@@ -21,6 +21,7 @@ import dataclasses
 import json
 import logging
 import math
+import re
 import signal
 import threading
 import time
@@ -779,6 +780,11 @@ def train(
 ) -> TrainResult:
     """Train (or resume) the run in ``run_dir``. ``stop_after`` ends early after that many steps
     of this invocation (tests use it to simulate an interruption)."""
+    if re.match(r"[A-Za-z][A-Za-z0-9+.-]+:/", str(run_dir)):  # gs://..., s3://... (a Path keeps one slash)
+        raise UserError(
+            f"the run directory {run_dir} is a URL; bytelm writes runs to a file system (for a bucket, mount it, e.g. "
+            "with gcsfuse, and give the mounted path: every host must see the same directory)"
+        )
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     check_run_config(run_dir, cfg)
