@@ -217,18 +217,6 @@ def test_padding_rows_and_empty_patches_are_finite():
     assert all(np.isfinite(np.asarray(g)).all() for g in jax.tree.leaves(grads))
 
 
-def test_jit_and_no_jit_agree():
-    model = BLT(blt_cfg(), rngs=nnx.Rngs(0))
-    rng = np.random.default_rng(4)
-    ids = jnp.asarray(rng.integers(BYTE_OFFSET, 260, size=(2, 16))).at[:, 0].set(BOS_ID)
-    lengths = jnp.asarray([random_lengths(rng, 16, 10), random_lengths(rng, 16, 10)])
-    batch = {"ids": ids, "patch_lengths": lengths}
-    eager = model.score(batch).nll_BxT
-    g, s = nnx.split(model)
-    jitted = jax.jit(lambda s, b: nnx.merge(g, s).score(b).nll_BxT)(s, batch)
-    np.testing.assert_allclose(np.asarray(eager), np.asarray(jitted), rtol=1e-5, atol=1e-5)
-
-
 def test_bad_config():
     with pytest.raises(UserError, match="target_patch_len must be >= 1 byte, got 0.5"):
         blt_cfg(target_patch_len=0.5)

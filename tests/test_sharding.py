@@ -53,20 +53,22 @@ def setup(tmp_path_factory):
     train_bpe(corpus.documents("train"), vocab_size=320, pattern="cl100k", num_workers=1).save(root / "tokenizer")
     entropy = {"model.family": "byte", "model.d_model": 32, "model.n_layers": 1, "model.n_heads": 2, "model.mlp_dim": 64, "model.window": 16}
     train(load_config(None, [f"{k}={v}" for k, v in {**base, **entropy, "train.steps": 2}.items()]), root / "entropy")
-    lm = {"model.d_model": 32, "model.n_layers": 2, "model.n_heads": 2, "model.mlp_dim": 64}
+    lm = {"model.d_model": 32, "model.n_layers": 1, "model.n_heads": 2, "model.mlp_dim": 64}
     families = {
-        "byte": {"model.family": "byte", **lm},
+        # the byte LM's layers scanned (stacked weights: a leading "layers" axis, never sharded), the
+        # token LM's (the same model class) unrolled
+        "byte": {"model.family": "byte", **lm, "model.n_layers": 2, "model.scan_layers": "true"},
         "bpe": {"model.family": "bpe", "model.tokenizer": str(root / "tokenizer"), **lm},
         "megabyte": {
             "model.family": "megabyte", "model.patch_size": 4, "model.embed_dim": 8, "model.global_d_model": 32,
-            "model.global_layers": 2, "model.global_heads": 2, "model.global_mlp_dim": 64, "model.local_d_model": 16,
+            "model.global_layers": 1, "model.global_heads": 2, "model.global_mlp_dim": 64, "model.local_d_model": 16,
             "model.local_layers": 1, "model.local_heads": 2, "model.local_mlp_dim": 32,
         },
         "blt": {
             "model.family": "blt", "model.entropy_run": str(root / "entropy"), "model.target_patch_len": 3.0,
             "model.local_d_model": 32, "model.local_heads": 2, "model.local_mlp_dim": 64, "model.local_window": 16,
             "model.global_d_model": 32, "model.global_heads": 2, "model.global_mlp_dim": 64, "model.global_layers": 1,
-            "model.hash_table_size": 64, "model.ngram_sizes": "3,4",
+            "model.hash_table_size": 64, "model.ngram_sizes": "3,4", "model.decoder_layers": 1,
         },
     }
     return base, families

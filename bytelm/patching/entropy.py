@@ -14,11 +14,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from jax.experimental import multihost_utils
 
 from bytelm.patching.calibrate import calibrate_threshold
 from bytelm.patching.lengths import cap_starts, starts_to_lengths
 from bytelm.patching.patchers import apply_max_len, entropy_starts, real_lengths, space_starts, valid_mask
-from bytelm.training.distributed import gather_rows
 
 
 def params_fingerprint(params: nnx.State) -> str:
@@ -44,6 +44,13 @@ def _entropy_fn(graphdef):
         return entropy_of_logits(nnx.merge(graphdef, params, rest)(ids_1xW))
 
     return jax.jit(fn)
+
+
+def _host_copy(x):
+    """A weight that spans other processes' devices (restored on several hosts) as one host array."""
+    if isinstance(x, jax.Array) and not x.is_fully_addressable:
+        return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+    return x
 
 
 class EntropyModel:
@@ -72,7 +79,7 @@ class EntropyModel:
         # entropies silently; one copy per device lets rows run on all of them.
         self.devices = jax.local_devices()
         # (on several hosts the restored weights span every process's devices: this host's copy first)
-        params, rest = jax.tree.map(lambda x: gather_rows(x) if isinstance(x, jax.Array) and not x.is_fully_addressable else x, (params, rest))
+        params, rest = jax.tree.map(_host_copy, (params, rest))
         self._state = [jax.device_put((params, rest), d) for d in self.devices]
         self.params, self.rest = self._state[0]
         self.width = width

@@ -216,6 +216,9 @@ class _Programs:
         self.tx = make_optimizer(tcfg)
         self.train_step = jax.jit(self._step_fn, donate_argnums=(0, 1))
         self.score_positions = jax.jit(self._score_positions_fn)
+        self.opt_init = jax.jit(self.tx.init)
+        schedule = learning_rate_schedule(tcfg)
+        self.lr = jax.jit(lambda count, plan: schedule(count, plan["horizon"], plan["peak"], plan["warmup"]))  # one call, not a dozen eager ops
 
     def _scores(self, params, batch):
         return nnx.merge(self.graphdef, params).score(batch)
@@ -257,6 +260,25 @@ class _Programs:
         return s.nll_BxT, s.nbytes_BxT
 
 
+_INITS: dict = {}
+
+
+def shared_init(graphdef, mesh, shardings, build_model):
+    """The jitted initialisation ``seed -> params`` of a model shape on a mesh, shared like
+    :func:`shared_programs` (the seed is an argument: the runs of a sweep or of several seeds
+    initialise with one program). ``build_model(rngs)`` builds the model the graphdef describes;
+    equal graphdefs (they hold the model's config) build equal models."""
+    key = (graphdef, mesh)
+    init = _INITS.get(key)
+    if init is None:
+        if len(_INITS) >= _PROGRAMS_LIMIT:
+            _INITS.clear()
+        init = _INITS[key] = jax.jit(
+            lambda seed: nnx.state(build_model(nnx.Rngs(jax.random.key(seed))), nnx.Param), out_shardings=shardings
+        )
+    return init
+
+
 def shared_programs(graphdef, train_cfg) -> _Programs:
     """The :class:`_Programs` of a model shape and train config, shared by every run of the process
     that has the same ones (the mesh enters through the arguments' shardings)."""
@@ -289,18 +311,15 @@ class Trainer:
                 f"eval.batch_size {cfg.eval.batch_size} is not divisible by the data-parallel mesh size {n_batch_shards}"
             )
         seed = cfg.train.seed
-
-        def init_state():
-            return nnx.state(task.build_model(nnx.Rngs(seed)), nnx.Param)
-
-        abstract_model = nnx.eval_shape(lambda: task.build_model(nnx.Rngs(seed)))
+        abstract_model = nnx.eval_shape(lambda: task.build_model(nnx.Rngs(jax.random.key(seed))))
         self.graphdef, abstract_state = nnx.split(abstract_model, nnx.Param)
         self.param_shardings = param_shardings(abstract_state, self.mesh)
-        self.params = jax.jit(init_state, out_shardings=self.param_shardings)()
+        # nnx.Rngs(seed) and nnx.Rngs(jax.random.key(seed)) draw the same numbers
+        self.params = shared_init(self.graphdef, self.mesh, self.param_shardings, task.build_model)(np.int32(seed))
         self.programs = shared_programs(self.graphdef, cfg.train)
         self.tx = self.programs.tx
         self.schedule = learning_rate_schedule(cfg.train)
-        self._lr = jax.jit(lambda count, plan: self.schedule(count, plan["horizon"], plan["peak"], plan["warmup"]))  # one call, not a dozen eager ops
+        self._lr = self.programs.lr
         # the step at which the schedule ends: train.steps, or what a time-budgeted run plans
         self.horizon = cfg.train.steps
         # Every leaf on the mesh from the start (the step counts too, replicated): a leaf that only
@@ -308,7 +327,7 @@ class Trainer:
         replicated = jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec())
         self.opt_state = jax.tree.map(
             lambda x: x if isinstance(x.sharding, jax.sharding.NamedSharding) else jax.device_put(x, replicated),
-            jax.jit(self.tx.init)(self.params),
+            self.programs.opt_init(self.params),
         )
         self.step = 0
         self._train_step, self._score_positions = self.programs.train_step, self.programs.score_positions
