@@ -73,6 +73,7 @@ _LONGEST_FIRST = (
     "test_ablate.py::test_micro_grid_end_to_end",  # the micro grid, trained once (one test: see there)
     "test_sharding.py::test_every_family_sharded_equals_one_device",
     "test_compare.py",
+    "test_multihost.py::test_two_processes_agree",  # two processes of two devices each, and one
     "test_training.py::test_resume_after_sigkill_equals_uninterrupted",
 )
 
