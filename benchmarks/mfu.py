@@ -66,7 +66,7 @@ def measured_peak(dtype: str) -> float:
 
 
 def family_step(size: str, family: str, overrides: list[str], batch: int | None, seq_len: int | None):
-    """``(step() -> seconds, info)``: one family's jitted train step on random data."""
+    """``(step() -> seconds, info, trainer)``: one family's jitted train step on random data."""
     import jax
     import numpy as np
 

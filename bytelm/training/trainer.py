@@ -318,7 +318,6 @@ class Trainer:
         self.params = shared_init(self.graphdef, self.mesh, self.param_shardings, task.build_model)(np.int32(seed))
         self.programs = shared_programs(self.graphdef, cfg.train)
         self.tx = self.programs.tx
-        self.schedule = learning_rate_schedule(cfg.train)
         self._lr = self.programs.lr
         # the step at which the schedule ends: train.steps, or what a time-budgeted run plans
         self.horizon = cfg.train.steps
