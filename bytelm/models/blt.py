@@ -43,6 +43,12 @@ projected and added to the byte state once. With one byte per patch, no encoder/
 no n-grams and identity projections, that variant is exactly a flat byte transformer ``G`` over
 the byte embeddings ``e`` with an embedding skip into the head: ``logits_i = head(norm(e_i +
 G(e)_i))``, ``G(e)_i`` seeing bytes ``<= i`` (the test that pins the alignment down).
+
+``variant = "reference"`` is the architecture of Meta's released BLT exactly, which converted
+checkpoints use (:mod:`bytelm.interop.hf`, ``docs/interop.md``): the reference's int64 n-gram hash
+(:func:`reference_ngram_hashes`, one table per hash function and ``n``), cross-attention residuals
+that add their queries twice (``2q + out``: the reference's cross-attention returns ``q + out`` and
+its caller adds ``q`` again), and no norm after the global stack.
 """
 
 from __future__ import annotations
@@ -75,6 +81,46 @@ def ngram_hashes(ids_BxT: jax.Array, n: int, table_size: int) -> jax.Array:
     return (h % np.uint32(table_size)).astype(jnp.int32)
 
 
+# The reference's hash primes, one per hash function (``compute_hash_embeddings`` in
+# facebookresearch/blt and in transformers' BLT port), cycled when there are more functions.
+REFERENCE_PRIMES = (1000000007, 5915587277, 1500450271, 3267000013, 5754853343, 4093082899, 9576890767, 3628273133,
+                    2860486313, 5463458053, 3367900313)
+_LIMB = np.uint32(0xFFFF)
+
+
+def reference_ngram_hashes(ids_BxT: jax.Array, n: int, table_size: int, prime: int) -> jax.Array:
+    """The reference's row index of the n-gram ending at each position, exactly.
+
+    The reference computes ``sum_j ids[i - n + 1 + j] * prime**j`` (oldest id first, ids before
+    the start counting as 0) in wrapping int64 arithmetic, then Python's floor modulo by
+    ``table_size``. JAX keeps int64 off by default, so the 64-bit sum is carried here as four
+    16-bit limbs in uint32 (each limb sums at most 64 products of an id < 2^9 and a 16-bit limb
+    of ``prime**j mod 2^64``, which stays below 2^32), the two's-complement sign is read from the
+    top limb, and the modulo runs byte by byte (Horner's rule; ``table_size < 2^24`` keeps every
+    partial product below 2^32).
+    """
+    T = ids_BxT.shape[1]
+    padded = jnp.pad(ids_BxT.astype(jnp.uint32), ((0, 0), (n - 1, 0)))
+    limbs = [jnp.zeros(ids_BxT.shape, jnp.uint32) for _ in range(4)]
+    for j in range(n):
+        power = pow(prime, j, 2**64)
+        t = padded[:, j : j + T]
+        for l in range(4):
+            limbs[l] = limbs[l] + t * np.uint32((power >> (16 * l)) & 0xFFFF)
+    carry = jnp.zeros(ids_BxT.shape, jnp.uint32)
+    for l in range(4):
+        v = limbs[l] + carry
+        limbs[l], carry = v & _LIMB, v >> np.uint32(16)
+    m = np.uint32(table_size)
+    r = jnp.zeros(ids_BxT.shape, jnp.uint32)
+    for l in reversed(range(4)):  # bytes from the most significant
+        for shift in (8, 0):
+            r = (r * np.uint32(256) + ((limbs[l] >> np.uint32(shift)) & np.uint32(0xFF))) % m
+    negative = limbs[3] >= np.uint32(0x8000)  # the int64 sum was negative: subtract 2^64 (mod table_size)
+    r = jnp.where(negative, (r + m - np.uint32(2**64 % table_size)) % m, r)
+    return r.astype(jnp.int32)
+
+
 def patch_ids_from_lengths(lengths_BxP: jax.Array, length: int) -> jax.Array:
     """Patch index of each of ``length`` positions; positions past the covered ones get ``P``.
 
@@ -96,11 +142,11 @@ class PatchCrossAttention(nnx.Module):
     by several groups is projected once. Queries and sources are RMS-normalised first; the output
     (zero for a group with no valid row) is meant to be added to the queries as a residual."""
 
-    def __init__(self, d_model: int, n_heads: int, *, rngs: nnx.Rngs, dtype, implementation: str):
+    def __init__(self, d_model: int, n_heads: int, *, rngs: nnx.Rngs, dtype, implementation: str, norm_eps: float = 1e-6):
         if d_model % n_heads:
             raise ValueError(f"cross-attention width {d_model} is not divisible by its {n_heads} heads")
         hk = (n_heads, d_model // n_heads)
-        self.norm_q, self.norm_kv = RMSNorm(d_model), RMSNorm(d_model)
+        self.norm_q, self.norm_kv = RMSNorm(d_model, eps=norm_eps), RMSNorm(d_model, eps=norm_eps)
         self.wq = param(rngs, (d_model, *hk), ("embed", "heads", "kv"), fan_in=d_model)
         self.wk = param(rngs, (d_model, *hk), ("embed", "heads", "kv"), fan_in=d_model)
         self.wv = param(rngs, (d_model, *hk), ("embed", "heads", "kv"), fan_in=d_model)
@@ -136,32 +182,48 @@ class BLT(nnx.Module):
         dl, dg, k = cfg.local_d_model, cfg.global_d_model, cfg.queries_per_patch
         std = dl**-0.5  # the reference's init of the byte and hash embeddings (truncated at 3 std)
         self.byte_embed = Embed(self.vocab_rows, dl, rngs=rngs, std=std, truncated=True)
-        self.ngram_embeds = nnx.List([Embed(cfg.hash_table_size, dl, rngs=rngs, std=std, truncated=True) for _ in cfg.ngram_sizes])
-        local = dict(rngs=rngs, kernels=kernels, window=cfg.local_window, rope_base=cfg.rope_base, dtype=dt)
+        n_tables = len(cfg.ngram_sizes) * cfg.hash_functions
+        self.ngram_embeds = nnx.List([Embed(cfg.hash_table_size, dl, rngs=rngs, std=std, truncated=True) for _ in range(n_tables)])
+        self.reference = cfg.variant == "reference"
+        local = dict(rngs=rngs, kernels=kernels, window=cfg.local_window, rope_base=cfg.rope_base, dtype=dt, norm_eps=cfg.norm_eps)
         self.encoder = Transformer(dl, cfg.encoder_layers, cfg.local_heads, cfg.local_mlp_dim, **local)
         self.to_queries = param(rngs, (dl, k * dl), ("embed", "mlp"))
         self.to_global = param(rngs, (k * dl, dg), ("mlp", "embed"))
         self.global_stack = Transformer(
             dg, cfg.global_layers, cfg.global_heads, cfg.global_mlp_dim, rngs=rngs, kernels=kernels, rope_base=cfg.rope_base, dtype=dt,
-            scan=cfg.scan_layers,
+            scan=cfg.scan_layers, norm_eps=cfg.norm_eps,
         )
-        self.global_norm = RMSNorm(dg)
+        self.global_norm = None if self.reference else RMSNorm(dg, eps=cfg.norm_eps)  # the reference has none
         self.from_global = param(rngs, (dg, k * dl), ("embed", "mlp"))
-        cross = dict(rngs=rngs, dtype=dt, implementation=kernels.attention)
+        cross = dict(rngs=rngs, dtype=dt, implementation=kernels.attention, norm_eps=cfg.norm_eps)
         n_enc = (cfg.encoder_layers if cfg.encoder_cross_all_layers else 1) if cfg.cross_attention else 0
         n_dec = (max(cfg.decoder_layers, 1) if cfg.decoder_cross_all_layers else 1) if cfg.cross_attention else 0
         self.encoder_cross = nnx.List([PatchCrossAttention(dl, cfg.cross_heads, **cross) for _ in range(max(n_enc, 1 if cfg.cross_attention else 0))])
         self.decoder_cross = nnx.List([PatchCrossAttention(dl, cfg.cross_heads, **cross) for _ in range(n_dec)])
         self.decoder = Transformer(dl, cfg.decoder_layers, cfg.local_heads, cfg.local_mlp_dim, **local)
-        self.decoder_norm = RMSNorm(dl)
+        self.decoder_norm = RMSNorm(dl, eps=cfg.norm_eps)
         self.head = head_param(rngs, dl, NUM_BYTE_IDS, cfg.vocab_multiple)
 
     def embed(self, inputs_BxT: jax.Array) -> jax.Array:
         """Byte embedding + hashed n-gram embeddings of the n-grams ending at each position."""
+        cfg = self.cfg
         e = self.byte_embed(inputs_BxT)
-        for n, table in zip(self.cfg.ngram_sizes, self.ngram_embeds):
-            e = e + table(ngram_hashes(inputs_BxT, n, self.cfg.hash_table_size))
+        if self.reference:  # one table per (hash function, n), function-major, as the reference fuses them
+            sizes = [(REFERENCE_PRIMES[f % len(REFERENCE_PRIMES)], n) for f in range(cfg.hash_functions) for n in cfg.ngram_sizes]
+            for (prime, n), table in zip(sizes, self.ngram_embeds):
+                e = e + table(reference_ngram_hashes(inputs_BxT, n, cfg.hash_table_size, prime))
+            return e.astype(self.dtype)
+        for n, table in zip(cfg.ngram_sizes, self.ngram_embeds):
+            e = e + table(ngram_hashes(inputs_BxT, n, cfg.hash_table_size))
         return e.astype(self.dtype)
+
+    def _residual(self, x: jax.Array, cross_out: jax.Array) -> jax.Array:
+        """A cross-attention's residual: ``x + out``; the reference adds its queries twice (its
+        cross-attention returns ``x + out`` and the caller adds ``x`` again)."""
+        return x + x + cross_out if self.reference else x + cross_out
+
+    def _global_out(self, out_BxPxG: jax.Array) -> jax.Array:
+        return out_BxPxG if self.global_norm is None else self.global_norm(out_BxPxG)
 
     def __call__(self, inputs_BxT: jax.Array, patch_lengths_BxP: jax.Array, *, embeddings_BxTxD: jax.Array | None = None) -> jax.Array:
         """Logits ``(B, T, V)`` for the ``T`` inputs; ``patch_lengths`` cover the ``T + 1`` window.
@@ -193,12 +255,12 @@ class BLT(nnx.Module):
         if queries_BxPxkxD is None:  # no encoder layers (or no cross-attention): the pooled queries alone
             queries_BxPxkxD = self._pooled_queries(h_BxTxD, own_BxPxJ, own_valid_BxPxJ)
             if cfg.cross_attention:
-                queries_BxPxkxD = queries_BxPxkxD + self.encoder_cross[0](queries_BxPxkxD, h_BxTxD, own_BxPxJ, own_valid_BxPxJ)
+                queries_BxPxkxD = self._residual(queries_BxPxkxD, self.encoder_cross[0](queries_BxPxkxD, h_BxTxD, own_BxPxJ, own_valid_BxPxJ))
         patches_BxPxG = queries_BxPxkxD.reshape(B, P, k * dl) @ self.to_global[...].astype(dt)
         patches_BxPxG = jnp.where(((patch_lengths_BxP > 0) & has_inputs_BxP)[..., None], patches_BxPxG, 0.0)
 
         # 3. global latent transformer over patches
-        global_BxPxG = self.global_norm(self.global_stack(patches_BxPxG))
+        global_BxPxG = self._global_out(self.global_stack(patches_BxPxG))
 
         # 4. local decoder: byte i reads the global output of the patch before its target's patch
         slots_BxQxD = (global_BxPxG @ self.from_global[...].astype(dt)).reshape(B, P * k, dl)
@@ -215,7 +277,7 @@ class BLT(nnx.Module):
         for i in range(max(len(blocks), 1)):
             if i < len(self.decoder_cross):
                 ctx = self.decoder_cross[i](h_BxTxD[:, :, None, :], slots_BxQxD, slot_BxTxk, slot_valid_BxTxk)
-                h_BxTxD = h_BxTxD + ctx[:, :, 0, :]
+                h_BxTxD = self._residual(h_BxTxD, ctx[:, :, 0, :])
             if i < len(blocks):
                 h_BxTxD = blocks[i](h_BxTxD, window=self.decoder.window)
         return head_logits(self.decoder_norm(h_BxTxD), self.head[...], NUM_BYTE_IDS, dt)
@@ -234,7 +296,7 @@ class BLT(nnx.Module):
         """Cross-attention ``i`` of the patch queries to their own bytes (pooled at the first)."""
         if queries_BxPxkxD is None:
             queries_BxPxkxD = self._pooled_queries(h_BxTxD, own_BxPxJ, own_valid_BxPxJ)
-        return queries_BxPxkxD + self.encoder_cross[i](queries_BxPxkxD, h_BxTxD, own_BxPxJ, own_valid_BxPxJ)
+        return self._residual(queries_BxPxkxD, self.encoder_cross[i](queries_BxPxkxD, h_BxTxD, own_BxPxJ, own_valid_BxPxJ))
 
     # -- decoding (bytelm.sampling): bytes through the local models, patches through the global ----
     def init_cache(self, batch: int, slots: int, max_patches: int) -> dict[str, list[KVCache]]:
@@ -275,7 +337,7 @@ class BLT(nnx.Module):
             queries = self._pooled_queries(states[-1], own_BxPxJ, own_valid_BxPxJ)
         elif not self.encoder.blocks:
             queries = self._pooled_queries(states[0], own_BxPxJ, own_valid_BxPxJ)
-            queries = queries + self.encoder_cross[0](queries, states[0], own_BxPxJ, own_valid_BxPxJ)
+            queries = self._residual(queries, self.encoder_cross[0](queries, states[0], own_BxPxJ, own_valid_BxPxJ))
         else:
             cross_after = len(self.encoder.blocks) - 1 if not cfg.encoder_cross_all_layers else 0
             queries = None
@@ -289,7 +351,7 @@ class BLT(nnx.Module):
         ``B x N x k x D``, and the caches."""
         B, N, _ = patches_BxNxG.shape
         out_BxNxG, caches = stack_extend(self.global_stack, patches_BxNxG, caches, pos0)
-        slots = self.global_norm(out_BxNxG) @ self.from_global[...].astype(self.dtype)
+        slots = self._global_out(out_BxNxG) @ self.from_global[...].astype(self.dtype)
         return slots.reshape(B, N, self.cfg.queries_per_patch, self.cfg.local_d_model), caches
 
     def decode_extend(self, h_BxNxD: jax.Array, slots_BxNxkxD: jax.Array, has_src_BxN: jax.Array, caches: list[KVCache], pos0: jax.Array):
@@ -308,7 +370,7 @@ class BLT(nnx.Module):
         valid_BxNxk = jnp.broadcast_to(has_src_BxN[:, :, None], (B, N, k))
         for i in range(max(len(blocks), 1)):
             if i < len(self.decoder_cross):
-                h_BxNxD = h_BxNxD + self.decoder_cross[i](h_BxNxD[:, :, None, :], src_BxSxD, index_BxNxk, valid_BxNxk)[:, :, 0, :]
+                h_BxNxD = self._residual(h_BxNxD, self.decoder_cross[i](h_BxNxD[:, :, None, :], src_BxSxD, index_BxNxk, valid_BxNxk)[:, :, 0, :])
             if i < len(blocks):
                 h_BxNxD, new[i] = block_extend(blocks[i], h_BxNxD, caches[i], pos0, self.decoder.window)
         return head_logits(self.decoder_norm(h_BxNxD), self.head[...], NUM_BYTE_IDS, dt), new

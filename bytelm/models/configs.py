@@ -17,6 +17,7 @@ from bytelm.errors import UserError
 DTYPES = ("float32", "bfloat16", "float16")  # compute dtypes; parameters stay float32
 ATTENTION_KERNELS = ("auto", "xla", "cudnn", "halving")  # bytelm.models.kernels chooses "auto"
 MLP_KERNELS = ("auto", "autodiff", "manual")
+BLT_VARIANTS = ("bytelm", "reference")  # BLTConfig.variant
 
 
 def check_transformer(prefix: str, d_model: int, n_heads: int, n_layers: int, mlp_dim: int) -> None:
@@ -48,8 +49,11 @@ class ModelConfig:
     # the deep stacks (the byte/token LM trunk, MegaByte's two, BLT's global) as one scanned block:
     # compile time flat in depth; weights stacked on a leading "layers" axis (bytelm/models/core.py)
     scan_layers: bool = False
+    norm_eps: float = 1e-6  # every RMSNorm's epsilon (the BLT reference, and Llama: 1e-5)
 
     def __post_init__(self) -> None:
+        if not self.norm_eps > 0:
+            raise ValueError(f"model.norm_eps must be > 0, got {self.norm_eps}")
         if self.dtype not in DTYPES:
             raise ValueError(f"model.dtype {self.dtype!r} is not one of {DTYPES}")
         if self.vocab_multiple < 1:
@@ -173,6 +177,11 @@ class BLTConfig(ModelConfig):
     encoder_cross_all_layers: bool = False  # patch queries cross-attend after every encoder layer (else the last)
     decoder_cross_all_layers: bool = True  # bytes cross-attend before every decoder layer (the reference's 1B config)
     global_path: bool = True  # False (an ablation, at evaluation): the decoder reads no global output
+    # "reference": the architecture of Meta's released BLT exactly (its n-gram hash, a cross-attention
+    # residual that adds the queries twice, no norm after the global stack; docs/interop.md), which
+    # converted checkpoints use; "bytelm": this package's own BLT
+    variant: str = "bytelm"
+    hash_functions: int = 1  # reference variant: hash functions per n-gram size (one table each)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -198,6 +207,21 @@ class BLTConfig(ModelConfig):
             )
         if self.local_window < 0:
             raise ValueError(f"model.local_window must be >= 0 (0 = full), got {self.local_window}")
+        if self.variant not in BLT_VARIANTS:
+            raise ValueError(f"model.variant must be one of {BLT_VARIANTS}, got {self.variant!r}")
+        if self.hash_functions < 1 or (self.variant == "bytelm" and self.hash_functions != 1):
+            raise ValueError(f"model.hash_functions ({self.hash_functions}) must be 1 for variant 'bytelm' and >= 1 for 'reference'")
+        if self.variant == "reference":
+            if self.hash_table_size >= 2**24 or max(self.ngram_sizes) > 64:
+                raise ValueError(
+                    f"the reference variant's hash needs model.hash_table_size < 2^24 (got {self.hash_table_size}) "
+                    f"and n-grams of at most 64 ids (got {max(self.ngram_sizes)})"
+                )
+            if self.encoder_cross_all_layers:
+                raise ValueError(
+                    "the reference variant pools its patch queries afresh at every encoder layer, so only the last "
+                    "cross-attention counts: set model.encoder_cross_all_layers = false"
+                )
 
     def patches_for(self, seq_len: int) -> int:
         """Static number of patch slots for windows of ``seq_len + 1`` ids: ``max_patches``, or

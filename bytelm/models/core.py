@@ -200,10 +200,13 @@ swiglu_mlp.defvjp(_swiglu_mlp_fwd, _swiglu_mlp_bwd)
 class Block(nnx.Module):
     """Pre-norm block: ``x + attn(norm(x))`` then ``x + mlp(norm(x))``."""
 
-    def __init__(self, d_model: int, n_heads: int, d_hidden: int, *, rngs: nnx.Rngs, kernels: Kernels, rope_base: float = 10000.0, dtype: Dtype = jnp.float32):
-        self.attn_norm = RMSNorm(d_model)
+    def __init__(
+        self, d_model: int, n_heads: int, d_hidden: int, *, rngs: nnx.Rngs, kernels: Kernels, rope_base: float = 10000.0, dtype: Dtype = jnp.float32,
+        norm_eps: float = 1e-6,
+    ):
+        self.attn_norm = RMSNorm(d_model, eps=norm_eps)
         self.attn = Attention(d_model, n_heads, rngs=rngs, rope_base=rope_base, dtype=dtype, implementation=kernels.attention)
-        self.mlp_norm = RMSNorm(d_model)
+        self.mlp_norm = RMSNorm(d_model, eps=norm_eps)
         self.mlp = MLP(d_model, d_hidden, rngs=rngs, dtype=dtype, backward=kernels.mlp)
         self.remat = kernels.remat
 
@@ -236,9 +239,12 @@ class Transformer(nnx.Module):
 
     def __init__(
         self, d_model: int, n_layers: int, n_heads: int, d_hidden: int, *, rngs: nnx.Rngs, kernels: Kernels, window: int = 0,
-        rope_base: float = 10000.0, dtype: Dtype = jnp.float32, scan: bool = False,
+        rope_base: float = 10000.0, dtype: Dtype = jnp.float32, scan: bool = False, norm_eps: float = 1e-6,
     ):
-        blocks = [Block(d_model, n_heads, d_hidden, rngs=rngs, kernels=kernels, rope_base=rope_base, dtype=dtype) for _ in range(n_layers)]
+        blocks = [
+            Block(d_model, n_heads, d_hidden, rngs=rngs, kernels=kernels, rope_base=rope_base, dtype=dtype, norm_eps=norm_eps)
+            for _ in range(n_layers)
+        ]
         self.window = window
         self.n_layers = n_layers
         self.scan = bool(scan) and n_layers > 0

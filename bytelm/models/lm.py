@@ -28,9 +28,9 @@ class DecoderLM(nnx.Module):
         self.embed = Embed(self.vocab_rows, cfg.d_model, rngs=rngs)
         self.stack = Transformer(
             cfg.d_model, cfg.n_layers, cfg.n_heads, cfg.mlp_dim, rngs=rngs, kernels=kernels, window=cfg.window, rope_base=cfg.rope_base, dtype=dtype,
-            scan=cfg.scan_layers,
+            scan=cfg.scan_layers, norm_eps=cfg.norm_eps,
         )
-        self.norm = RMSNorm(cfg.d_model)
+        self.norm = RMSNorm(cfg.d_model, eps=cfg.norm_eps)
         self.head = head_param(rngs, cfg.d_model, n_valid, cfg.vocab_multiple)
 
     def __call__(self, ids_BxT: jax.Array) -> jax.Array:

@@ -47,17 +47,17 @@ class MegaByte(nnx.Module):
         self.global_pad = param(rngs, (cfg.global_d_model,), ("embed",), std=1.0)
         self.global_stack = Transformer(
             cfg.global_d_model, cfg.global_layers, cfg.global_heads, cfg.global_mlp_dim, rngs=rngs, kernels=kernels, rope_base=cfg.rope_base, dtype=dtype,
-            scan=cfg.scan_layers,
+            scan=cfg.scan_layers, norm_eps=cfg.norm_eps,
         )
-        self.global_norm = RMSNorm(cfg.global_d_model)
+        self.global_norm = RMSNorm(cfg.global_d_model, eps=cfg.norm_eps)
         self.to_local = param(rngs, (cfg.embed_dim, cfg.local_d_model), (None, "embed"))
         self.local_embed = Embed(self.vocab_rows, cfg.local_d_model, rngs=rngs)
         self.local_pad = param(rngs, (cfg.local_d_model,), ("embed",), std=1.0)
         self.local_stack = Transformer(
             cfg.local_d_model, cfg.local_layers, cfg.local_heads, cfg.local_mlp_dim, rngs=rngs, kernels=kernels, rope_base=cfg.rope_base, dtype=dtype,
-            scan=cfg.scan_layers,
+            scan=cfg.scan_layers, norm_eps=cfg.norm_eps,
         )
-        self.local_norm = RMSNorm(cfg.local_d_model)
+        self.local_norm = RMSNorm(cfg.local_d_model, eps=cfg.norm_eps)
         self.head = head_param(rngs, cfg.local_d_model, NUM_BYTE_IDS, cfg.vocab_multiple)
 
     def __call__(self, x_BxT: jax.Array) -> jax.Array:

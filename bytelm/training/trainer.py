@@ -263,6 +263,14 @@ class _Programs:
 _INITS: dict = {}
 
 
+def _zeros_on(abstract, sharding) -> jax.Array:
+    """Zeros of ``abstract``'s shape and dtype laid out by ``sharding``, each shard made on the host
+    where it lives (no program to compile, no whole array on one host)."""
+    return jax.make_array_from_callback(
+        abstract.shape, sharding, lambda index: np.zeros(sharding.shard_shape(abstract.shape), abstract.dtype)
+    )
+
+
 def shared_init(graphdef, mesh, shardings, build_model):
     """The jitted initialisation ``seed -> params`` of a model shape on a mesh, shared like
     :func:`shared_programs` (the seed is an argument: the runs of a sweep or of several seeds
@@ -295,7 +303,10 @@ def shared_programs(graphdef, train_cfg) -> _Programs:
 class Trainer:
     """Holds the compiled step and state for one run; :func:`train` drives it."""
 
-    def __init__(self, cfg: Config, task: Task, mesh=None):
+    def __init__(self, cfg: Config, task: Task, mesh=None, *, init: bool = True):
+        """``init=False``: the parameters start as zeros on the mesh instead of the seed's random draw,
+        for a trainer whose state a checkpoint is about to replace (restoring skips compiling the
+        initialisation program)."""
         self.cfg = cfg
         self.task = task
         self.mesh = mesh if mesh is not None else default_mesh(cfg)
@@ -315,7 +326,10 @@ class Trainer:
         self.graphdef, abstract_state = nnx.split(abstract_model, nnx.Param)
         self.param_shardings = param_shardings(abstract_state, self.mesh)
         # nnx.Rngs(seed) and nnx.Rngs(jax.random.key(seed)) draw the same numbers
-        self.params = shared_init(self.graphdef, self.mesh, self.param_shardings, task.build_model)(np.int32(seed))
+        if init:
+            self.params = shared_init(self.graphdef, self.mesh, self.param_shardings, task.build_model)(np.int32(seed))
+        else:
+            self.params = jax.tree.map(_zeros_on, abstract_state, self.param_shardings)
         self.programs = shared_programs(self.graphdef, cfg.train)
         self.tx = self.programs.tx
         self._lr = self.programs.lr
@@ -472,7 +486,7 @@ def _run_config(run_dir: str | Path) -> Config:
 def _restore(run_dir: Path, cfg: Config, corpus, step: int | None) -> Trainer:
     task = make_task(cfg, corpus, run_dir)
     check_fingerprints(run_dir, task)
-    trainer = Trainer(cfg, task, mesh=_restore_mesh(cfg, run_dir))
+    trainer = Trainer(cfg, task, mesh=_restore_mesh(cfg, run_dir), init=False)
     ckpt = Checkpointer(run_dir / "checkpoints", keep=cfg.train.keep_checkpoints)
     try:
         step = ckpt.latest_step() if step is None else step
