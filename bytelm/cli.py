@@ -729,7 +729,9 @@ def add_convert(sub) -> None:
     q.add_argument("--seq-len", type=int, default=1024, metavar="N",
                    help="the context the runs score with (train.seq_len; held-out segments of at most N bytes) (default: 1024)")
     q.add_argument("--max-patch-len", type=int, metavar="N",
-                   help="split patches longer than N bytes (default: the reference's max_patch_length, else never: N = seq-len + 1)")
+                   help="split patches longer than N bytes (default: the reference's max_patch_length, else 64; the reference "
+                        "then keeps longer patches whole, so a window holding one scores differently unless N covers it; "
+                        "memory grows with N)")
     q.add_argument("--max-patches", type=int, metavar="N",
                    help="patch slots per window (default: seq-len + 1, so no window ever runs out; fewer is faster)")
     _add_config_options(q, with_config=False)

@@ -54,6 +54,20 @@ def test_reference_hash_is_the_int64_polynomial_exactly(n, m, prime):
     np.testing.assert_array_equal(got, _reference_hash(ids, n, m, prime))
 
 
+def test_reference_variant_config_is_checked():
+    base = ["model.family=blt", "model.entropy_run=unused"]
+    assert load_config(None, [*base, "model.variant=reference", "model.hash_functions=3"]).model.hash_functions == 3
+    for bad, match in [
+        (["model.variant=meta"], "model.variant must be one of"),
+        (["model.hash_functions=2"], "must be 1 for variant 'bytelm'"),
+        (["model.variant=reference", "model.encoder_cross_all_layers=true"], "only the last cross-attention counts"),
+        (["model.variant=reference", "model.hash_table_size=16777216"], "hash_table_size < 2\\^24"),
+        (["model.norm_eps=0"], "model.norm_eps must be > 0"),
+    ]:
+        with pytest.raises(UserError, match=match):
+            load_config(None, [*base, *bad])
+
+
 def _hf_blt(tmp_path, name, *, window, enc_all, dec_all, k, d_global, functions, seed):
     """A random ``BltForCausalLM`` saved by ``save_pretrained``, its patching threshold placed in the
     middle of the widest gap of its patcher's entropies on the test inputs (so no boundary sits on

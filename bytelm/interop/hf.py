@@ -44,6 +44,11 @@ from bytelm.training.trainer import count_params, restore_model
 
 CONFIG_FILE = "config.json"
 PATCHER_HEAD = "model.patcher.lm_head.weight"
+# Where the reference sets no maximum patch length, converted runs split patches longer than this
+# (bytelm's BLT gathers every patch's bytes into a static P x max_patch_len block; at the window's
+# length that block is quadratic in it). The reference keeps such a patch whole: the results then
+# differ on windows holding one, which a larger --max-patch-len avoids at that cost.
+DEFAULT_MAX_PATCH_LEN = 64
 
 
 # -- the weight tables --------------------------------------------------------------------------
@@ -388,7 +393,7 @@ def blt_overrides_from_hf(config: dict, where: str, *, entropy_run: str, seq_len
     if threshold is None or not float(threshold) > 0:
         raise UserError(f"{where}: patching_threshold {threshold!r} must be a positive entropy (nats)")
     ref_max = config.get("max_patch_length")
-    patch_len = int(max_patch_len or ref_max or seq_len + 1)
+    patch_len = int(max_patch_len or ref_max or min(DEFAULT_MAX_PATCH_LEN, seq_len + 1))
     if ref_max and patch_len > int(ref_max):
         raise UserError(f"--max-patch-len {patch_len} is longer than the reference's max_patch_length {ref_max}")
     blt = [
@@ -459,8 +464,8 @@ def convert_hf_blt(hf_dir: str | os.PathLike, out: str | os.PathLike, *, entropy
     """A Hugging Face BLT folder (``BltForCausalLM``: ``config.json`` + safetensors, the patcher's
     weights inside) as two bytelm run directories: the entropy model (``entropy_out``, default
     ``out/entropy``) and the BLT in the ``reference`` variant pointing at it. ``max_patch_len``
-    and ``max_patches`` default to the window (``seq_len + 1``): no patch is ever split or merged,
-    which is what the reference computes. ``overrides`` (``--set`` strings) apply to both runs'
+    defaults to the reference's ``max_patch_length``, else :data:`DEFAULT_MAX_PATCH_LEN`;
+    ``max_patches`` to the window (``seq_len + 1``), so that no window runs out of patch slots. ``overrides`` (``--set`` strings) apply to both runs'
     configs (e.g. ``eval.batch_size=4``). Every tensor is checked before anything is written.
     Returns ``(blt_run, entropy_run)``."""
     hf_dir, out = Path(hf_dir), Path(out).absolute()
