@@ -28,7 +28,7 @@ from bytelm.interop.hf import export_hf, write_run
 from bytelm.interop.safetensors import SafetensorsFolder, write_safetensors
 from bytelm.models.blt import REFERENCE_PRIMES, reference_ngram_hashes
 from bytelm.training.tasks import task_class
-from bytelm.training.trainer import restore_model, restore_trainer
+from bytelm.training.trainer import restore_model, restore_trainer, train
 
 TEXT = "Byte-level models read raw bytes: naïve café, 東京, and numbers like 3.14159 need no tokenizer.".encode()
 
@@ -147,6 +147,8 @@ def test_hf_blt_converts_with_identical_patches_entropies_and_logits(tmp_path, c
     assert main(["convert", "hf-blt", str(hf_dir), "--out", str(out), "--seq-len", "128"]) == 0
     trainer = restore_trainer(out, load_corpus=False)
     assert trainer.task.cfg.model.variant == "reference"
+    with pytest.raises(UserError, match="converted checkpoint"):  # parameters only: nothing to resume
+        train(trainer.cfg, out)
     blt = nnx.merge(trainer.graphdef, trainer.params)
     counts = []
     for ids, (ent, starts, logits) in zip(_inputs(), _bytelm_outputs(trainer, blt, _inputs())):

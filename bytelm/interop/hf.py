@@ -38,7 +38,6 @@ from bytelm.constants import NUM_BYTE_IDS
 from bytelm.errors import UserError
 from bytelm.interop.safetensors import SafetensorsFolder, write_safetensors
 from bytelm.training.checkpoint import Checkpointer
-from bytelm.training.optim import make_optimizer
 from bytelm.training.tasks import task_class
 from bytelm.training.trainer import count_params, restore_model
 
@@ -424,23 +423,23 @@ def blt_overrides_from_hf(config: dict, where: str, *, entropy_run: str, seq_len
 
 # -- run directories ----------------------------------------------------------------------------
 def write_run(out: str | os.PathLike, cfg: Config, model: nnx.Module, info: dict, *, modules: dict | None = None) -> Path:
-    """A run directory holding ``cfg``, ``model``'s parameters as its one checkpoint (step 0, a
-    fresh optimizer state) and a ``run.json`` (``info`` added), which every command that restores
-    runs reads like a trained one. ``modules`` are the artefacts the family needs, in memory (a
-    BLT's entropy model), instead of restored from their run directories. Refuses a directory
-    that already holds a run."""
+    """A run directory holding ``cfg``, ``model``'s parameters as its one checkpoint (step 0, the
+    parameters alone: no optimizer state) and a ``run.json`` (``info`` added), which every
+    command that restores runs for scoring or sampling reads like a trained one (training does
+    not resume from it). ``modules`` are the artefacts the family needs, in memory (a BLT's
+    entropy model), instead of restored from their run directories. Refuses a directory that
+    already holds a run."""
     out = Path(out).absolute()
     if (out / "config.toml").exists() or (out / "checkpoints").exists():
         raise UserError(f"{out} already holds a run: choose a new --out (conversion never overwrites a run)")
     task = task_class(cfg.model.family)(cfg, None, None, modules=modules or {})
     params = nnx.state(model, nnx.Param)
-    opt_state = make_optimizer(cfg.train).init(params)
     out.mkdir(parents=True, exist_ok=True)
     save_config(cfg, out)
     ckpt = Checkpointer(out / "checkpoints", keep=cfg.train.keep_checkpoints)
     try:
-        meta = {"step": 0, "wall_s": 0.0, "train_s": 0.0, "data": {"step": 0, "seed": cfg.train.seed}}
-        ckpt.save(0, {"params": params, "opt_state": opt_state}, meta)
+        meta = {"step": 0, "wall_s": 0.0, "train_s": 0.0, "data": {"step": 0, "seed": cfg.train.seed}, "parameters_only": True}
+        ckpt.save(0, {"params": params}, meta)
     finally:
         ckpt.close()
     record = {

@@ -52,6 +52,25 @@ class Checkpointer:
             ) from None
         return out["state"], out["meta"]
 
+    def restore_params(self, step: int, params: dict) -> tuple[dict, dict]:
+        """Only the parameters of checkpoint ``step``, onto the shapes, dtypes and shardings of
+        ``params`` (abstract arrays are enough); an optimizer state in the checkpoint is neither
+        read nor allocated (a third of a full restore's memory under Adam), and a checkpoint may
+        hold none (``bytelm convert`` writes parameters only)."""
+        restore_args = jax.tree.map(
+            lambda x: ocp.ArrayRestoreArgs(sharding=x.sharding, global_shape=x.shape, dtype=x.dtype, strict=True), params
+        )
+        args = ocp.args.PyTreeRestore({"params": params}, restore_args={"params": restore_args}, partial_restore=True)
+        try:
+            out = self.manager.restore(step, args=ocp.args.Composite(state=args, meta=ocp.args.JsonRestore()))
+        except (ValueError, KeyError, TypeError) as e:
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise UserError(
+                f"checkpoint {step} in {self.directory} does not match the model built from the run's config "
+                f"({first[:300]}); the config.toml next to it was changed or belongs to another run"
+            ) from None
+        return out["state"]["params"], out["meta"]
+
     def wait(self) -> None:
         self.manager.wait_until_finished()
 

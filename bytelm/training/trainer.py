@@ -263,13 +263,6 @@ class _Programs:
 _INITS: dict = {}
 
 
-def _zeros_on(abstract, sharding) -> jax.Array:
-    """Zeros of ``abstract``'s shape and dtype laid out by ``sharding``, each shard made on the host
-    where it lives (no program to compile, no whole array on one host)."""
-    return jax.make_array_from_callback(
-        abstract.shape, sharding, lambda index: np.zeros(sharding.shard_shape(abstract.shape), abstract.dtype)
-    )
-
 
 def shared_init(graphdef, mesh, shardings, build_model):
     """The jitted initialisation ``seed -> params`` of a model shape on a mesh, shared like
@@ -304,9 +297,9 @@ class Trainer:
     """Holds the compiled step and state for one run; :func:`train` drives it."""
 
     def __init__(self, cfg: Config, task: Task, mesh=None, *, init: bool = True):
-        """``init=False``: the parameters start as zeros on the mesh instead of the seed's random draw,
-        for a trainer whose state a checkpoint is about to replace (restoring skips compiling the
-        initialisation program)."""
+        """``init=False``: the parameters and the optimizer state are abstract (shapes, dtypes and
+        shardings, nothing allocated or compiled), for a trainer whose parameters a checkpoint is
+        about to fill (:func:`restore_trainer`)."""
         self.cfg = cfg
         self.task = task
         self.mesh = mesh if mesh is not None else default_mesh(cfg)
@@ -329,7 +322,7 @@ class Trainer:
         if init:
             self.params = shared_init(self.graphdef, self.mesh, self.param_shardings, task.build_model)(np.int32(seed))
         else:
-            self.params = jax.tree.map(_zeros_on, abstract_state, self.param_shardings)
+            self.params = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract_state, self.param_shardings)
         self.programs = shared_programs(self.graphdef, cfg.train)
         self.tx = self.programs.tx
         self._lr = self.programs.lr
@@ -338,10 +331,13 @@ class Trainer:
         # Every leaf on the mesh from the start (the step counts too, replicated): a leaf that only
         # lands on the mesh after the first step would make the second step compile again.
         replicated = jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec())
-        self.opt_state = jax.tree.map(
-            lambda x: x if isinstance(x.sharding, jax.sharding.NamedSharding) else jax.device_put(x, replicated),
-            self.programs.opt_init(self.params),
-        )
+        if init:
+            self.opt_state = jax.tree.map(
+                lambda x: x if isinstance(x.sharding, jax.sharding.NamedSharding) else jax.device_put(x, replicated),
+                self.programs.opt_init(self.params),
+            )
+        else:
+            self.opt_state = jax.eval_shape(self.programs.opt_init, self.params)
         self.step = 0
         self._train_step, self._score_positions = self.programs.train_step, self.programs.score_positions
         self.param_counts = count_params(self.params)
@@ -492,10 +488,9 @@ def _restore(run_dir: Path, cfg: Config, corpus, step: int | None) -> Trainer:
         step = ckpt.latest_step() if step is None else step
         if step is None:
             raise UserError(f"the run directory {run_dir} has no checkpoint yet")
-        tree, meta = ckpt.restore(step, trainer.state_tree())
+        trainer.params, meta = ckpt.restore_params(step, trainer.params)
     finally:
         ckpt.close()
-    trainer.load_state_tree(tree)
     trainer.step = int(meta["step"])
     return trainer
 
@@ -818,6 +813,11 @@ def train(
             "with gcsfuse, and give the mounted path: every host must see the same directory)"
         )
     run_dir = Path(run_dir)
+    if (run_dir / "run.json").is_file() and "converted_from" in json.loads((run_dir / "run.json").read_text()):
+        raise UserError(
+            f"{run_dir} holds a converted checkpoint (parameters only, no optimizer state): training does not resume "
+            "from it; train into a new --out"
+        )
     run_dir.mkdir(parents=True, exist_ok=True)
     check_run_config(run_dir, cfg)
     finished = _finished_result(run_dir, cfg)
