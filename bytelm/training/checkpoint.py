@@ -40,16 +40,7 @@ class Checkpointer:
     def restore(self, step: int, target: dict) -> tuple[dict, dict]:
         """Restore checkpoint ``step`` onto the structure, shapes and shardings of ``target``."""
         abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, target)
-        try:
-            out = self.manager.restore(
-                step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore())
-            )
-        except (ValueError, KeyError, TypeError) as e:
-            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            raise UserError(
-                f"checkpoint {step} in {self.directory} does not match the model built from the run's config "
-                f"({first[:300]}); the config.toml next to it was changed or belongs to another run"
-            ) from None
+        out = self._restore(step, ocp.args.StandardRestore(abstract))
         return out["state"], out["meta"]
 
     def restore_params(self, step: int, params: dict) -> tuple[dict, dict]:
@@ -60,16 +51,18 @@ class Checkpointer:
         restore_args = jax.tree.map(
             lambda x: ocp.ArrayRestoreArgs(sharding=x.sharding, global_shape=x.shape, dtype=x.dtype, strict=True), params
         )
-        args = ocp.args.PyTreeRestore({"params": params}, restore_args={"params": restore_args}, partial_restore=True)
+        out = self._restore(step, ocp.args.PyTreeRestore({"params": params}, restore_args={"params": restore_args}, partial_restore=True))
+        return out["state"]["params"], out["meta"]
+
+    def _restore(self, step: int, state_args) -> dict:
         try:
-            out = self.manager.restore(step, args=ocp.args.Composite(state=args, meta=ocp.args.JsonRestore()))
+            return self.manager.restore(step, args=ocp.args.Composite(state=state_args, meta=ocp.args.JsonRestore()))
         except (ValueError, KeyError, TypeError) as e:
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             raise UserError(
                 f"checkpoint {step} in {self.directory} does not match the model built from the run's config "
                 f"({first[:300]}); the config.toml next to it was changed or belongs to another run"
             ) from None
-        return out["state"]["params"], out["meta"]
 
     def wait(self) -> None:
         self.manager.wait_until_finished()
