@@ -743,8 +743,13 @@ def cmd_convert_hf_blt(args: argparse.Namespace) -> int:
         value = getattr(args, name)
         if value is not None and value < 1:
             raise UserError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
-    blt, entropy = convert_hf_blt(args.hf_dir, args.out, entropy_out=args.entropy_out, seq_len=args.seq_len,
-                                  max_patch_len=args.max_patch_len, max_patches=args.max_patches, overrides=tuple(args.overrides))
+    progress, close = _stage_bars()
+    try:
+        blt, entropy = convert_hf_blt(args.hf_dir, args.out, entropy_out=args.entropy_out, seq_len=args.seq_len,
+                                      max_patch_len=args.max_patch_len, max_patches=args.max_patches,
+                                      overrides=tuple(args.overrides), progress=progress)
+    finally:
+        close()
     print(f"BLT run: {blt}\nentropy model run: {entropy}")
     return 0
 
@@ -769,7 +774,11 @@ def add_export(sub) -> None:
 
 
 def cmd_export_hf(args: argparse.Namespace) -> int:
-    arch = export_hf(args.run_dir, args.out)
+    progress, close = _stage_bars()
+    try:
+        arch = export_hf(args.run_dir, args.out, progress=progress)
+    finally:
+        close()
     print(f"{arch}: {args.out}")
     return 0
 

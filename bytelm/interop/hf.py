@@ -236,7 +236,8 @@ def _read(flat, path) -> np.ndarray:
     return a if layer is None else a[layer]
 
 
-def load_entries(model: nnx.Module, entries: list[Entry], tensors: SafetensorsFolder) -> None:
+def load_entries(model: nnx.Module, entries: list[Entry], tensors: SafetensorsFolder,
+                 progress: Callable[[int, int], None] | None = None) -> None:
     """Set every parameter of ``model`` (concrete, or abstract from ``nnx.eval_shape``) from
     ``tensors`` by ``entries``. All shapes are checked before any parameter is set, and a parameter
     that no entry fills is an error."""
@@ -262,7 +263,9 @@ def load_entries(model: nnx.Module, entries: list[Entry], tensors: SafetensorsFo
     if problems:
         raise UserError(f"{tensors.path}: the tensors do not match config.json: " + "; ".join(problems[:6]))
     buffers: dict[int, tuple[nnx.Variable, np.ndarray]] = {}  # whole arrays, filled layer by layer
-    for e in entries:
+    for i, e in enumerate(entries):
+        if progress:
+            progress(i, len(entries))
         var, layer = flat[e.path]
         target = _shape(flat, e.path)
         if e.kind == "identity":
@@ -279,14 +282,18 @@ def load_entries(model: nnx.Module, entries: list[Entry], tensors: SafetensorsFo
             buf[layer] = value
     for var, buf in buffers.values():
         var.set_value(jax.numpy.asarray(buf, var.get_value().dtype))
+    if progress:
+        progress(len(entries), len(entries))
 
 
-def export_entries(model: nnx.Module, entries: list[Entry]) -> dict[str, np.ndarray]:
+def export_entries(model: nnx.Module, entries: list[Entry], progress: Callable[[int, int], None] | None = None) -> dict[str, np.ndarray]:
     """The Hugging Face tensors of ``model`` by ``entries`` (fused tables put back together)."""
     flat = _flat_params(model)
     out: dict[str, np.ndarray] = {}
     fused: dict[str, list[tuple[tuple[int, int], np.ndarray]]] = {}
-    for e in entries:
+    for i, e in enumerate(entries):
+        if progress:
+            progress(i + 1, len(entries))
         w = _read(flat, e.path)
         if e.kind == "identity":
             if not np.array_equal(w, np.eye(w.shape[0], dtype=w.dtype)):
@@ -422,6 +429,11 @@ def blt_overrides_from_hf(config: dict, where: str, *, entropy_run: str, seq_len
 
 
 # -- run directories ----------------------------------------------------------------------------
+def _stage(progress: Callable[..., None] | None, name: str) -> Callable[[int, int], None] | None:
+    """``progress(stage, done, total)`` as a ``(done, total)`` callback for one stage."""
+    return None if progress is None else (lambda done, total: progress(name, done, total))
+
+
 def write_run(out: str | os.PathLike, cfg: Config, model: nnx.Module, info: dict, *, modules: dict | None = None) -> Path:
     """A run directory holding ``cfg``, ``model``'s parameters as its one checkpoint (step 0, the
     parameters alone: no optimizer state) and a ``run.json`` (``info`` added), which every
@@ -459,14 +471,14 @@ def _abstract_model(cfg: Config, modules: dict | None = None) -> nnx.Module:
 
 def convert_hf_blt(hf_dir: str | os.PathLike, out: str | os.PathLike, *, entropy_out: str | os.PathLike | None = None,
                    seq_len: int = 1024, max_patch_len: int | None = None, max_patches: int | None = None,
-                   overrides: tuple[str, ...] = ()) -> tuple[Path, Path]:
+                   overrides: tuple[str, ...] = (), progress: Callable[..., None] | None = None) -> tuple[Path, Path]:
     """A Hugging Face BLT folder (``BltForCausalLM``: ``config.json`` + safetensors, the patcher's
     weights inside) as two bytelm run directories: the entropy model (``entropy_out``, default
     ``out/entropy``) and the BLT in the ``reference`` variant pointing at it. ``max_patch_len``
     defaults to the reference's ``max_patch_length``, else :data:`DEFAULT_MAX_PATCH_LEN`;
     ``max_patches`` to the window (``seq_len + 1``), so that no window runs out of patch slots. ``overrides`` (``--set`` strings) apply to both runs'
     configs (e.g. ``eval.batch_size=4``). Every tensor is checked before anything is written.
-    Returns ``(blt_run, entropy_run)``."""
+    ``progress(stage, done, total)`` hears of the tensors read. Returns ``(blt_run, entropy_run)``."""
     hf_dir, out = Path(hf_dir), Path(out).absolute()
     entropy_out = Path(entropy_out).absolute() if entropy_out else out / "entropy"
     for d in (out, entropy_out):
@@ -492,10 +504,10 @@ def convert_hf_blt(hf_dir: str | os.PathLike, out: str | os.PathLike, *, entropy
     if unknown:
         raise UserError(f"{hf_dir}: tensors that this config has no place for (a different architecture?): {unknown[:5]}")
     entropy_model = _abstract_model(entropy_cfg)
-    load_entries(entropy_model, entropy_entries, tensors)
+    load_entries(entropy_model, entropy_entries, tensors, _stage(progress, "read the entropy model"))
     modules = {"entropy_run": entropy_model}
     blt_model = _abstract_model(blt_cfg, modules)
-    load_entries(blt_model, entries, tensors)
+    load_entries(blt_model, entries, tensors, _stage(progress, "read the BLT"))
     source = {"converted_from": str(hf_dir.absolute()), "source_format": "huggingface BltForCausalLM"}
     write_run(entropy_out, entropy_cfg, entropy_model, source)
     write_run(out, blt_cfg, blt_model, source, modules=modules)
@@ -549,10 +561,11 @@ def _run_json(run_dir: Path) -> dict:
     return json.loads(path.read_text())
 
 
-def export_hf(run_dir: str | os.PathLike, out: str | os.PathLike) -> str:
+def export_hf(run_dir: str | os.PathLike, out: str | os.PathLike, progress: Callable[..., None] | None = None) -> str:
     """Write a bytelm run as a Hugging Face folder (``config.json`` + ``model.safetensors``): a BLT
     in the ``reference`` variant as ``BltForCausalLM`` (its entropy model as the patcher), a byte LM
-    as ``LlamaForCausalLM``. Returns the architecture written; refuses what the format cannot hold."""
+    as ``LlamaForCausalLM``. Returns the architecture written; refuses what the format cannot hold.
+    ``progress(stage, done, total)`` hears of the tensors gathered."""
     run_dir, out = Path(run_dir), Path(out)
     if (out / CONFIG_FILE).exists():
         raise UserError(f"{out} already holds a {CONFIG_FILE}: choose a new --out")
@@ -564,7 +577,7 @@ def export_hf(run_dir: str | os.PathLike, out: str | os.PathLike) -> str:
     if m.family == "byte":
         if m.window:
             raise UserError(f"{run_dir}: model.window = {m.window} (sliding-window attention) has no Llama equivalent")
-        tensors = export_entries(restore_model(run_dir), decoder_lm_entries(m, "model.", "lm_head.weight", rope_perm=False))
+        tensors = export_entries(restore_model(run_dir), decoder_lm_entries(m, "model.", "lm_head.weight", rope_perm=False), _stage(progress, "gather"))
         config, arch = _llama_config_json(m), "LlamaForCausalLM"
     elif m.family == "blt":
         problems = []
@@ -586,8 +599,9 @@ def export_hf(run_dir: str | os.PathLike, out: str | os.PathLike) -> str:
         threshold = (info.get("patching") or {}).get("threshold") or m.threshold
         entropy_dir = Path(m.entropy_run)
         entropy_cfg = load_config(entropy_dir / "config.toml").model
-        tensors = export_entries(model, blt_entries(m))
-        tensors.update(export_entries(restore_model(entropy_dir), decoder_lm_entries(entropy_cfg, "model.patcher.", PATCHER_HEAD, rope_perm=True)))
+        tensors = export_entries(model, blt_entries(m), _stage(progress, "gather the BLT"))
+        patcher = decoder_lm_entries(entropy_cfg, "model.patcher.", PATCHER_HEAD, rope_perm=True)
+        tensors.update(export_entries(restore_model(entropy_dir), patcher, _stage(progress, "gather the entropy model")))
         config, arch = _blt_config_json(m, entropy_cfg, float(threshold)), "BltForCausalLM"
     else:
         raise UserError(f"{run_dir} is a {m.family!r} run; bytelm exports BLT (reference variant) and byte LM runs")

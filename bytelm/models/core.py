@@ -12,6 +12,8 @@ is an embedding (rows gathered by id), which is how parameters are counted.
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -38,9 +40,15 @@ def param(
         raise ValueError(f"shape {shape} and logical axes {axes} differ in rank")
     if std is None:
         std = (fan_in or shape[0]) ** -0.5
-    key = rngs.params()
+    return nnx.Param(_draw(rngs.params(), tuple(shape), bool(truncated), jnp.float32(std)), logical_axes=axes)
+
+
+@functools.partial(jax.jit, static_argnums=(1, 2))
+def _draw(key: jax.Array, shape: tuple[int, ...], truncated: bool, std: jax.Array) -> jax.Array:
+    """``std`` times a standard normal (cut at 3 when ``truncated``) draw: one compiled program per
+    shape, where building a model outside ``jit`` would otherwise compile each step of it per shape."""
     unit = jax.random.truncated_normal(key, -3.0, 3.0, shape, jnp.float32) if truncated else jax.random.normal(key, shape, jnp.float32)
-    return nnx.Param(unit * std, logical_axes=axes)
+    return unit * std
 
 
 class RMSNorm(nnx.Module):
