@@ -476,8 +476,9 @@ def convert_hf_blt(hf_dir: str | os.PathLike, out: str | os.PathLike, *, entropy
     weights inside) as two bytelm run directories: the entropy model (``entropy_out``, default
     ``out/entropy``) and the BLT in the ``reference`` variant pointing at it. ``max_patch_len``
     defaults to the reference's ``max_patch_length``, else :data:`DEFAULT_MAX_PATCH_LEN`;
-    ``max_patches`` to the window (``seq_len + 1``), so that no window runs out of patch slots. ``overrides`` (``--set`` strings) apply to both runs'
-    configs (e.g. ``eval.batch_size=4``). Every tensor is checked before anything is written.
+    ``max_patches`` to the window (``seq_len + 1``), so that no window runs out of patch slots.
+    ``overrides`` (``--set`` strings) apply to both runs' configs (e.g. ``eval.batch_size=4``).
+    Every tensor is checked before anything is written.
     ``progress(stage, done, total)`` hears of the tensors read. Returns ``(blt_run, entropy_run)``."""
     hf_dir, out = Path(hf_dir), Path(out).absolute()
     entropy_out = Path(entropy_out).absolute() if entropy_out else out / "entropy"
@@ -496,8 +497,8 @@ def convert_hf_blt(hf_dir: str | os.PathLike, out: str | os.PathLike, *, entropy
     entries = blt_entries(blt_cfg.model)
     dead: tuple[str, ...] = ()
     if note["encoder_cross_all_layers"]:  # the reference re-pools at every layer: only the last cross-attention counts
-        last = f"model.local_encoder.cross_attn_layers.{blt_cfg.model.encoder_layers - 1}"
-        entries = [dataclasses.replace(e, hf=e.hf.replace("model.local_encoder.cross_attn_layers.0", last)) for e in entries]
+        last = f"model.local_encoder.cross_attn_layers.{blt_cfg.model.encoder_layers - 1}."
+        entries = [dataclasses.replace(e, hf=e.hf.replace("model.local_encoder.cross_attn_layers.0.", last)) for e in entries]
         dead = ("model.local_encoder.cross_attn_layers.",)
     known = {e.hf for e in entropy_entries + entries}
     unknown = [n for n in tensors.names() if n not in known and not n.startswith(dead) and not n.endswith("inv_freq")]
@@ -527,6 +528,8 @@ def _blt_config_json(cfg, entropy_cfg, threshold: float) -> dict:
     return {
         "model_type": "blt", "architectures": ["BltForCausalLM"], "vocab_size": NUM_BYTE_IDS,
         "patch_in_forward": True, "patching_mode": "entropy", "patch_size": 4, "patching_threshold": float(threshold),
+        # None, not model.max_patch_len: with a limit set, the reference also drops an empty last patch
+        # (its process_patch_lengths), so its last position would read one patch earlier than bytelm's
         "patching_batch_size": 1, "max_patch_length": None, "local_attention_window_len": window,
         "cross_attn_k": m.queries_per_patch, "encoder_hash_byte_group_size": list(m.ngram_sizes),
         "encoder_hash_byte_group_vocab": m.hash_table_size, "encoder_hash_byte_group_nb_functions": m.hash_functions,
@@ -590,11 +593,6 @@ def export_hf(run_dir: str | os.PathLike, out: str | os.PathLike, progress: Call
         if problems:
             raise UserError(f"{run_dir} cannot be written as BltForCausalLM: " + "; ".join(problems))
         model = restore_model(run_dir)
-        if m.queries_per_patch * m.local_d_model == m.global_d_model and not np.array_equal(
-            np.asarray(model.to_global[...]), np.eye(m.global_d_model, dtype=np.float32)
-        ):
-            raise UserError(f"{run_dir}: with queries_per_patch x local_d_model = global_d_model the reference has no projection "
-                            "into the global model, but this run's model.to_global is not the identity")
         info = _run_json(run_dir)
         threshold = (info.get("patching") or {}).get("threshold") or m.threshold
         entropy_dir = Path(m.entropy_run)
