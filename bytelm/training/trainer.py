@@ -263,7 +263,6 @@ class _Programs:
 _INITS: dict = {}
 
 
-
 def shared_init(graphdef, mesh, shardings, build_model):
     """The jitted initialisation ``seed -> params`` of a model shape on a mesh, shared like
     :func:`shared_programs` (the seed is an argument: the runs of a sweep or of several seeds
@@ -458,9 +457,10 @@ def _restore_artefact_run(value: str, field: str, kind) -> nnx.Module:
 
 
 def restore_trainer(run_dir: str | Path, *, corpus=None, step: int | None = None, load_corpus: bool = True) -> Trainer:
-    """Rebuild the trainer of ``run_dir`` from its config and load its latest (or ``step``)
-    checkpoint. ``load_corpus=False`` (with no ``corpus``): a trainer for the model alone, whose
-    task cannot make batches (sampling, conversion)."""
+    """Rebuild the trainer of ``run_dir`` from its config and load the parameters of its latest
+    (or ``step``) checkpoint, to score and sample with (its optimizer state stays abstract:
+    training resumes through :func:`train`). ``load_corpus=False`` (with no ``corpus``): a
+    trainer for the model alone, whose task cannot make batches (sampling, conversion)."""
     cfg = _run_config(run_dir)
     if corpus is None and load_corpus:
         corpus = load_corpus_from_config(cfg.data)
