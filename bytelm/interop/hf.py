@@ -25,7 +25,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import jax
@@ -65,18 +65,17 @@ class Entry:
     path: tuple
     hf: str
     kind: str
-    heads: int = 0
     rows: tuple[int, int] = (0, 0)
 
 
-def _block_entries(path: tuple, hf: str, heads: int, rope_perm: bool) -> list[Entry]:
+def _block_entries(path: tuple, hf: str, rope_perm: bool) -> list[Entry]:
     q = "heads_in_rope" if rope_perm else "heads_in"
     return [
         Entry((*path, "attn_norm", "scale"), f"{hf}.input_layernorm.weight", "copy"),
-        Entry((*path, "attn", "wq"), f"{hf}.self_attn.q_proj.weight", q, heads),
-        Entry((*path, "attn", "wk"), f"{hf}.self_attn.k_proj.weight", q, heads),
-        Entry((*path, "attn", "wv"), f"{hf}.self_attn.v_proj.weight", "heads_in", heads),
-        Entry((*path, "attn", "wo"), f"{hf}.self_attn.o_proj.weight", "heads_out", heads),
+        Entry((*path, "attn", "wq"), f"{hf}.self_attn.q_proj.weight", q),
+        Entry((*path, "attn", "wk"), f"{hf}.self_attn.k_proj.weight", q),
+        Entry((*path, "attn", "wv"), f"{hf}.self_attn.v_proj.weight", "heads_in"),
+        Entry((*path, "attn", "wo"), f"{hf}.self_attn.o_proj.weight", "heads_out"),
         Entry((*path, "mlp_norm", "scale"), f"{hf}.post_attention_layernorm.weight", "copy"),
         Entry((*path, "mlp", "w_gate"), f"{hf}.mlp.gate_proj.weight", "linear"),
         Entry((*path, "mlp", "w_up"), f"{hf}.mlp.up_proj.weight", "linear"),
@@ -84,14 +83,14 @@ def _block_entries(path: tuple, hf: str, heads: int, rope_perm: bool) -> list[En
     ]
 
 
-def _cross_entries(path: tuple, hf: str, heads: int) -> list[Entry]:
+def _cross_entries(path: tuple, hf: str) -> list[Entry]:
     return [
         Entry((*path, "norm_q", "scale"), f"{hf}.q_norm.weight", "copy"),
         Entry((*path, "norm_kv", "scale"), f"{hf}.k_norm.weight", "copy"),
-        Entry((*path, "wq"), f"{hf}.q_proj.weight", "heads_in", heads),
-        Entry((*path, "wk"), f"{hf}.k_proj.weight", "heads_in", heads),
-        Entry((*path, "wv"), f"{hf}.v_proj.weight", "heads_in", heads),
-        Entry((*path, "wo"), f"{hf}.o_proj.weight", "heads_out", heads),
+        Entry((*path, "wq"), f"{hf}.q_proj.weight", "heads_in"),
+        Entry((*path, "wk"), f"{hf}.k_proj.weight", "heads_in"),
+        Entry((*path, "wv"), f"{hf}.v_proj.weight", "heads_in"),
+        Entry((*path, "wo"), f"{hf}.o_proj.weight", "heads_out"),
     ]
 
 
@@ -101,33 +100,33 @@ def decoder_lm_entries(cfg, prefix: str, head: str, *, rope_perm: bool) -> list[
     ``lm_head.weight``; BLT's patcher: ``model.patcher.`` and ``model.patcher.lm_head.weight``)."""
     out = [Entry(("embed", "table"), f"{prefix}embed_tokens.weight", "rows")]
     for i in range(cfg.n_layers):
-        out += _block_entries(("stack", "blocks", i), f"{prefix}layers.{i}", cfg.n_heads, rope_perm)
+        out += _block_entries(("stack", "blocks", i), f"{prefix}layers.{i}", rope_perm)
     out += [Entry(("norm", "scale"), f"{prefix}norm.weight", "copy"), Entry(("head",), head, "head")]
     return out
 
 
 def blt_entries(cfg) -> list[Entry]:
     """A bytelm BLT in the ``reference`` variant (``cfg`` a ``BLTConfig``) against ``BltForCausalLM``."""
-    h, e, d = cfg.local_heads, "model.local_encoder", "model.local_decoder"
+    e, d = "model.local_encoder", "model.local_decoder"
     out = [Entry(("byte_embed", "table"), f"{e}.embed_tokens.weight", "rows")]
     n = cfg.hash_table_size
     for t in range(len(cfg.ngram_sizes) * cfg.hash_functions):  # the reference fuses the tables, function-major
         out.append(Entry(("ngram_embeds", t, "table"), "model.encoder_hash_tok_embedding.weight", "rows_slice", rows=(t * n, (t + 1) * n)))
     for i in range(cfg.encoder_layers):
-        out += _block_entries(("encoder", "blocks", i), f"{e}.layers.{i}", h, True)
+        out += _block_entries(("encoder", "blocks", i), f"{e}.layers.{i}", True)
     out.append(Entry(("to_queries",), f"{e}.patch_embedding_projection.weight", "linear"))
-    out += _cross_entries(("encoder_cross", 0), f"{e}.cross_attn_layers.0", cfg.cross_heads)
+    out += _cross_entries(("encoder_cross", 0), f"{e}.cross_attn_layers.0")
     if cfg.queries_per_patch * cfg.local_d_model != cfg.global_d_model:
         out.append(Entry(("to_global",), "model.global_transformer.token_embedding_projection.weight", "linear"))
     else:  # the reference has no projection at these widths (nn.Identity)
         out.append(Entry(("to_global",), "", "identity"))
     for i in range(cfg.global_layers):
-        out += _block_entries(("global_stack", "blocks", i), f"model.global_transformer.layers.{i}", cfg.global_heads, True)
+        out += _block_entries(("global_stack", "blocks", i), f"model.global_transformer.layers.{i}", True)
     out.append(Entry(("from_global",), f"{d}.patch_embedding_projection.weight", "linear"))
     for j in range(max(cfg.decoder_layers, 1) if cfg.decoder_cross_all_layers else 1):
-        out += _cross_entries(("decoder_cross", j), f"{d}.cross_attn_layers.{j}", cfg.cross_heads)
+        out += _cross_entries(("decoder_cross", j), f"{d}.cross_attn_layers.{j}")
     for i in range(cfg.decoder_layers):
-        out += _block_entries(("decoder", "blocks", i), f"{d}.layers.{i}", h, True)
+        out += _block_entries(("decoder", "blocks", i), f"{d}.layers.{i}", True)
     out += [Entry(("decoder_norm", "scale"), f"{d}.norm.weight", "copy"), Entry(("head",), "lm_head.weight", "head")]
     return out
 
@@ -375,8 +374,9 @@ def blt_overrides_from_hf(config: dict, where: str, *, entropy_run: str, seq_len
                         f"{config.get('patch_in_forward')!r}: only entropy patching with the patcher's weights is converted")
     if config.get("monotonicity"):
         raise UserError(f"{where}: monotonicity patching is not what the reference's forward pass applies; not converted")
-    enc = _stack(_sub(config, "encoder_config", _ENCODER), f"{where} encoder_config")
-    dec = _stack(_sub(config, "decoder_config", _DECODER), f"{where} decoder_config")
+    enc_raw, dec_raw = _sub(config, "encoder_config", _ENCODER), _sub(config, "decoder_config", _DECODER)
+    enc = _stack(enc_raw, f"{where} encoder_config")
+    dec = _stack(dec_raw, f"{where} decoder_config")
     glo = _stack(_sub(config, "global_config", _GLOBAL), f"{where} global_config")
     pat_raw = _sub(config, "patcher_config", _PATCHER)
     pat = _stack(pat_raw, f"{where} patcher_config")
@@ -412,7 +412,7 @@ def blt_overrides_from_hf(config: dict, where: str, *, entropy_run: str, seq_len
         f"model.global_mlp_dim={glo['mlp']}", "model.ngram_sizes=" + ",".join(str(int(s)) for s in sizes),
         f"model.hash_table_size={vocab}", f"model.hash_functions={int(config.get('encoder_hash_byte_group_nb_functions', 1))}",
         f"model.queries_per_patch={k}", f"model.cross_heads={enc['heads']}", "model.encoder_cross_all_layers=false",
-        f"model.decoder_cross_all_layers={'true' if _sub(config, 'decoder_config', _DECODER)['cross_attn_all_layers'] else 'false'}",
+        f"model.decoder_cross_all_layers={'true' if dec_raw['cross_attn_all_layers'] else 'false'}",
         f"model.rope_base={thetas.pop()!r}", f"model.norm_eps={eps.pop()!r}", f"train.seq_len={seq_len}",
         f"data.segment_bytes={seq_len}",  # held-out segments fit the window
     ]
@@ -424,8 +424,7 @@ def blt_overrides_from_hf(config: dict, where: str, *, entropy_run: str, seq_len
         f"model.rope_base={_rope_theta(pat_raw, f'{where} patcher_config', 10000.0)!r}", f"model.norm_eps={pat['eps']!r}",
         f"train.seq_len={seq_len}", f"data.segment_bytes={seq_len}",
     ]
-    cross_all_enc = _sub(config, "encoder_config", _ENCODER)["cross_attn_all_layers"]
-    return blt, entropy, {"encoder_cross_all_layers": bool(cross_all_enc)}
+    return blt, entropy, {"encoder_cross_all_layers": bool(enc_raw["cross_attn_all_layers"])}
 
 
 # -- run directories ----------------------------------------------------------------------------
