@@ -309,7 +309,10 @@ def test_time_budget_stops_the_run_with_a_checkpoint_and_a_final_eval(corpus_dir
     result = train(cfg, tmp_path / "run")
     info = json.loads((tmp_path / "run" / "run.json").read_text())
     plans = metrics(tmp_path / "run", "plan")
-    assert len(plans) == 1 and info["planned_steps"] == plans[0]["planned_steps"] > 1  # steps = 1 ignored
+    assert plans and info["planned_steps"] == plans[-1]["planned_steps"] > 1  # steps = 1 ignored
+    # planned after the probe, then again at doublings of the steps, only inside the warmup
+    assert [p["step"] for p in plans] == [1 + _Clock.PROBE_STEPS, *(2**k for k in range(3, 8))][:len(plans)]
+    assert all(p["step"] < BUDGET_OVERRIDES["train.warmup_steps"] for p in plans)
     steps = metrics(tmp_path / "run")
     longest = max(r["step_s"] for r in steps[1:])  # (the first includes the compilation)
     assert info["status"] == "finished" and result.step == info["step"] == steps[-1]["step"]
@@ -321,6 +324,40 @@ def test_time_budget_stops_the_run_with_a_checkpoint_and_a_final_eval(corpus_dir
     assert sorted(int(p.name) for p in (tmp_path / "run" / "checkpoints").iterdir() if p.name.isdigit()) == [info["step"]]
     _lr_matches_the_planned_schedule(cfg, tmp_path / "run", info["planned_steps"])
     assert train(cfg, tmp_path / "run").step == info["step"]  # finished: left alone
+
+
+def _clock_plans(monkeypatch, step_times, *, budget=100.0, warmup=60):
+    """Drive a :class:`_Clock` with the given step durations (a fake timer); the horizon after each
+    step and the steps at which it was (re)planned."""
+    now = [0.0]
+    monkeypatch.setattr(time, "perf_counter", lambda: now[0])
+    clock = _Clock(budget, 0.0, None, warmup)
+    clock.start()
+    horizons, planned_at = [], []
+    for n, dt in enumerate(step_times, start=1):
+        now[0] += dt
+        if clock.plan(n, n):
+            planned_at.append(n)
+        horizons.append(clock.horizon)
+    return horizons, planned_at
+
+
+def test_time_budget_replans_inside_the_warmup_from_the_steady_pace(monkeypatch):
+    """Steps that start slow and settle (as on a CPU right after compiling): the probe alone would
+    plan from the slow pace; the re-plans at 8, 16 and 32 steps move the horizon to the budget at
+    the steady pace, and nothing changes once the warmup is over."""
+    times = [10.0, 0.9, 0.9, 0.9, 0.7, 0.7, 0.6, 0.6] + [0.5] * 200
+    horizons, planned_at = _clock_plans(monkeypatch, times)
+    assert planned_at == [4, 8, 16, 32]  # 64 is past the warmup of 60
+    assert abs(horizons[3] - (4 + (100 - 12.7) / 0.9)) <= 1  # the probe's plan: about 101 steps
+    spent32 = sum(times[:32])
+    assert abs(horizons[-1] - (32 + (100 - spent32) / 0.5)) <= 1 and horizons[-1] > horizons[3] + 50
+    assert sum(times[: horizons[-1]]) == pytest.approx(100.0, abs=0.5)  # the budget ends at the horizon
+    # a steady pace from the start: the re-plans agree with the probe to within a step
+    horizons, planned_at = _clock_plans(monkeypatch, [10.0] + [0.5] * 300)
+    assert planned_at == [4, 8, 16, 32] and abs(horizons[-1] - horizons[3]) <= 1
+    # no warmup: planned once, by the probe
+    assert _clock_plans(monkeypatch, times, warmup=0)[1] == [4]
 
 
 def test_time_budget_resume_continues_the_schedule_and_the_budget(corpus_dir, tmp_path):

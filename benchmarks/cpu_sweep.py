@@ -1,0 +1,154 @@
+"""The sweep behind the CPU recipes (``configs/cpu/``): time-budgeted runs scored on a validation split.
+
+Each family starts from its tiny preset (``configs/tiny/``) and goes through its knob groups in
+order (for the byte LM shape, then learning rate, then batch; for the others the learning rate). Every candidate of a group is
+trained for ``--seconds`` of training time (``train.time_budget_s``, compilation included) on the
+training documents of ``--data`` (default: the stdlib corpus) less a validation split
+(``data.validation_fraction=0.05``), and scored in bits per byte on that validation split; the
+group's best candidate is kept for the next group (greedy coordinate descent). The held-out
+segments choose nothing, and the corpus the recipes are later judged on (tiny shakespeare, the
+UDHR) is never read. BLT's entropy model and the subword LM's tokenizer are made once, first, with
+the recipes ``configs/cpu/entropy.toml`` and a 4096-id cl100k BPE.
+
+Finished runs are reused (each candidate's directory is named after its overrides), so an
+interrupted sweep continues where it stopped. Prints one table per family and, last, one JSON line:
+the chosen overrides and validation BPB per family. A full sweep at 100 s takes about 40 minutes on
+a 2-core CPU; nothing else should run meanwhile (the budget is wall-clock time).
+
+    python benchmarks/cpu_sweep.py [--seconds 100] [--family byte ...] [--out runs/cpu_sweep]
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from bytelm.config import load_config
+from bytelm.data import load_corpus_from_config
+from bytelm.evaluation.evaluator import evaluate_run
+from bytelm.evaluation.results import EvalSet
+from bytelm.training.host import configure_cpu_devices
+
+SWEEP_SET = ("data.validation_fraction=0.05", "eval.every=0", "train.checkpoint_every=100000")
+
+# Per family: the starting preset, then knob groups tried in order. Each candidate is a tuple of
+# overrides; () keeps the current best. Shapes keep the context at 256 so that every 256-byte
+# evaluation segment lies inside the training context.
+GROUPS: dict[str, tuple[str, list[list[tuple[str, ...]]]]] = {
+    "byte": ("tiny/byte", [
+        [(), ("model.d_model=128", "model.n_layers=3", "model.n_heads=2", "model.mlp_dim=352"),
+         ("model.d_model=192", "model.n_heads=3", "model.mlp_dim=512"),
+         ("model.d_model=384", "model.n_layers=3", "model.n_heads=6", "model.mlp_dim=1024")],
+        [(), ("train.learning_rate=1.5e-3",), ("train.learning_rate=6e-3",)],
+        [(), ("train.batch_size=8",), ("train.batch_size=32",)],
+    ]),
+    "megabyte": ("tiny/megabyte_p4", [
+        [(), ("train.learning_rate=6e-3",), ("train.learning_rate=1.2e-2",)],
+    ]),
+    "blt": ("tiny/blt", [
+        [(), ("train.learning_rate=6e-3",), ("train.learning_rate=1.2e-2",)],
+    ]),
+    "bpe": ("tiny/bpe", [
+        [(), ("train.learning_rate=6e-3",), ("train.learning_rate=1.2e-2",)],
+    ]),
+}
+
+
+def label(overrides: tuple[str, ...], group: int = 0) -> str:
+    return " ".join(overrides) or ("(preset)" if group == 0 else "(best so far)")
+
+
+def run_name(family: str, overrides: tuple[str, ...]) -> str:
+    return f"{family}-" + hashlib.sha256("\n".join(sorted(overrides)).encode()).hexdigest()[:10]
+
+
+def bytelm(*args: str) -> None:
+    cmd = [sys.executable, "-m", "bytelm", *args]
+    print("$", " ".join(cmd[2:]), flush=True)
+    subprocess.run(cmd, check=True)
+
+
+class Sweep:
+    def __init__(self, out: Path, data: str, seconds: float):
+        self.out, self.data, self.seconds = out, data, seconds
+        self.common = (f"data.source={data}", *SWEEP_SET)
+        self.validation: EvalSet | None = None
+        self.results: dict[str, dict] = {}
+
+    def artefacts(self, family: str) -> tuple[str, ...]:
+        if family == "blt":
+            entropy = self.out / "entropy"
+            if not (entropy / "run.json").is_file() or json.loads((entropy / "run.json").read_text()).get("status") != "finished":
+                bytelm("train", "cpu/entropy", "--out", str(entropy), *[f"--set={s}" for s in self.common])
+            return (f"model.entropy_run={entropy}",)
+        if family == "bpe":
+            tok = self.out / "tokenizer-4096"
+            if not (tok / "tokenizer.json").is_file():
+                bytelm("tokenizer", "train", "--data", self.data, "--vocab-size", "4096", "--pattern", "cl100k", "--out", str(tok))
+            return (f"model.tokenizer={tok}",)
+        return ()
+
+    def score(self, preset: str, family: str, overrides: tuple[str, ...], fixed: tuple[str, ...]) -> dict:
+        run_dir = self.out / "runs" / run_name(family, overrides)
+        cached = run_dir / "validation.json"
+        if cached.is_file():
+            return json.loads(cached.read_text())
+        sets = (*self.common, *fixed, *overrides)
+        t0 = time.perf_counter()
+        bytelm("train", preset, "--out", str(run_dir), "--set", f"train.time_budget_s={self.seconds}", *[f"--set={s}" for s in sets])
+        wall = time.perf_counter() - t0
+        if self.validation is None:
+            cfg = load_config(preset, list(sets))
+            self.validation = EvalSet.from_corpus(load_corpus_from_config(cfg.data), "validation")
+        result = evaluate_run(run_dir, self.validation)
+        row = {"overrides": list(overrides), "validation_bpb": result.bpb, "steps": result.step,
+               "params": result.params.get("total"), "wall_s": round(wall, 1), "fingerprint": self.validation.fingerprint}
+        cached.write_text(json.dumps(row))
+        return row
+
+    def family(self, family: str) -> dict:
+        preset, groups = GROUPS[family]
+        fixed = self.artefacts(family)
+        best: tuple[str, ...] = ()
+        table = []
+        for g, group in enumerate(groups):
+            scored = []
+            for cand in group:
+                overrides = tuple(o for o in best if not any(o.split("=")[0] == c.split("=")[0] for c in cand)) + cand
+                row = self.score(preset, family, overrides, fixed)
+                table.append((g, label(cand, g), row))
+                scored.append((row["validation_bpb"], overrides))
+                print(f"[{family}] group {g} {label(cand, g)}: validation BPB {row['validation_bpb']:.4f} ({row['steps']} steps)", flush=True)
+            best = min(scored)[1]
+        print(f"\n## {family} (start: {preset}; {self.seconds:g} s per run)\n")
+        print("| group | candidate | validation BPB | steps | params | wall s |\n|---:|---|---:|---:|---:|---:|")
+        for g, lab, row in table:
+            print(f"| {g} | {lab} | {row['validation_bpb']:.4f} | {row['steps']} | {row['params']:,} | {row['wall_s']} |")
+        chosen = self.score(preset, family, best, fixed)
+        print(f"\nchosen for {family}: {label(best)} -> {chosen['validation_bpb']:.4f}\n", flush=True)
+        return {"preset": preset, "overrides": list(best), "validation_bpb": round(chosen["validation_bpb"], 4)}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--seconds", type=float, default=100.0, help="training time per run (default 100)")
+    p.add_argument("--family", action="append", choices=sorted(GROUPS), help="families to sweep (repeatable; default all)")
+    p.add_argument("--data", default="stdlib", help="corpus spec whose validation split chooses (default stdlib)")
+    p.add_argument("--out", default="runs/cpu_sweep", help="output directory (default runs/cpu_sweep)")
+    args = p.parse_args()
+    configure_cpu_devices()
+    os.makedirs(args.out, exist_ok=True)
+    sweep = Sweep(Path(args.out), args.data, args.seconds)
+    chosen = {f: sweep.family(f) for f in (args.family or list(GROUPS))}
+    print(json.dumps({"seconds": args.seconds, "data": args.data,
+                      "validation_fingerprint": sweep.validation.fingerprint if sweep.validation else None, "chosen": chosen}))
+
+
+if __name__ == "__main__":
+    main()
