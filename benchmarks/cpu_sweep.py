@@ -12,7 +12,7 @@ the recipes ``configs/cpu/entropy.toml`` and a 4096-id cl100k BPE.
 
 Finished runs are reused (each candidate's directory is named after its overrides), so an
 interrupted sweep continues where it stopped. Prints one table per family and, last, one JSON line:
-the chosen overrides and validation BPB per family. A full sweep at 100 s takes about 40 minutes on
+the chosen overrides and validation BPB per family. A full sweep at 100 s takes about 35 minutes on
 a 2-core CPU; nothing else should run meanwhile (the budget is wall-clock time).
 
     python benchmarks/cpu_sweep.py [--seconds 100] [--family byte ...] [--out runs/cpu_sweep]
