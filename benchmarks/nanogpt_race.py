@@ -82,12 +82,11 @@ def nanogpt_worker(args: argparse.Namespace) -> None:
         y = torch.stack([torch.from_numpy(data[i + 1:i + 1 + block]) for i in ix.tolist()])
         return x, y
 
-    def make():
-        torch.manual_seed(1337)
-        model = GPT(GPTConfig(**conf))
-        return model, model.configure_optimizers(0.1, args.lr, (0.9, 0.99), "cpu")
+    torch.manual_seed(1337)
+    model = GPT(GPTConfig(**conf))
+    opt = model.configure_optimizers(0.1, args.lr, (0.9, 0.99), "cpu")
 
-    def step(model, opt, lr):
+    def step(lr):
         for group in opt.param_groups:
             group["lr"] = lr
         x, y = get_batch()
@@ -101,7 +100,6 @@ def nanogpt_worker(args: argparse.Namespace) -> None:
     # max_iters (= lr_decay_iters) fills the budget at the measured pace, planned as bytelm plans its
     # own horizon: after 4 steps, then again at 8, 16, 32, ... steps while inside the warmup, where the
     # learning rate does not depend on it (the first steps of a process run slower than the rest)
-    model, opt = make()
     model.train()
     t0 = time.perf_counter()
     max_iters = warmup = None
@@ -112,7 +110,7 @@ def nanogpt_worker(args: argparse.Namespace) -> None:
             lr = args.lr * (it + 1) / 101  # the first 4 steps, before the plan: a warmup of 100 assumed
         else:
             lr = nanogpt_lr(it, args.lr, warmup, max_iters)
-        loss = step(model, opt, lr)
+        loss = step(lr)
         it += 1
         spent = time.perf_counter() - t0
         if it == 1:
