@@ -10,6 +10,14 @@ segments choose nothing, and the corpus the recipes are later judged on (tiny sh
 UDHR) is never read. BLT's entropy model and the subword LM's tokenizer are made once, first, with
 the recipes ``configs/cpu/entropy.toml`` and a 4096-id cl100k BPE.
 
+``--recipes ten`` sweeps the ten-minute recipes instead (``--seconds 600``): it starts from the
+CPU recipes and tries dropout and larger shapes (``TEN_MINUTE_GROUPS``). A ten-minute run reads
+a few megabytes, so on the whole stdlib corpus (about 30 MB) no run would see a byte twice and
+regularisation could never win; ``--sample-mb M`` sweeps instead on a fixed sample of the stdlib's
+files of about ``M`` megabytes (files ordered by the SHA-256 of their path, copied under
+``--out``, cut into paragraphs as the race cuts its corpora), the laptop case of one book or one
+project's sources.
+
 Finished runs are reused (each candidate's directory is named after its overrides), so an
 interrupted sweep continues where it stopped. Prints one table per family and, last, one JSON line:
 the chosen overrides and validation BPB per family. A full sweep at 100 s takes about 35 minutes on
@@ -31,6 +39,7 @@ from pathlib import Path
 
 from bytelm.config import load_config
 from bytelm.data import load_corpus_from_config
+from bytelm.data.sources import StdlibSource
 from bytelm.evaluation.evaluator import evaluate_run
 from bytelm.evaluation.results import EvalSet
 from bytelm.training.host import configure_cpu_devices
@@ -59,6 +68,17 @@ GROUPS: dict[str, tuple[str, list[list[tuple[str, ...]]]]] = {
     ]),
 }
 
+# The ten-minute sweep (--recipes ten): from the CPU recipes, dropout and larger shapes.
+TEN_MINUTE_GROUPS: dict[str, tuple[str, list[list[tuple[str, ...]]]]] = {
+    "byte": ("cpu/byte", [
+        [(), ("model.dropout=0.1",),
+         ("model.d_model=192", "model.n_layers=4", "model.n_heads=3", "model.mlp_dim=512", "model.dropout=0.1")],
+    ]),
+    "bpe": ("cpu/bpe", [
+        [(), ("model.dropout=0.1",), ("model.dropout=0.25",)],
+    ]),
+}
+
 
 def label(overrides: tuple[str, ...], group: int = 0) -> str:
     return " ".join(overrides) or ("(preset)" if group == 0 else "(best so far)")
@@ -74,9 +94,30 @@ def bytelm(*args: str) -> None:
     subprocess.run(cmd, check=True)
 
 
+def stdlib_sample(out: Path, megabytes: float) -> str:
+    """A ``files:`` spec of a fixed sample of the stdlib corpus's files, about ``megabytes`` MB:
+    files in the order of the SHA-256 of their relative path, taken until the total reaches it,
+    copied under ``out`` (kept when already there)."""
+    source = StdlibSource()
+    files = sorted(source.files(), key=lambda f: hashlib.sha256(f.relative_to(source.root).as_posix().encode()).hexdigest())
+    folder = out / f"stdlib-sample-{megabytes:g}mb"
+    if not (folder / ".complete").is_file():
+        total, limit = 0, megabytes * 1e6
+        for f in files:
+            if total >= limit:
+                break
+            data = f.read_bytes()
+            target = folder / f.relative_to(source.root)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(data)
+            total += len(data)
+        (folder / ".complete").write_text(f"{total} bytes\n")
+    return f"files:{folder.resolve()}?split=paragraph"
+
+
 class Sweep:
-    def __init__(self, out: Path, data: str, seconds: float):
-        self.out, self.data, self.seconds = out, data, seconds
+    def __init__(self, out: Path, data: str, seconds: float, groups: dict):
+        self.out, self.data, self.seconds, self.groups = out, data, seconds, groups
         self.common = (f"data.source={data}", *SWEEP_SET)
         self.validation: EvalSet | None = None
         self.results: dict[str, dict] = {}
@@ -113,7 +154,7 @@ class Sweep:
         return row
 
     def family(self, family: str) -> dict:
-        preset, groups = GROUPS[family]
+        preset, groups = self.groups[family]
         fixed = self.artefacts(family)
         best: tuple[str, ...] = ()
         table = []
@@ -138,15 +179,25 @@ class Sweep:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--seconds", type=float, default=100.0, help="training time per run (default 100)")
-    p.add_argument("--family", action="append", choices=sorted(GROUPS), help="families to sweep (repeatable; default all)")
+    p.add_argument("--family", action="append", choices=sorted(GROUPS), help="families to sweep (repeatable; default all of the recipe set)")
+    p.add_argument("--recipes", choices=("cpu", "ten"), default="cpu",
+                   help="cpu: the CPU recipes from the tiny presets (GROUPS); ten: the ten-minute recipes from the CPU ones (TEN_MINUTE_GROUPS)")
     p.add_argument("--data", default="stdlib", help="corpus spec whose validation split chooses (default stdlib)")
+    p.add_argument("--sample-mb", type=float, default=None,
+                   help="sweep on a fixed sample of about this many megabytes of the stdlib's files instead of --data")
     p.add_argument("--out", default="runs/cpu_sweep", help="output directory (default runs/cpu_sweep)")
     args = p.parse_args()
+    groups = GROUPS if args.recipes == "cpu" else TEN_MINUTE_GROUPS
+    families = args.family or list(groups)
+    missing = [f for f in families if f not in groups]
+    if missing:
+        p.error(f"--recipes {args.recipes} has no candidates for {', '.join(missing)}; choose among {', '.join(groups)}")
     configure_cpu_devices()
     os.makedirs(args.out, exist_ok=True)
-    sweep = Sweep(Path(args.out), args.data, args.seconds)
-    chosen = {f: sweep.family(f) for f in (args.family or list(GROUPS))}
-    print(json.dumps({"seconds": args.seconds, "data": args.data,
+    data = stdlib_sample(Path(args.out), args.sample_mb) if args.sample_mb else args.data
+    sweep = Sweep(Path(args.out), data, args.seconds, groups)
+    chosen = {f: sweep.family(f) for f in families}
+    print(json.dumps({"seconds": args.seconds, "recipes": args.recipes, "data": data,
                       "validation_fingerprint": sweep.validation.fingerprint if sweep.validation else None, "chosen": chosen}))
 
 

@@ -61,7 +61,9 @@ from flax import nnx
 from bytelm.constants import NUM_BYTE_IDS, PAD_ID
 from bytelm.models.attention import attend
 from bytelm.models.cache import KVCache, block_extend, stack_cache, stack_extend
-from bytelm.models.core import COMPUTE_DTYPES, Embed, RMSNorm, Transformer, head_logits, head_param, pad_vocab, param
+from bytelm.models.core import (
+    COMPUTE_DTYPES, Dropout, Embed, RMSNorm, Transformer, apply_dropout, drop_at, head_logits, head_param, make_dropout, pad_vocab, param,
+)
 from bytelm.models.kernels import resolve_kernels
 from bytelm.models.scoring import Scores, next_id_scores
 
@@ -225,10 +227,15 @@ class BLT(nnx.Module):
     def _global_out(self, out_BxPxG: jax.Array) -> jax.Array:
         return out_BxPxG if self.global_norm is None else self.global_norm(out_BxPxG)
 
-    def __call__(self, inputs_BxT: jax.Array, patch_lengths_BxP: jax.Array, *, embeddings_BxTxD: jax.Array | None = None) -> jax.Array:
+    def __call__(
+        self, inputs_BxT: jax.Array, patch_lengths_BxP: jax.Array, *, embeddings_BxTxD: jax.Array | None = None, drop: Dropout | None = None
+    ) -> jax.Array:
         """Logits ``(B, T, V)`` for the ``T`` inputs; ``patch_lengths`` cover the ``T + 1`` window.
 
         ``embeddings_BxTxD`` replaces :meth:`embed` (causality tests differentiate through it).
+        ``drop`` (training): dropout on the byte + n-gram embeddings (site 0), in the encoder's
+        blocks (1), on the global model's patch inputs (2), in the global stack (3) and in the
+        decoder's blocks (4); not on the cross-attention outputs.
         """
         cfg, dt = self.cfg, self.dtype
         B, T = inputs_BxT.shape
@@ -246,10 +253,11 @@ class BLT(nnx.Module):
 
         # 1. local encoder; 2. patch queries from max-pooled bytes, cross-attending to their bytes
         h_BxTxD = self.embed(inputs_BxT) if embeddings_BxTxD is None else embeddings_BxTxD.astype(dt)
+        h_BxTxD = apply_dropout(h_BxTxD, drop_at(drop, 0))
         queries_BxPxkxD = None
         cross_after = len(self.encoder.blocks) - 1 if not cfg.encoder_cross_all_layers else 0
         for i, block in enumerate(self.encoder.blocks):
-            h_BxTxD = block(h_BxTxD, window=self.encoder.window)
+            h_BxTxD = block(h_BxTxD, window=self.encoder.window, drop=drop_at(drop_at(drop, 1), i))
             if i >= cross_after and cfg.cross_attention:
                 queries_BxPxkxD = self._encoder_cross(i - cross_after, queries_BxPxkxD, h_BxTxD, own_BxPxJ, own_valid_BxPxJ)
         if queries_BxPxkxD is None:  # no encoder layers (or no cross-attention): the pooled queries alone
@@ -260,7 +268,8 @@ class BLT(nnx.Module):
         patches_BxPxG = jnp.where(((patch_lengths_BxP > 0) & has_inputs_BxP)[..., None], patches_BxPxG, 0.0)
 
         # 3. global latent transformer over patches
-        global_BxPxG = self._global_out(self.global_stack(patches_BxPxG))
+        patches_BxPxG = apply_dropout(patches_BxPxG, drop_at(drop, 2))
+        global_BxPxG = self._global_out(self.global_stack(patches_BxPxG, drop=drop_at(drop, 3)))
 
         # 4. local decoder: byte i reads the global output of the patch before its target's patch
         slots_BxQxD = (global_BxPxG @ self.from_global[...].astype(dt)).reshape(B, P * k, dl)
@@ -270,7 +279,7 @@ class BLT(nnx.Module):
             per_patch_BxPxD = slots_BxQxD.reshape(B, P, k, dl).sum(axis=2)
             ctx_BxTxD = jnp.take_along_axis(per_patch_BxPxD, src_BxT[..., None], axis=1)
             h_BxTxD = h_BxTxD + jnp.where(has_src_BxT[..., None], ctx_BxTxD, 0.0)
-            return head_logits(self.decoder_norm(self.decoder(h_BxTxD)), self.head[...], NUM_BYTE_IDS, dt)
+            return head_logits(self.decoder_norm(self.decoder(h_BxTxD, drop=drop_at(drop, 4))), self.head[...], NUM_BYTE_IDS, dt)
         slot_BxTxk = src_BxT[:, :, None] * k + jnp.arange(k)[None, None, :]
         slot_valid_BxTxk = jnp.broadcast_to(has_src_BxT[:, :, None], slot_BxTxk.shape)
         blocks = list(self.decoder.blocks)
@@ -279,7 +288,7 @@ class BLT(nnx.Module):
                 ctx = self.decoder_cross[i](h_BxTxD[:, :, None, :], slots_BxQxD, slot_BxTxk, slot_valid_BxTxk)
                 h_BxTxD = self._residual(h_BxTxD, ctx[:, :, 0, :])
             if i < len(blocks):
-                h_BxTxD = blocks[i](h_BxTxD, window=self.decoder.window)
+                h_BxTxD = blocks[i](h_BxTxD, window=self.decoder.window, drop=drop_at(drop_at(drop, 4), i))
         return head_logits(self.decoder_norm(h_BxTxD), self.head[...], NUM_BYTE_IDS, dt)
 
     def _pooled_queries(self, h_BxTxD, own_BxPxJ, own_valid_BxPxJ) -> jax.Array:
@@ -375,7 +384,9 @@ class BLT(nnx.Module):
                 h_BxNxD, new[i] = block_extend(blocks[i], h_BxNxD, caches[i], pos0, self.decoder.window)
         return head_logits(self.decoder_norm(h_BxNxD), self.head[...], NUM_BYTE_IDS, dt), new
 
-    def score(self, batch: dict) -> Scores:
-        """``batch["ids"]`` ``(B, T+1)`` and ``batch["patch_lengths"]`` ``(B, P)`` over the window."""
+    def score(self, batch: dict, *, dropout_key: jax.Array | None = None) -> Scores:
+        """``batch["ids"]`` ``(B, T+1)`` and ``batch["patch_lengths"]`` ``(B, P)`` over the window.
+        ``dropout_key`` (training only) turns on ``model.dropout``."""
         ids = batch["ids"]
-        return next_id_scores(self(ids[:, :-1], batch["patch_lengths"]), ids[:, 1:])
+        drop = make_dropout(self.cfg.dropout, dropout_key)
+        return next_id_scores(self(ids[:, :-1], batch["patch_lengths"], drop=drop), ids[:, 1:])

@@ -50,8 +50,14 @@ class ModelConfig:
     # compile time flat in depth; weights stacked on a leading "layers" axis (bytelm/models/core.py)
     scan_layers: bool = False
     norm_eps: float = 1e-6  # every RMSNorm's epsilon (the BLT reference, and Llama: 1e-5)
+    # training only: the probability of zeroing each value of the input embeddings and of every
+    # block's attention and MLP outputs before their residual add (GPT-2's residual dropout; not
+    # the attention probabilities). Regularises small corpora seen for many epochs; 0 = none
+    dropout: float = 0.0
 
     def __post_init__(self) -> None:
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"model.dropout must be in [0, 1) (the probability of zeroing a value), got {self.dropout}")
         if not self.norm_eps > 0:
             raise ValueError(f"model.norm_eps must be > 0, got {self.norm_eps}")
         if self.dtype not in DTYPES:

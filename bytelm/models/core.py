@@ -3,7 +3,8 @@
 RMSNorm, rotary positions, a SwiGLU MLP, multi-head attention (through
 :func:`bytelm.models.attention.attend`: causal, optional sliding window, optional cross-attention
 with an explicit mask), a pre-norm transformer stack, embeddings and the output head.
-Parameters are float32; the compute dtype is a constructor argument (bfloat16 on accelerators,
+Dropout (:class:`Dropout`, ``model.dropout``) applies in training only, where the trainer hands
+a forward pass a key; scoring without one is deterministic. Parameters are float32; the compute dtype is a constructor argument (bfloat16 on accelerators,
 float32 on CPU by default), and kernels come resolved from :mod:`bytelm.models.kernels`. Every
 weight carries ``logical_axes`` metadata (``embed``, ``mlp``, ``heads``, ``kv``, ``vocab``) that
 :mod:`bytelm.training.sharding` maps to mesh axes; a table whose first logical axis is ``vocab``
@@ -49,6 +50,40 @@ def _draw(key: jax.Array, shape: tuple[int, ...], truncated: bool, std: jax.Arra
     shape, where building a model outside ``jit`` would otherwise compile each step of it per shape."""
     unit = jax.random.truncated_normal(key, -3.0, 3.0, shape, jnp.float32) if truncated else jax.random.normal(key, shape, jnp.float32)
     return unit * std
+
+
+class Dropout:
+    """Inverted dropout's randomness for one training forward pass: each activation is zeroed with
+    probability ``rate`` and the survivors scaled by ``1 / (1 - rate)`` (so its expectation is
+    unchanged). Call sites draw independent masks through :meth:`at` (``fold_in`` of a site
+    number), so a model's masks are a function of the step's key alone: the same key gives the
+    same masks, scanned or not, and a resumed run draws the masks the uninterrupted one would."""
+
+    def __init__(self, rate: float, key: jax.Array):
+        self.rate = float(rate)
+        self.key = key
+
+    def at(self, site) -> Dropout:
+        """The independent dropout of call site ``site`` (an int, or a traced int32 scalar)."""
+        return Dropout(self.rate, jax.random.fold_in(self.key, site))
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        keep = jax.random.bernoulli(self.key, 1.0 - self.rate, x.shape)
+        return jnp.where(keep, x / jnp.asarray(1.0 - self.rate, x.dtype), jnp.zeros((), x.dtype))
+
+
+def make_dropout(rate: float, key: jax.Array | None) -> Dropout | None:
+    """The dropout of a training pass (``key`` given and ``rate`` > 0), else None (no dropout)."""
+    return Dropout(rate, key) if key is not None and rate > 0 else None
+
+
+def drop_at(drop: Dropout | None, site) -> Dropout | None:
+    """``drop.at(site)``, or None when there is no dropout."""
+    return None if drop is None else drop.at(site)
+
+
+def apply_dropout(x: jax.Array, drop: Dropout | None) -> jax.Array:
+    return x if drop is None else drop(x)
 
 
 class RMSNorm(nnx.Module):
@@ -206,7 +241,8 @@ swiglu_mlp.defvjp(_swiglu_mlp_fwd, _swiglu_mlp_bwd)
 
 
 class Block(nnx.Module):
-    """Pre-norm block: ``x + attn(norm(x))`` then ``x + mlp(norm(x))``."""
+    """Pre-norm block: ``x + attn(norm(x))`` then ``x + mlp(norm(x))``. With a :class:`Dropout`
+    (training), each branch's output is dropped before its residual add (sites 0 and 1)."""
 
     def __init__(
         self, d_model: int, n_heads: int, d_hidden: int, *, rngs: nnx.Rngs, kernels: Kernels, rope_base: float = 10000.0, dtype: Dtype = jnp.float32,
@@ -218,20 +254,23 @@ class Block(nnx.Module):
         self.mlp = MLP(d_model, d_hidden, rngs=rngs, dtype=dtype, backward=kernels.mlp)
         self.remat = kernels.remat
 
-    def __call__(self, x_BxTxD: jax.Array, *, positions_BxT=None, window: int = 0, causal: bool = True, mask_BxTxS=None) -> jax.Array:
+    def __call__(
+        self, x_BxTxD: jax.Array, *, positions_BxT=None, window: int = 0, causal: bool = True, mask_BxTxS=None, drop: Dropout | None = None
+    ) -> jax.Array:
         if self.remat == "none":
-            return self._forward(x_BxTxD, positions_BxT, mask_BxTxS, window=window, causal=causal)
+            return self._forward(x_BxTxD, positions_BxT, mask_BxTxS, drop, window=window, causal=causal)
+        rate = None if drop is None else drop.rate
 
-        def forward(block, x, positions, mask):  # window and causal stay Python values (static)
-            return block._forward(x, positions, mask, window=window, causal=causal)
+        def forward(block, x, positions, mask, key):  # window, causal and the rate stay Python values (static)
+            return block._forward(x, positions, mask, None if key is None else Dropout(rate, key), window=window, causal=causal)
 
-        return nnx.remat(forward, policy=REMAT_POLICIES[self.remat])(self, x_BxTxD, positions_BxT, mask_BxTxS)
+        key = None if drop is None else drop.key
+        return nnx.remat(forward, policy=REMAT_POLICIES[self.remat])(self, x_BxTxD, positions_BxT, mask_BxTxS, key)
 
-    def _forward(self, x_BxTxD, positions_BxT, mask_BxTxS, *, window: int, causal: bool) -> jax.Array:
-        h = x_BxTxD + self.attn(
-            self.attn_norm(x_BxTxD), positions_BxT=positions_BxT, window=window, causal=causal, mask_BxTxS=mask_BxTxS
-        ).astype(x_BxTxD.dtype)
-        return h + self.mlp(self.mlp_norm(h)).astype(h.dtype)
+    def _forward(self, x_BxTxD, positions_BxT, mask_BxTxS, drop, *, window: int, causal: bool) -> jax.Array:
+        attn_out = self.attn(self.attn_norm(x_BxTxD), positions_BxT=positions_BxT, window=window, causal=causal, mask_BxTxS=mask_BxTxS)
+        h = x_BxTxD + apply_dropout(attn_out, drop_at(drop, 0)).astype(x_BxTxD.dtype)
+        return h + apply_dropout(self.mlp(self.mlp_norm(h)), drop_at(drop, 1)).astype(h.dtype)
 
 
 class Transformer(nnx.Module):
@@ -268,18 +307,20 @@ class Transformer(nnx.Module):
         graphdef, params, rest = nnx.split(self.layers, nnx.Param, ...)
         return [nnx.merge(graphdef, jax.tree.map(lambda a, i=i: a[i], params), rest) for i in range(self.n_layers)]
 
-    def __call__(self, x_BxTxD: jax.Array, *, positions_BxT=None, mask_BxTxS=None) -> jax.Array:
+    def __call__(self, x_BxTxD: jax.Array, *, positions_BxT=None, mask_BxTxS=None, drop: Dropout | None = None) -> jax.Array:
+        """``drop``: training dropout; layer ``i`` draws from ``drop.at(i)``, scanned or not."""
         if not self.scan:
-            for block in self.blocks:
-                x_BxTxD = block(x_BxTxD, positions_BxT=positions_BxT, window=self.window, mask_BxTxS=mask_BxTxS)
+            for i, block in enumerate(self.blocks):
+                x_BxTxD = block(x_BxTxD, positions_BxT=positions_BxT, window=self.window, mask_BxTxS=mask_BxTxS, drop=drop_at(drop, i))
             return x_BxTxD
         graphdef, params, rest = nnx.split(self.layers, nnx.Param, ...)
 
-        def layer(h_BxTxD, layer_params):
+        def layer(h_BxTxD, xs):
+            layer_params, i = xs
             block = nnx.merge(graphdef, layer_params, rest)
-            return block(h_BxTxD, positions_BxT=positions_BxT, window=self.window, mask_BxTxS=mask_BxTxS), None
+            return block(h_BxTxD, positions_BxT=positions_BxT, window=self.window, mask_BxTxS=mask_BxTxS, drop=drop_at(drop, i)), None
 
-        x_BxTxD, _ = jax.lax.scan(layer, x_BxTxD, params)
+        x_BxTxD, _ = jax.lax.scan(layer, x_BxTxD, (params, jnp.arange(self.n_layers, dtype=jnp.int32)))
         return x_BxTxD
 
 

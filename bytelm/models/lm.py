@@ -10,7 +10,7 @@ import jax
 from flax import nnx
 
 from bytelm.models.cache import KVCache, stack_cache, stack_extend
-from bytelm.models.core import COMPUTE_DTYPES, Embed, RMSNorm, Transformer, head_logits, head_param, pad_vocab
+from bytelm.models.core import COMPUTE_DTYPES, Dropout, Embed, RMSNorm, Transformer, apply_dropout, drop_at, head_logits, head_param, make_dropout, pad_vocab
 from bytelm.models.kernels import resolve_kernels
 from bytelm.models.scoring import Scores, next_id_scores
 
@@ -33,17 +33,19 @@ class DecoderLM(nnx.Module):
         self.norm = RMSNorm(cfg.d_model, eps=cfg.norm_eps)
         self.head = head_param(rngs, cfg.d_model, n_valid, cfg.vocab_multiple)
 
-    def __call__(self, ids_BxT: jax.Array) -> jax.Array:
-        h_BxTxD = self.embed(ids_BxT).astype(self.dtype)
-        return head_logits(self.norm(self.stack(h_BxTxD)), self.head[...], self.n_valid, self.dtype)
+    def __call__(self, ids_BxT: jax.Array, *, drop: Dropout | None = None) -> jax.Array:
+        """``drop`` (training): dropout on the embeddings (site 0) and in the stack (site 1)."""
+        h_BxTxD = apply_dropout(self.embed(ids_BxT).astype(self.dtype), drop_at(drop, 0))
+        return head_logits(self.norm(self.stack(h_BxTxD, drop=drop_at(drop, 1))), self.head[...], self.n_valid, self.dtype)
 
-    def score(self, batch: dict) -> Scores:
+    def score(self, batch: dict, *, dropout_key: jax.Array | None = None) -> Scores:
         """``batch["ids"]`` is ``(B, T+1)``: inputs ``[:, :-1]`` predict targets ``[:, 1:]``.
 
         Bytes per position come from ``batch["nbytes"]`` when given (tokens), else 1 per scored
-        position."""
+        position. ``dropout_key`` (training only) turns on ``model.dropout``."""
         ids = batch["ids"]
-        return next_id_scores(self(ids[:, :-1]), ids[:, 1:], batch.get("nbytes"))
+        drop = make_dropout(self.cfg.dropout, dropout_key)
+        return next_id_scores(self(ids[:, :-1], drop=drop), ids[:, 1:], batch.get("nbytes"))
 
     # -- decoding (bytelm.sampling) ------------------------------------------------------------
     def init_cache(self, batch: int, slots: int) -> list[KVCache]:

@@ -30,7 +30,9 @@ from flax import nnx
 
 from bytelm.constants import NUM_BYTE_IDS, PAD_ID
 from bytelm.models.cache import KVCache, stack_cache, stack_extend
-from bytelm.models.core import COMPUTE_DTYPES, Embed, RMSNorm, Transformer, head_logits, head_param, pad_vocab, param
+from bytelm.models.core import (
+    COMPUTE_DTYPES, Dropout, Embed, RMSNorm, Transformer, apply_dropout, drop_at, head_logits, head_param, make_dropout, pad_vocab, param,
+)
 from bytelm.models.kernels import resolve_kernels
 from bytelm.models.scoring import Scores, next_id_scores
 
@@ -60,9 +62,11 @@ class MegaByte(nnx.Module):
         self.local_norm = RMSNorm(cfg.local_d_model, eps=cfg.norm_eps)
         self.head = head_param(rngs, cfg.local_d_model, NUM_BYTE_IDS, cfg.vocab_multiple)
 
-    def __call__(self, x_BxT: jax.Array) -> jax.Array:
+    def __call__(self, x_BxT: jax.Array, *, drop: Dropout | None = None) -> jax.Array:
         """Logits for every byte of ``x`` (ids, or one-hot floats ``(B, T, V)``); ``T`` must be a
-        multiple of the patch size ``C`` (:meth:`score` pads; ``P = T / C`` patches)."""
+        multiple of the patch size ``C`` (:meth:`score` pads; ``P = T / C`` patches). ``drop``
+        (training): dropout on the global input (site 0), in the global stack (1), on the local
+        input (2) and in the local stack (3)."""
         B, T = x_BxT.shape[:2]
         C, cfg, dt = self.patch_size, self.cfg, self.dtype
         if T % C:
@@ -73,7 +77,8 @@ class MegaByte(nnx.Module):
         pad_Bx1xG = jnp.broadcast_to(self.global_pad[...].astype(dt), (B, 1, cfg.global_d_model))
         global_in_BxPxG = jnp.concatenate([pad_Bx1xG, patches_BxPxG[:, :-1]], axis=1)
         # 3: global transformer over patches
-        global_out_BxPxG = self.global_norm(self.global_stack(global_in_BxPxG))
+        global_in_BxPxG = apply_dropout(global_in_BxPxG, drop_at(drop, 0))
+        global_out_BxPxG = self.global_norm(self.global_stack(global_in_BxPxG, drop=drop_at(drop, 1)))
         # 4: per-byte slices projected d_G -> d_L by one shared matrix
         slices_BxPxCxE = global_out_BxPxG.reshape(B, P, C, cfg.embed_dim)
         from_global_BxPxCxD = slices_BxPxCxE @ self.to_local[...].astype(dt)
@@ -83,16 +88,18 @@ class MegaByte(nnx.Module):
         prev_BxPxCxD = jnp.concatenate([pad_BxPx1xD, local_emb_BxPxCxD[:, :, :-1]], axis=2)
         local_in_NxCxD = (from_global_BxPxCxD + prev_BxPxCxD).reshape(B * P, C, cfg.local_d_model)
         # 6: local transformer within each patch, then byte logits
-        local_out_NxCxD = self.local_norm(self.local_stack(local_in_NxCxD))
+        local_in_NxCxD = apply_dropout(local_in_NxCxD, drop_at(drop, 2))
+        local_out_NxCxD = self.local_norm(self.local_stack(local_in_NxCxD, drop=drop_at(drop, 3)))
         return head_logits(local_out_NxCxD, self.head[...], NUM_BYTE_IDS, dt).reshape(B, T, self.vocab_rows)
 
-    def score(self, batch: dict) -> Scores:
+    def score(self, batch: dict, *, dropout_key: jax.Array | None = None) -> Scores:
         """``batch["ids"]`` is ``(B, T+1)`` as for the byte LM; MegaByte models the ``T`` targets
-        ``ids[:, 1:]`` themselves (its pads replace the BOS input), padded to whole patches."""
+        ``ids[:, 1:]`` themselves (its pads replace the BOS input), padded to whole patches.
+        ``dropout_key`` (training only) turns on ``model.dropout``."""
         targets_BxT = batch["ids"][:, 1:]
         T = targets_BxT.shape[1]
         x_BxTp = jnp.pad(targets_BxT, ((0, 0), (0, self.cfg.padded_length(T) - T)), constant_values=PAD_ID)
-        return next_id_scores(self(x_BxTp)[:, :T], targets_BxT)
+        return next_id_scores(self(x_BxTp, drop=make_dropout(self.cfg.dropout, dropout_key))[:, :T], targets_BxT)
 
     # -- decoding (bytelm.sampling): the global model once per patch, the local model per byte ---
     def init_cache(self, batch: int, max_patches: int) -> dict[str, list[KVCache]]:

@@ -220,28 +220,35 @@ class _Programs:
         schedule = learning_rate_schedule(tcfg)
         self.lr = jax.jit(lambda count, plan: schedule(count, plan["horizon"], plan["peak"], plan["warmup"]))  # one call, not a dozen eager ops
 
-    def _scores(self, params, batch):
-        return nnx.merge(self.graphdef, params).score(batch)
+    def _scores(self, params, batch, dropout_key=None):
+        if dropout_key is None:
+            return nnx.merge(self.graphdef, params).score(batch)
+        return nnx.merge(self.graphdef, params).score(batch, dropout_key=dropout_key)
 
-    def _sums(self, params, batch):
-        s = self._scores(params, batch)
+    def _sums(self, params, batch, dropout_key=None):
+        s = self._scores(params, batch, dropout_key)
         return jnp.sum(s.nll_BxT), (jnp.sum(s.mask_BxT), jnp.sum(s.nbytes_BxT))
 
-    def _step_fn(self, params, opt_state, batch, plan):
+    def _step_fn(self, params, opt_state, batch, plan, seed_step=None):
+        """One optimizer step. ``seed_step`` (uint32 ``[train.seed, step]``) keys the step's dropout
+        (``model.dropout``; micro-batch ``i`` of a gradient accumulation folds in ``i``); None: no
+        dropout."""
         accum = self.tcfg.grad_accum
         grad_fn = jax.value_and_grad(self._sums, has_aux=True)
+        key = None if seed_step is None else dropout_key(seed_step)
         if accum == 1:
-            (nll, (count, nbytes)), grads = grad_fn(params, batch)
+            (nll, (count, nbytes)), grads = grad_fn(params, batch, key)
         else:
             micro = jax.tree.map(lambda x: x.reshape(accum, x.shape[0] // accum, *x.shape[1:]), batch)
 
-            def body(carry, mb):
+            def body(carry, xs):
                 g_acc, nll_acc, c_acc, b_acc = carry
-                (nll, (c, b)), g = grad_fn(params, mb)
+                mb, i = xs
+                (nll, (c, b)), g = grad_fn(params, mb, None if key is None else jax.random.fold_in(key, i))
                 return (jax.tree.map(jnp.add, g_acc, g), nll_acc + nll, c_acc + c, b_acc + b), None
 
             zeros = jax.tree.map(jnp.zeros_like, params)
-            (grads, nll, count, nbytes), _ = jax.lax.scan(body, (zeros, 0.0, 0.0, 0.0), micro)
+            (grads, nll, count, nbytes), _ = jax.lax.scan(body, (zeros, 0.0, 0.0, 0.0), (micro, jnp.arange(accum, dtype=jnp.int32)))
         count = jnp.maximum(count, 1.0)
         grads = jax.tree.map(lambda g: g / count, grads)
         updates, opt_state = self.tx.update(grads, opt_state, params, plan=plan)
@@ -258,6 +265,15 @@ class _Programs:
     def _score_positions_fn(self, params, batch):
         s = self._scores(params, batch)
         return s.nll_BxT, s.nbytes_BxT
+
+
+DROPOUT_STREAM = 0x64726F70  # folded into the seed's key: dropout draws apart from the initialisation's
+
+
+def dropout_key(seed_step: jax.Array) -> jax.Array:
+    """The dropout key of a training step from uint32 ``[train.seed, step]``: a function of the two
+    alone, so a resumed run draws the masks the uninterrupted one would."""
+    return jax.random.fold_in(jax.random.fold_in(jax.random.key(seed_step[0]), DROPOUT_STREAM), seed_step[1])
 
 
 _INITS: dict = {}
@@ -367,7 +383,8 @@ class Trainer:
     def train_step(self, batch: dict) -> dict:
         # arguments: a new horizon (or learning rate, or warmup) does not compile the step again
         plan = schedule_plan(self.cfg.train, self.horizon)
-        self.params, self.opt_state, metrics = self._train_step(self.params, self.opt_state, self.device_batch(batch), plan)
+        seed_step = np.asarray([self.cfg.train.seed, self.step], np.uint32)
+        self.params, self.opt_state, metrics = self._train_step(self.params, self.opt_state, self.device_batch(batch), plan, seed_step)
         self.step += 1
         return metrics
 

@@ -1,0 +1,104 @@
+"""``model.dropout``: inverted dropout in training only, keyed by ``(train.seed, step)``.
+
+- The mask: on random input the zeroed fraction is the rate (within 5 binomial standard
+  deviations), survivors are scaled by ``1 / (1 - rate)``, the same key draws the same mask, and
+  two sites draw different ones.
+- Every family: scoring without a key (evaluation, sampling) is the model without dropout; with a
+  key the scores move, the same key moves them the same way, another key differently.
+- A scanned stack draws the unrolled stack's masks (layer ``i`` folds in ``i`` either way).
+- The trainer: a run stopped and resumed draws the uninterrupted run's masks (equal parameters).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from bytelm.config import load_config
+from bytelm.models.blt import BLT
+from bytelm.models.byte_lm import ByteLM
+from bytelm.models.core import Dropout
+from bytelm.models.megabyte import MegaByte
+from bytelm.training.trainer import restore_trainer, train
+
+from test_blt import blt_cfg, random_lengths
+from test_scan import LM, MEGABYTE, _byte_batch
+from test_training import corpus_dir, tiny_overrides  # noqa: F401  (corpus_dir: a fixture)
+
+
+def test_dropout_zeroes_the_rate_and_rescales_the_rest():
+    rate, n = 0.25, 200_000
+    x = jax.random.normal(jax.random.key(7), (n,)) + 3.0  # no exact zeros in the input
+    drop = Dropout(rate, jax.random.key(1))
+    y = np.asarray(drop(x))
+    zeroed = y == 0
+    sd = (rate * (1 - rate) / n) ** 0.5
+    assert abs(zeroed.mean() - rate) < 5 * sd
+    np.testing.assert_allclose(y[~zeroed], np.asarray(x)[~zeroed] / (1 - rate), rtol=1e-6)
+    np.testing.assert_array_equal(np.asarray(drop(x)), y)  # the same key, the same mask
+    other = np.asarray(drop.at(1)(x)) == 0
+    assert 0.5 * rate * rate < (other & zeroed).mean() < 2 * rate * rate  # independent sites overlap as chance does
+
+
+def test_config_refuses_a_rate_outside_zero_to_one():
+    for bad in ("1.0", "-0.1"):
+        with pytest.raises(ValueError, match="model.dropout"):
+            load_config(None, [*LM, f"model.dropout={bad}"])
+
+
+def _families(rate: float):
+    """(name, model, batch) for the byte LM, MegaByte and BLT, dropout ``rate``, seed 0."""
+    rng = np.random.default_rng(3)
+    blt_batch = _byte_batch(T=15)
+    blt_batch["patch_lengths"] = jnp.asarray([random_lengths(rng, 16, 10), random_lengths(rng, 16, 10)])
+    return [
+        ("byte", ByteLM(load_config(None, [*LM, "model.n_layers=2", f"model.dropout={rate}"]).model, rngs=nnx.Rngs(0)), _byte_batch()),
+        ("megabyte", MegaByte(load_config(None, [*MEGABYTE, f"model.dropout={rate}"]).model, rngs=nnx.Rngs(0)), _byte_batch(T=23)),
+        ("blt", BLT(blt_cfg(dropout=rate), rngs=nnx.Rngs(0)), blt_batch),
+    ]
+
+
+def _nll(model, batch, key=None) -> np.ndarray:
+    graphdef, state = nnx.split(model)
+    if key is None:
+        return np.asarray(jax.jit(lambda st: nnx.merge(graphdef, st).score(batch).nll_BxT)(state))
+    return np.asarray(jax.jit(lambda st, k: nnx.merge(graphdef, st).score(batch, dropout_key=k).nll_BxT)(state, key))
+
+
+def test_every_family_drops_in_training_only():
+    for (name, plain, batch), (_, dropped, _) in zip(_families(0.0), _families(0.3)):
+        base = _nll(plain, batch)
+        np.testing.assert_allclose(_nll(dropped, batch), base, rtol=1e-6, atol=1e-6, err_msg=name)  # no key: no dropout
+        np.testing.assert_allclose(_nll(plain, batch, jax.random.key(5)), base, rtol=1e-6, atol=1e-6, err_msg=name)  # rate 0
+        a = _nll(dropped, batch, jax.random.key(5))
+        assert np.abs(a - base).mean() > 1e-2, name
+        np.testing.assert_array_equal(_nll(dropped, batch, jax.random.key(5)), a, err_msg=name)
+        assert np.abs(_nll(dropped, batch, jax.random.key(6)) - a).mean() > 1e-2, name
+
+
+def test_scanned_stack_draws_the_unrolled_masks():
+    key = jax.random.key(11)
+    for build, overrides, batch in (
+        (ByteLM, [*LM, "model.n_layers=3"], _byte_batch()),
+        (MegaByte, MEGABYTE, _byte_batch(T=23)),
+    ):
+        unrolled, scanned = (
+            build(load_config(None, [*overrides, "model.dropout=0.2", f"model.scan_layers={s}"]).model, rngs=nnx.Rngs(0)) for s in ("false", "true")
+        )
+        np.testing.assert_allclose(_nll(scanned, batch, key), _nll(unrolled, batch, key), rtol=1e-5, atol=1e-5)
+
+
+def test_resumed_run_draws_the_uninterrupted_masks(corpus_dir, tmp_path):  # noqa: F811
+    cfg = load_config(None, tiny_overrides(corpus_dir, **{"train.steps": 8, "model.dropout": 0.2, "eval.every": 0}))
+    train(cfg, tmp_path / "resumed", stop_after=4)
+    train(cfg, tmp_path / "resumed")
+    train(cfg, tmp_path / "straight")
+    plain = load_config(None, tiny_overrides(corpus_dir, **{"train.steps": 8, "eval.every": 0}))
+    train(plain, tmp_path / "plain")
+    params = {name: jax.tree.leaves(restore_trainer(tmp_path / name).params) for name in ("resumed", "straight", "plain")}
+    for a, b in zip(params["resumed"], params["straight"]):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    assert any(np.abs(np.asarray(a) - np.asarray(b)).max() > 1e-4 for a, b in zip(params["straight"], params["plain"]))
