@@ -17,8 +17,9 @@ recipe as the thing to beat. Nothing of nanoGPT is in this repository: clone it 
    run's own training time is reported. Warmup: 100 steps (its shakespeare recipe), at most a
    fifth of the run. It then scores every held-out segment from BOS and writes a
    ``bytelm-scores`` file.
-3. Each bytelm family trains with its recipe, ``bytelm train cpu/FAMILY --minutes``, for the same
-   training time (BLT's entropy model and the subword tokenizer first, outside the budget).
+3. Each bytelm family trains with its recipe, ``bytelm train cpu/FAMILY --minutes`` (or the preset
+   given by ``--recipe FAMILY=PRESET``, e.g. a ten-minute recipe), for the same training time
+   (BLT's entropy model and the subword tokenizer first, outside the budget).
 4. ``bytelm eval`` scores them all, nanoGPT through ``--external``, on one fingerprint.
 
 Prints the report and, last, one JSON line: each model's BPB and training seconds, the best
@@ -153,9 +154,17 @@ def main() -> None:
     p.add_argument("--seconds", type=float, default=600.0, help="training time of every model (default 600)")
     p.add_argument("--lr", type=float, default=3e-3, help="nanoGPT's peak learning rate (default 3e-3)")
     p.add_argument("--family", action="append", choices=FAMILIES, help="bytelm families to train (repeatable; default all)")
+    p.add_argument("--recipe", action="append", default=[], metavar="FAMILY=PRESET",
+                   help="train FAMILY with PRESET instead of cpu/FAMILY (repeatable), e.g. byte=cpu/byte_10min")
     p.add_argument("--out", default="runs/nanogpt_race", help="output directory (default runs/nanogpt_race)")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
+    recipes = {f: f"cpu/{f}" for f in FAMILIES}
+    for item in args.recipe:
+        fam, _, preset = item.partition("=")
+        if fam not in FAMILIES or not preset:
+            p.error(f"--recipe {item!r}: use FAMILY=PRESET with FAMILY one of {', '.join(FAMILIES)}")
+        recipes[fam] = preset
     out = Path(args.out)
     if args.worker:
         return nanogpt_worker(args)
@@ -190,7 +199,7 @@ def main() -> None:
             extra = [f"--set=model.tokenizer={out / 'tokenizer'}"]
         run_dir = out / fam
         if not finished(run_dir):
-            bytelm("train", f"cpu/{fam}", "--out", str(run_dir), "--minutes", f"{args.seconds / 60:.6g}", *sets, *extra)
+            bytelm("train", recipes[fam], "--out", str(run_dir), "--minutes", f"{args.seconds / 60:.6g}", *sets, *extra)
         runs.append(run_dir)
 
     # 4. one table on one fingerprint
@@ -205,7 +214,7 @@ def main() -> None:
         "nanogpt_bpb": round(bpb["nanogpt"], 4), "nanogpt_train_s": round(nano["train_s"], 1), "nanogpt_steps": nano["steps"],
         "bytelm_bpb": {n: round(v, 4) for n, v in bpb.items() if n != "nanogpt"},
         "bytelm_train_s": {n: round(s, 1) for n, s in train_s.items() if s is not None},
-        "best": best, "best_ratio": round(bpb[best] / bpb["nanogpt"], 4),
+        "recipes": {r.name: recipes[r.name] for r in runs}, "best": best, "best_ratio": round(bpb[best] / bpb["nanogpt"], 4),
     }))
 
 
