@@ -75,7 +75,7 @@ TEN_MINUTE_GROUPS: dict[str, tuple[str, list[list[tuple[str, ...]]]]] = {
          ("model.d_model=192", "model.n_layers=4", "model.n_heads=3", "model.mlp_dim=512", "model.dropout=0.1")],
     ]),
     "bpe": ("cpu/bpe", [
-        [(), ("model.dropout=0.1",), ("model.dropout=0.25",)],
+        [(), ("model.dropout=0.1",), ("model.dropout=0.25",), ("model.dropout=0.4",)],
     ]),
 }
 

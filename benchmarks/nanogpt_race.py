@@ -13,9 +13,9 @@ recipe as the thing to beat. Nothing of nanoGPT is in this repository: clone it 
    linear warmup then cosine to ``lr / 10``, clipping at 1.0, fp32, no ``torch.compile``, no
    dropout (its CPU settings). Its shape is 6 layers x 192 wide x 6 heads, context 256, batch
    16; ``max_iters`` fills ``--seconds`` at the measured pace, planned by bytelm's own rule for
-   its time budgets (after 4 steps, again at 8, 16, 32, ... steps inside the warmup), and the
-   run's own training time is reported. Warmup: 100 steps (its shakespeare recipe), at most a
-   fifth of the run. It then scores every held-out segment from BOS and writes a
+   its time budgets (after 4 steps, again at 8, 16, 32, ... steps inside the warmup and the first
+   fifth of the decay), and the run's own training time is reported. Warmup: 100 steps (its
+   shakespeare recipe), at most a fifth of the run. It then scores every held-out segment from BOS and writes a
    ``bytelm-scores`` file.
 3. Each bytelm family trains with its recipe, ``bytelm train cpu/FAMILY --minutes`` (or the preset
    given by ``--recipe FAMILY=PRESET``, e.g. a ten-minute recipe), for the same training time
@@ -99,13 +99,15 @@ def nanogpt_worker(args: argparse.Namespace) -> None:
         return loss
 
     # max_iters (= lr_decay_iters) fills the budget at the measured pace, planned as bytelm plans its
-    # own horizon: after 4 steps, then again at 8, 16, 32, ... steps while inside the warmup, where the
-    # learning rate does not depend on it (the first steps of a process run slower than the rest)
+    # own horizon: after 4 steps, then again at 8, 16, 32, ... steps while inside the warmup or the
+    # first fifth of the decay, where the learning rate barely depends on it (the first steps of a
+    # process run slower than the rest)
     model.train()
     t0 = time.perf_counter()
     max_iters = warmup = None
     mark = (0.0, 0)
     it = 0
+    replanning = True
     while max_iters is None or it < max_iters:
         if max_iters is None:
             lr = args.lr * (it + 1) / 101  # the first 4 steps, before the plan: a warmup of 100 assumed
@@ -116,7 +118,9 @@ def nanogpt_worker(args: argparse.Namespace) -> None:
         spent = time.perf_counter() - t0
         if it == 1:
             mark = (spent, 1)
-        elif (it == 4 and max_iters is None) or (max_iters is not None and it & (it - 1) == 0 and it < warmup):
+        elif replanning and max_iters is not None and it & (it - 1) == 0 and not (it < warmup or it - warmup <= 0.2 * (max_iters - warmup)):
+            replanning = False  # the horizon stays
+        elif (it == 4 and max_iters is None) or (replanning and max_iters is not None and it & (it - 1) == 0 and it > 4):
             pace = (spent - mark[0]) / (it - mark[1])
             mark = (spent, it)
             max_iters = it + max(0, int((args.seconds - spent) / pace))

@@ -129,14 +129,15 @@ def test_config_classes_agree_with_the_family_registry():
 
 
 def test_cpu_recipes_cover_every_family_and_score_inside_their_context():
-    """configs/cpu: a recipe per family (and BLT's entropy model), loadable by its short name; the
-    recipes are run with a time budget, so their step count is only a ceiling that a budget of
-    minutes never reaches, and every held-out segment lies inside the training context."""
+    """configs/cpu: a recipe per family (and BLT's entropy model, and the ten-minute recipes),
+    loadable by its short name; the recipes are run with a time budget, so their step count is only
+    a ceiling that a budget of minutes never reaches, and every held-out segment lies inside the
+    training context."""
     from bytelm.training.tasks import FAMILIES
 
-    for name in [*FAMILIES, "entropy"]:
+    for name in [*FAMILIES, "entropy", "byte_10min", "bpe_10min"]:
         cfg = load_config(f"cpu/{name}")
-        assert cfg.model.family == ("byte" if name == "entropy" else name)
+        assert cfg.model.family == ("byte" if name == "entropy" else name.removesuffix("_10min"))
         assert cfg.train.seq_len >= cfg.data.segment_bytes, name
         if name != "entropy":  # the entropy model trains a fixed number of steps, before BLT
             assert cfg.train.steps >= 10_000 and cfg.train.time_budget_s == 0, name

@@ -292,11 +292,16 @@ def budget_cfg(corpus_dir, **extra):
 
 
 def _lr_matches_the_planned_schedule(cfg, run_dir, planned):
+    """Every step after the probe ran with the schedule at the horizon planned before it (the last
+    plan is ``planned``)."""
     schedule = learning_rate_schedule(cfg.train)
-    recs = [r for r in metrics(run_dir) if r["step"] > 1 + _Clock.PROBE_STEPS]  # the plan is fixed after the probe
+    plans = metrics(run_dir, "plan")
+    assert plans[-1]["planned_steps"] == planned
+    recs = [r for r in metrics(run_dir) if r["step"] > 1 + _Clock.PROBE_STEPS]  # the first plan is made after the probe
     assert recs
     for r in recs:
-        assert r["lr"] == pytest.approx(float(schedule(r["step"] - 1, planned)), rel=1e-6), r
+        horizon = [p["planned_steps"] for p in plans if p["step"] < r["step"]][-1]
+        assert r["lr"] == pytest.approx(float(schedule(r["step"] - 1, horizon)), rel=1e-6), r
 
 
 def test_time_budget_stops_the_run_with_a_checkpoint_and_a_final_eval(corpus_dir, tmp_path):
@@ -310,9 +315,12 @@ def test_time_budget_stops_the_run_with_a_checkpoint_and_a_final_eval(corpus_dir
     info = json.loads((tmp_path / "run" / "run.json").read_text())
     plans = metrics(tmp_path / "run", "plan")
     assert plans and info["planned_steps"] == plans[-1]["planned_steps"] > 1  # steps = 1 ignored
-    # planned after the probe, then again at doublings of the steps, only inside the warmup
-    assert [p["step"] for p in plans] == [1 + _Clock.PROBE_STEPS, *(2**k for k in range(3, 8))][:len(plans)]
-    assert all(p["step"] < BUDGET_OVERRIDES["train.warmup_steps"] for p in plans)
+    # planned after the probe, then again at doublings of the steps, only inside the warmup or the
+    # first fifth of the decay of the plan before
+    assert [p["step"] for p in plans] == [1 + _Clock.PROBE_STEPS, *(2**k for k in range(3, 12))][:len(plans)]
+    warmup = BUDGET_OVERRIDES["train.warmup_steps"]
+    for before, p in zip(plans, plans[1:]):
+        assert p["step"] < warmup or p["step"] - warmup <= _Clock.REPLAN_DECAY * (before["planned_steps"] - warmup)
     steps = metrics(tmp_path / "run")
     longest = max(r["step_s"] for r in steps[1:])  # (the first includes the compilation)
     assert info["status"] == "finished" and result.step == info["step"] == steps[-1]["step"]
@@ -342,22 +350,29 @@ def _clock_plans(monkeypatch, step_times, *, budget=100.0, warmup=60):
     return horizons, planned_at
 
 
-def test_time_budget_replans_inside_the_warmup_from_the_steady_pace(monkeypatch):
+def test_time_budget_replans_from_the_steady_pace(monkeypatch):
     """Steps that start slow and settle (as on a CPU right after compiling): the probe alone would
-    plan from the slow pace; the re-plans at 8, 16 and 32 steps move the horizon to the budget at
-    the steady pace, and nothing changes once the warmup is over."""
+    plan from the slow pace; the re-plans at doublings of the steps move the horizon to the budget
+    at the steady pace, inside the warmup and the first fifth of the decay, and never after."""
     times = [10.0, 0.9, 0.9, 0.9, 0.7, 0.7, 0.6, 0.6] + [0.5] * 200
     horizons, planned_at = _clock_plans(monkeypatch, times)
-    assert planned_at == [4, 8, 16, 32]  # 64 is past the warmup of 60
+    # 64 is past the warmup of 60 but inside the first fifth of the decay; 128 is not
+    assert planned_at == [4, 8, 16, 32, 64]
     assert abs(horizons[3] - (4 + (100 - 12.7) / 0.9)) <= 1  # the probe's plan: about 101 steps
     spent32 = sum(times[:32])
     assert abs(horizons[-1] - (32 + (100 - spent32) / 0.5)) <= 1 and horizons[-1] > horizons[3] + 50
     assert sum(times[: horizons[-1]]) == pytest.approx(100.0, abs=0.5)  # the budget ends at the horizon
     # a steady pace from the start: the re-plans agree with the probe to within a step
     horizons, planned_at = _clock_plans(monkeypatch, [10.0] + [0.5] * 300)
-    assert planned_at == [4, 8, 16, 32] and abs(horizons[-1] - horizons[3]) <= 1
-    # no warmup: planned once, by the probe
-    assert _clock_plans(monkeypatch, times, warmup=0)[1] == [4]
+    assert planned_at == [4, 8, 16, 32, 64] and abs(horizons[-1] - horizons[3]) <= 1
+    # the pace improves after a short warmup (10): the re-plans at 16 and 32 (in the decay) follow
+    # it, and the budget ends at the horizon; planned inside the warmup alone, the run would have
+    # stopped at step 149 after 73 s of its 100
+    times = [10.0, 0.9, 0.9, 0.9] + [0.6] * 12 + [0.4] * 400
+    horizons, planned_at = _clock_plans(monkeypatch, times, warmup=10)
+    assert planned_at == [4, 8, 16, 32]  # 64 - 10 is past a fifth of the decay
+    assert abs(horizons[7] - 149) <= 1 and sum(times[:149]) < 75
+    assert sum(times[: horizons[-1]]) == pytest.approx(100.0, abs=0.5)
 
 
 def test_time_budget_resume_continues_the_schedule_and_the_budget(corpus_dir, tmp_path):
