@@ -18,8 +18,8 @@ files of about ``M`` megabytes (files ordered by the SHA-256 of their path, copi
 ``--out``, cut into paragraphs as the race cuts its corpora), the laptop case of one book or one
 project's sources.
 
-Finished runs are reused (each candidate's directory is named after its overrides), so an
-interrupted sweep continues where it stopped. Prints one table per family and, last, one JSON line:
+Finished runs are reused (each candidate's directory is named after its preset, budget, data and
+overrides), so an interrupted sweep continues where it stopped. Prints one table per family and, last, one JSON line:
 the chosen overrides and validation BPB per family. A full sweep at 100 s takes about 35 minutes on
 a 2-core CPU; nothing else should run meanwhile (the budget is wall-clock time).
 
@@ -84,8 +84,15 @@ def label(overrides: tuple[str, ...], group: int = 0) -> str:
     return " ".join(overrides) or ("(preset)" if group == 0 else "(best so far)")
 
 
-def run_name(family: str, overrides: tuple[str, ...]) -> str:
-    return f"{family}-" + hashlib.sha256("\n".join(sorted(overrides)).encode()).hexdigest()[:10]
+def run_name(family: str, preset: str, seconds: float, data: str, overrides: tuple[str, ...]) -> str:
+    """A candidate's directory: its family and a hash of everything its result depends on, so a
+    cached result is only reused for the same preset, budget, data and overrides."""
+    key = "\n".join([preset, f"{seconds:g}", data, *sorted(overrides)])
+    return f"{family}-" + hashlib.sha256(key.encode()).hexdigest()[:10]
+
+
+def data_tag(data: str) -> str:
+    return hashlib.sha256(data.encode()).hexdigest()[:8]
 
 
 def bytelm(*args: str) -> None:
@@ -124,19 +131,19 @@ class Sweep:
 
     def artefacts(self, family: str) -> tuple[str, ...]:
         if family == "blt":
-            entropy = self.out / "entropy"
+            entropy = self.out / f"entropy-{data_tag(self.data)}"
             if not (entropy / "run.json").is_file() or json.loads((entropy / "run.json").read_text()).get("status") != "finished":
                 bytelm("train", "cpu/entropy", "--out", str(entropy), *[f"--set={s}" for s in self.common])
             return (f"model.entropy_run={entropy}",)
         if family == "bpe":
-            tok = self.out / "tokenizer-4096"
+            tok = self.out / f"tokenizer-4096-{data_tag(self.data)}"
             if not (tok / "tokenizer.json").is_file():
                 bytelm("tokenizer", "train", "--data", self.data, "--vocab-size", "4096", "--pattern", "cl100k", "--out", str(tok))
             return (f"model.tokenizer={tok}",)
         return ()
 
     def score(self, preset: str, family: str, overrides: tuple[str, ...], fixed: tuple[str, ...]) -> dict:
-        run_dir = self.out / "runs" / run_name(family, overrides)
+        run_dir = self.out / "runs" / run_name(family, preset, self.seconds, self.data, overrides)
         cached = run_dir / "validation.json"
         if cached.is_file():
             return json.loads(cached.read_text())

@@ -108,6 +108,7 @@ def family_step(size: str, family: str, overrides: list[str], batch: int | None,
     task = Bench()
     trainer = Trainer(cfg, task)
     plan = schedule_plan(cfg.train, 10**6)
+    seed_step = np.asarray([cfg.train.seed, 0], np.uint32)  # the dropout key of a step, when model.dropout > 0
     rng = np.random.default_rng(0)
     high = N_TOKEN_IDS + BYTE_OFFSET if family == "bpe" else 256 + BYTE_OFFSET
     ids = rng.integers(BYTE_OFFSET, high, size=(B, T + 1)).astype(np.int32)
@@ -120,7 +121,7 @@ def family_step(size: str, family: str, overrides: list[str], batch: int | None,
 
     def step() -> float:
         t0 = time.perf_counter()
-        trainer.params, trainer.opt_state, metrics = trainer._train_step(trainer.params, trainer.opt_state, device_batch, plan)
+        trainer.params, trainer.opt_state, metrics = trainer._train_step(trainer.params, trainer.opt_state, device_batch, plan, seed_step)
         jax.block_until_ready(metrics["loss"])
         return time.perf_counter() - t0
 

@@ -190,7 +190,7 @@ def main() -> None:
     nano = json.loads((out / "nanogpt.json").read_text())
 
     # 3. bytelm, every family for the same training time
-    runs = []
+    runs, run_recipe = [], {}
     for fam in args.family or FAMILIES:
         extra = []
         if fam == "blt":
@@ -201,10 +201,12 @@ def main() -> None:
             if not (out / "tokenizer" / "tokenizer.json").is_file():
                 bytelm("tokenizer", "train", "--data", args.data, "--vocab-size", "4096", "--pattern", "cl100k", "--out", str(out / "tokenizer"))
             extra = [f"--set=model.tokenizer={out / 'tokenizer'}"]
-        run_dir = out / fam
+        # a run directory per family and recipe: a finished run of another recipe is never reused
+        run_dir = out / (fam if recipes[fam] == f"cpu/{fam}" else f"{fam}-{recipes[fam].replace('/', '-')}")
         if not finished(run_dir):
             bytelm("train", recipes[fam], "--out", str(run_dir), "--minutes", f"{args.seconds / 60:.6g}", *sets, *extra)
         runs.append(run_dir)
+        run_recipe[run_dir.name] = recipes[fam]
 
     # 4. one table on one fingerprint
     bytelm("eval", *map(str, runs), "--data", args.data, "--external", f"nanogpt={out / 'nanogpt_scores.jsonl'}",
@@ -218,7 +220,7 @@ def main() -> None:
         "nanogpt_bpb": round(bpb["nanogpt"], 4), "nanogpt_train_s": round(nano["train_s"], 1), "nanogpt_steps": nano["steps"],
         "bytelm_bpb": {n: round(v, 4) for n, v in bpb.items() if n != "nanogpt"},
         "bytelm_train_s": {n: round(s, 1) for n, s in train_s.items() if s is not None},
-        "recipes": {r.name: recipes[r.name] for r in runs}, "best": best, "best_ratio": round(bpb[best] / bpb["nanogpt"], 4),
+        "recipes": run_recipe, "best": best, "best_ratio": round(bpb[best] / bpb["nanogpt"], 4),
     }))
 
 

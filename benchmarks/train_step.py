@@ -74,12 +74,13 @@ def jax_setup(model_overrides: list[str], batch: int, seq_len: int):
     task = make_task(cfg, corpus=None)
     trainer = Trainer(cfg, task)
     plan = schedule_plan(cfg.train, trainer.horizon)  # the schedule's runtime arguments
+    seed_step = np.asarray([cfg.train.seed, 0], np.uint32)  # the dropout key of a step, when model.dropout > 0
     rng = np.random.default_rng(0)
     device_batch = trainer.device_batch({"ids": rng.integers(4, 260, size=(batch, seq_len + 1)).astype(np.int32)})
 
     def step():
         t0 = time.perf_counter()
-        trainer.params, trainer.opt_state, m = trainer._train_step(trainer.params, trainer.opt_state, device_batch, plan)
+        trainer.params, trainer.opt_state, m = trainer._train_step(trainer.params, trainer.opt_state, device_batch, plan, seed_step)
         jax.block_until_ready(m["loss"])
         return {"step_s": time.perf_counter() - t0}
 
@@ -126,6 +127,7 @@ def blt_setup(model_overrides: list[str], entropy_overrides: list[str], batch: i
     task = Task(cfg, corpus)
     trainer = Trainer(cfg, task)
     plan = schedule_plan(cfg.train, trainer.horizon)  # the schedule's runtime arguments
+    seed_step = np.asarray([cfg.train.seed, 0], np.uint32)  # the dropout key of a step, when model.dropout > 0
     max_patches = cfg.model.patches_for(seq_len)
     counter = iter(range(10**9))
 
@@ -135,7 +137,7 @@ def blt_setup(model_overrides: list[str], entropy_overrides: list[str], batch: i
         layout = patcher.layout(ids, max_patches)
         t1 = time.perf_counter()
         batch_np = {"ids": ids, "patch_lengths": layout.lengths_BxP}
-        trainer.params, trainer.opt_state, m = trainer._train_step(trainer.params, trainer.opt_state, trainer.device_batch(batch_np), plan)
+        trainer.params, trainer.opt_state, m = trainer._train_step(trainer.params, trainer.opt_state, trainer.device_batch(batch_np), plan, seed_step)
         jax.block_until_ready(m["loss"])
         return {"step_s": time.perf_counter() - t1, "patch_s": t1 - t0, **layout.stats()}
 

@@ -6,7 +6,10 @@
 - Every family: scoring without a key (evaluation, sampling) is the model without dropout; with a
   key the scores move, the same key moves them the same way, another key differently.
 - A scanned stack draws the unrolled stack's masks (layer ``i`` folds in ``i`` either way).
-- The trainer: a run stopped and resumed draws the uninterrupted run's masks (equal parameters).
+- Recomputed blocks (``model.remat``) draw the masks of the stored ones.
+- The trainer: a step's key depends on the seed and the step; a run stopped and resumed draws the
+  uninterrupted run's masks (equal parameters); a run that accumulates gradients under dropout
+  repeats itself.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from bytelm.models.blt import BLT
 from bytelm.models.byte_lm import ByteLM
 from bytelm.models.core import Dropout
 from bytelm.models.megabyte import MegaByte
-from bytelm.training.trainer import restore_trainer, train
+from bytelm.training.trainer import dropout_key, restore_trainer, train
 
 from test_blt import blt_cfg, random_lengths
 from test_scan import LM, MEGABYTE, _byte_batch
@@ -89,6 +92,44 @@ def test_scanned_stack_draws_the_unrolled_masks():
             build(load_config(None, [*overrides, "model.dropout=0.2", f"model.scan_layers={s}"]).model, rngs=nnx.Rngs(0)) for s in ("false", "true")
         )
         np.testing.assert_allclose(_nll(scanned, batch, key), _nll(unrolled, batch, key), rtol=1e-5, atol=1e-5)
+
+
+def test_recomputed_blocks_draw_the_stored_masks():
+    """``model.remat`` recomputes a block in the backward pass: the same masks, so the same loss and
+    gradients as without it."""
+    batch, key = _byte_batch(), jax.random.key(4)
+
+    def loss_and_grads(remat: str):
+        model = ByteLM(load_config(None, [*LM, "model.n_layers=2", "model.dropout=0.3", f"model.remat={remat}"]).model, rngs=nnx.Rngs(0))
+        graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+        fn = jax.jit(jax.value_and_grad(lambda p: nnx.merge(graphdef, p, rest).score(batch, dropout_key=key).nll_BxT.sum()))
+        value, grads = fn(params)
+        return float(value), [np.asarray(g) for g in jax.tree.leaves(grads)]
+
+    base_loss, base_grads = loss_and_grads("none")
+    for remat in ("block", "dots"):
+        value, grads = loss_and_grads(remat)
+        assert value == pytest.approx(base_loss, rel=1e-5), remat
+        for a, b in zip(grads, base_grads):
+            np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6, err_msg=remat)
+
+
+def test_step_keys_differ_by_step_and_seed():
+    data = lambda seed, step: np.asarray(jax.random.key_data(dropout_key(np.asarray([seed, step], np.uint32)))).tolist()  # noqa: E731
+    keys = [data(seed, step) for seed in (0, 1) for step in (0, 1, 2)]
+    assert len({str(k) for k in keys}) == len(keys)
+
+
+def test_gradient_accumulation_with_dropout_repeats_itself(corpus_dir, tmp_path):  # noqa: F811
+    over = {"train.steps": 3, "train.grad_accum": 2, "eval.every": 0}
+    cfg = load_config(None, tiny_overrides(corpus_dir, **over, **{"model.dropout": 0.2}))
+    for name in ("a", "b"):
+        train(cfg, tmp_path / name)
+    train(load_config(None, tiny_overrides(corpus_dir, **over)), tmp_path / "plain")
+    params = {name: jax.tree.leaves(restore_trainer(tmp_path / name).params) for name in ("a", "b", "plain")}
+    for x, y in zip(params["a"], params["b"]):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+    assert any(np.abs(np.asarray(x) - np.asarray(y)).max() > 1e-4 for x, y in zip(params["a"], params["plain"]))
 
 
 def test_resumed_run_draws_the_uninterrupted_masks(corpus_dir, tmp_path):  # noqa: F811

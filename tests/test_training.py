@@ -373,6 +373,12 @@ def test_time_budget_replans_from_the_steady_pace(monkeypatch):
     assert planned_at == [4, 8, 16, 32]  # 64 - 10 is past a fifth of the decay
     assert abs(horizons[7] - 149) <= 1 and sum(times[:149]) < 75
     assert sum(times[: horizons[-1]]) == pytest.approx(100.0, abs=0.5)
+    # no warmup: re-planned while inside the first fifth of the decay (64 > 0.2 x 176)
+    horizons, planned_at = _clock_plans(monkeypatch, [10.0, 0.9, 0.9, 0.9, 0.7, 0.7, 0.6, 0.6] + [0.5] * 200, warmup=0)
+    assert planned_at == [4, 8, 16, 32] and abs(horizons[-1] - 176) <= 2
+    # a budget of a few steps, shorter than the warmup: planned once, never stretched to the warmup
+    horizons, planned_at = _clock_plans(monkeypatch, [10.0] + [0.5] * 100, budget=25.0, warmup=60)
+    assert planned_at == [4] and set(horizons[3:]) == {31}
 
 
 def test_time_budget_resume_continues_the_schedule_and_the_budget(corpus_dir, tmp_path):

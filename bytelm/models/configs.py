@@ -50,7 +50,8 @@ class ModelConfig:
     # compile time flat in depth; weights stacked on a leading "layers" axis (bytelm/models/core.py)
     scan_layers: bool = False
     norm_eps: float = 1e-6  # every RMSNorm's epsilon (the BLT reference, and Llama: 1e-5)
-    # training only: the probability of zeroing each value of the input embeddings and of every
+    # training only: the probability of zeroing each value of a stack's inputs (the embeddings;
+    # MegaByte's global and local inputs; BLT's byte embeddings and patch inputs) and of every
     # block's attention and MLP outputs before their residual add (GPT-2's residual dropout; not
     # the attention probabilities). Regularises small corpora seen for many epochs; 0 = none
     dropout: float = 0.0

@@ -596,7 +596,9 @@ class _Clock:
         again = (self.horizon is not None and steps_this_run & (steps_this_run - 1) == 0 and steps_this_run > 1 + self.PROBE_STEPS)
         if not (first or again):
             return False
-        if again and not self._early(step):  # past the warmup and the start of the decay: the horizon stays
+        # a warmup that does not fit the planned horizon (a budget of a few steps) is not re-planned:
+        # a later horizon would stretch the warmup the steps already taken ran with
+        if again and not (self.warmup < self.horizon - 1 and self._early(step)):  # else the horizon stays
             self.replanning = False
             return False
         spent = self.spent()
@@ -609,8 +611,7 @@ class _Clock:
 
     def _early(self, step: int) -> bool:
         """Inside the warmup, or the first :attr:`REPLAN_DECAY` of the decay, of the current plan."""
-        warmup = min(self.warmup, max(self.horizon - 1, 0))  # as the schedule caps it
-        return step < warmup or step - warmup <= self.REPLAN_DECAY * (self.horizon - warmup)
+        return step < self.warmup or step - self.warmup <= self.REPLAN_DECAY * (self.horizon - self.warmup)
 
     def exhausted(self, step: int) -> bool:
         return self.spent() >= self.budget_s or (self.horizon is not None and step >= self.horizon)
