@@ -4,8 +4,8 @@ RMSNorm, rotary positions, a SwiGLU MLP, multi-head attention (through
 :func:`bytelm.models.attention.attend`: causal, optional sliding window, optional cross-attention
 with an explicit mask), a pre-norm transformer stack, embeddings and the output head.
 Dropout (:class:`Dropout`, ``model.dropout``) applies in training only, where the trainer hands
-a forward pass a key; scoring without one is deterministic. Parameters are float32; the compute dtype is a constructor argument (bfloat16 on accelerators,
-float32 on CPU by default), and kernels come resolved from :mod:`bytelm.models.kernels`. Every
+a forward pass a key; scoring without one is deterministic. Parameters are float32; the compute
+dtype is a constructor argument (bfloat16 on accelerators, float32 on CPU by default), and kernels come resolved from :mod:`bytelm.models.kernels`. Every
 weight carries ``logical_axes`` metadata (``embed``, ``mlp``, ``heads``, ``kv``, ``vocab``) that
 :mod:`bytelm.training.sharding` maps to mesh axes; a table whose first logical axis is ``vocab``
 is an embedding (rows gathered by id), which is how parameters are counted.

@@ -221,8 +221,6 @@ class _Programs:
         self.lr = jax.jit(lambda count, plan: schedule(count, plan["horizon"], plan["peak"], plan["warmup"]))  # one call, not a dozen eager ops
 
     def _scores(self, params, batch, dropout_key=None):
-        if dropout_key is None:
-            return nnx.merge(self.graphdef, params).score(batch)
         return nnx.merge(self.graphdef, params).score(batch, dropout_key=dropout_key)
 
     def _sums(self, params, batch, dropout_key=None):
