@@ -11,7 +11,8 @@ UDHR) is never read. BLT's entropy model and the subword LM's tokenizer are made
 the recipes ``configs/cpu/entropy.toml`` and a 4096-id cl100k BPE.
 
 ``--recipes ten`` sweeps the ten-minute recipes instead (``--seconds 600``): it starts from the
-CPU recipes and tries dropout and larger shapes (``TEN_MINUTE_GROUPS``). A ten-minute run reads
+CPU recipes and tries dropout and larger shapes (the subword LM), or from the byte LM's ten-minute
+recipe Muon (``train.optimizer``), a higher learning rate and a decay to zero (``TEN_MINUTE_GROUPS``). A ten-minute run reads
 a few megabytes, so on the whole stdlib corpus (about 30 MB) no run would see a byte twice and
 regularisation could never win; ``--sample-mb M`` sweeps instead on a fixed sample of the stdlib's
 files of about ``M`` megabytes (files ordered by the SHA-256 of their path, copied under
@@ -68,11 +69,15 @@ GROUPS: dict[str, tuple[str, list[list[tuple[str, ...]]]]] = {
     ]),
 }
 
-# The ten-minute sweep (--recipes ten): from the CPU recipes, dropout and larger shapes.
+# The ten-minute sweep (--recipes ten): from the CPU recipes, dropout and larger shapes; for the byte
+# LM, from its ten-minute recipe, the optimizer, the learning rate and the floor of the decay.
 TEN_MINUTE_GROUPS: dict[str, tuple[str, list[list[tuple[str, ...]]]]] = {
-    "byte": ("cpu/byte", [
-        [(), ("model.dropout=0.1",),
-         ("model.d_model=192", "model.n_layers=4", "model.n_heads=3", "model.mlp_dim=512", "model.dropout=0.1")],
+    # The first sweep (eleventh session, docs/cpu.md) went from cpu/byte: the preset 1.5773, with
+    # dropout 0.1 1.6107, 4 x 192 with dropout 0.1 1.5441 -> cpu/byte_10min. This one goes on from it.
+    "byte": ("cpu/byte_10min", [
+        [(), ("train.optimizer=muon",)],
+        [(), ("train.learning_rate=6e-3",)],
+        [(), ("train.min_lr_ratio=0",)],
     ]),
     "bpe": ("cpu/bpe", [
         [(), ("model.dropout=0.1",), ("model.dropout=0.25",), ("model.dropout=0.4",)],

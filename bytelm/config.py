@@ -68,6 +68,10 @@ class TrainConfig:
     weight_decay: float = 0.1
     beta1: float = 0.9
     beta2: float = 0.95
+    # "adamw", or "muon": Muon's orthogonalised step on the hidden weight matrices, Adam
+    # (beta1, beta2) on embeddings, heads and vectors, one learning rate (bytelm/training/optim.py)
+    optimizer: str = "adamw"
+    muon_momentum: float = 0.95  # Muon's Nesterov momentum (train.optimizer = "muon")
     grad_clip: float = 1.0  # global-norm clipping; 0 disables
     grad_accum: int = 1  # micro-batches per optimizer step
     log_every: int = 10
@@ -92,6 +96,10 @@ class TrainConfig:
             )
         if self.warmup_steps < 0:
             raise ValueError(f"train.warmup_steps must be >= 0, got {self.warmup_steps}")
+        if self.optimizer not in ("adamw", "muon"):
+            raise ValueError(f"train.optimizer must be 'adamw' or 'muon', got {self.optimizer!r}")
+        if not 0.0 <= self.muon_momentum < 1.0:
+            raise ValueError(f"train.muon_momentum must be in [0, 1), got {self.muon_momentum}")
         if not self.time_budget_s >= 0:
             raise ValueError(f"train.time_budget_s must be >= 0 (0: train for train.steps), got {self.time_budget_s}")
 

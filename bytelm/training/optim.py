@@ -1,4 +1,4 @@
-"""AdamW with linear warmup + cosine decay and global-norm clipping (optax).
+"""AdamW or Muon with linear warmup + cosine decay and global-norm clipping (optax).
 
 The schedule's horizon (the step at which the cosine ends), its peak learning rate and its warmup
 are arguments of every update (:func:`schedule_plan`), not constants of the compiled step: a run
@@ -7,6 +7,14 @@ without compiling the step again, and runs that differ only in learning rate or 
 learning-rate sweep, the budgets of ``bytelm ablate``) share one compiled step through JAX's
 compilation cache. For a run counted in steps the horizon is ``train.steps``. The optimizer state is the same tree as ``optax.adamw``'s (checkpoints written
 before the horizon became an argument restore).
+
+``train.optimizer = "muon"`` keeps everything but the direction of the update: every hidden
+weight matrix (:func:`muon_dimensions`) takes optax's Muon step (Nesterov momentum
+``train.muon_momentum``, orthogonalised by Newton-Schulz iterations; Jordan et al. 2024,
+modded-nanogpt), rescaled to the root-mean-square of an AdamW update (``0.2 * sqrt(max(fan_in,
+fan_out))``, Liu et al. 2025, "Muon is Scalable for LLM Training", arXiv:2502.16982) so the same
+learning rate, schedule, weight decay and clipping apply; embeddings, output heads, norms and
+other vectors keep Adam (``beta1``, ``beta2``).
 """
 
 from __future__ import annotations
@@ -15,7 +23,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from flax import nnx
+from optax.contrib import MuonDimensionNumbers, scale_by_muon
+from optax.contrib._muon import scale_by_shape
 
+from bytelm.models.core import EMBEDDING_AXIS, LAYER_AXIS
+
+MUON_RMS = 0.2  # Muon's update RMS, matched to AdamW's (Liu et al. 2025, section 2.2)
+_HEAD_AXES = ("heads", "kv")  # an attention projection's per-head output (or input) axes
 
 
 def schedule_plan(tcfg, horizon) -> dict:
@@ -66,15 +81,74 @@ def _scale_by_schedule_at_horizon(schedule) -> optax.GradientTransformationExtra
     return optax.GradientTransformationExtraArgs(init, update)
 
 
+def muon_dimensions(axes: tuple[str | None, ...] | None, ndim: int) -> MuonDimensionNumbers | None:
+    """How Muon sees a weight with logical ``axes`` as a matrix ``x @ W``: its reduction (input) and
+    output axes, any :data:`LAYER_AXIS` a batch of matrices; None where the weight keeps Adam (fewer
+    than two axes, or a ``vocab`` axis: embeddings, n-gram tables and output heads). The output is
+    the trailing ``heads, kv`` pair of a query/key/value projection, else the last axis; the input
+    is every other axis (so an output projection's ``heads, kv`` are its input)."""
+    if axes is None or len(axes) != ndim:
+        return None
+    matrix = [i for i, name in enumerate(axes) if name != LAYER_AXIS]
+    if len(matrix) < 2 or EMBEDDING_AXIS in axes:
+        return None
+    n_out = 2 if len(matrix) > 2 and tuple(axes[i] for i in matrix[-2:]) == _HEAD_AXES else 1
+    return MuonDimensionNumbers(reduction_axis=tuple(matrix[:-n_out]), output_axis=tuple(matrix[-n_out:]))
+
+
+def _is_variable(x) -> bool:
+    return isinstance(x, nnx.Variable)
+
+
+def _variable_dimensions(v) -> MuonDimensionNumbers | None:
+    value = v.get_value()
+    if not hasattr(value, "ndim"):
+        return None
+    return muon_dimensions(v.get_metadata().get("logical_axes"), value.ndim)
+
+
+def _muon_labels(params):
+    """``"muon"`` or ``"adam"`` per leaf of a parameter tree (an ``nnx.State``: the logical axes
+    are the variables' metadata; a bare array keeps Adam)."""
+    return jax.tree.map(
+        lambda v: v.replace("muon" if _variable_dimensions(v) else "adam") if _is_variable(v) else "adam", params, is_leaf=_is_variable
+    )
+
+
+def _muon_dimension_tree(updates):
+    """The dimension numbers of the Muon group's leaves (the others arrive as optax's
+    ``MaskedNode`` and stay so)."""
+
+    def one(v):
+        if not _is_variable(v):
+            return optax.MaskedNode() if isinstance(v, optax.MaskedNode) else None
+        if isinstance(v.get_value(), optax.MaskedNode):
+            return v
+        return v.replace(_variable_dimensions(v))
+
+    return jax.tree.map(one, updates, is_leaf=lambda x: _is_variable(x) or isinstance(x, optax.MaskedNode))
+
+
 def make_optimizer(tcfg) -> optax.GradientTransformationExtraArgs:
-    """Clip (if ``grad_clip`` > 0), then AdamW; weight decay on matrices only (not norms).
+    """Clip (if ``grad_clip`` > 0), then AdamW (``train.optimizer = "adamw"``) or Muon on the hidden
+    matrices and Adam on the rest (``"muon"``); weight decay on matrices only (not norms).
     ``update(grads, state, params, plan=schedule_plan(tcfg, horizon))``."""
     decay_mask = lambda params: jax.tree.map(lambda p: p.ndim >= 2, params)  # noqa: E731
     parts = [optax.clip_by_global_norm(tcfg.grad_clip)] if tcfg.grad_clip > 0 else []
-    adamw = optax.chain(  # optax.adamw's three parts, its schedule taking the horizon
-        optax.scale_by_adam(b1=tcfg.beta1, b2=tcfg.beta2),
-        optax.add_decayed_weights(tcfg.weight_decay, decay_mask),
-        _scale_by_schedule_at_horizon(learning_rate_schedule(tcfg)),
+    adam = optax.scale_by_adam(b1=tcfg.beta1, b2=tcfg.beta2)
+    if tcfg.optimizer == "muon":
+        muon = optax.chain(
+            scale_by_muon(beta=tcfg.muon_momentum, weight_dimension_numbers=_muon_dimension_tree),
+            scale_by_shape(weight_dimension_numbers=_muon_dimension_tree, consistent_rms=MUON_RMS),
+        )
+        direction = optax.partition({"muon": muon, "adam": adam}, _muon_labels)
+    else:
+        direction = adam
+    parts.append(  # optax.adamw's three parts, its schedule taking the horizon
+        optax.chain(
+            direction,
+            optax.add_decayed_weights(tcfg.weight_decay, decay_mask),
+            _scale_by_schedule_at_horizon(learning_rate_schedule(tcfg)),
+        )
     )
-    parts.append(adamw)
     return optax.chain(*parts)

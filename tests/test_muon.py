@@ -1,0 +1,156 @@
+"""``train.optimizer = "muon"``: Muon on the hidden weight matrices, Adam on the rest.
+
+- Which axes Muon treats as a matrix's input and output, from the logical axes (golden cases).
+- One step from zero state on random gradients: every hidden matrix moves along the polar factor
+  ``U V^T`` of its gradient seen as that matrix (computed here by an SVD, independently of the
+  Newton-Schulz iteration), with the root-mean-square of an AdamW step; embeddings, the head and
+  the norms take Adam's first step, ``-lr * sign(g)``.
+- A scanned stack (a ``layers`` axis) orthogonalises each layer's matrix on its own: the same
+  update as the unrolled stack.
+- A Muon run stopped and resumed ends with the uninterrupted run's parameters (its momentum is
+  checkpointed), and differs from an AdamW run.
+- A bad ``train.optimizer`` is refused, naming the key.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from bytelm.config import load_config
+from bytelm.models.byte_lm import ByteLM
+from bytelm.models.core import LAYER_AXIS
+from bytelm.training.optim import MUON_RMS, make_optimizer, muon_dimensions, schedule_plan
+from bytelm.training.trainer import restore_trainer, train
+
+from test_scan import LM
+from test_training import corpus_dir, tiny_overrides  # noqa: F401  (corpus_dir: a fixture)
+
+ONE_STEP = ["train.optimizer=muon", "train.grad_clip=0", "train.weight_decay=0", "train.warmup_steps=0", "train.learning_rate=0.01"]
+
+
+@pytest.mark.parametrize(
+    "axes, expected",
+    [
+        (("embed", "heads", "kv"), ((0,), (1, 2))),  # query/key/value projection
+        (("heads", "kv", "embed"), ((0, 1), (2,))),  # output projection
+        (("embed", "mlp"), ((0,), (1,))),
+        (("mlp", "embed"), ((0,), (1,))),
+        ((LAYER_AXIS, "embed", "heads", "kv"), ((1,), (2, 3))),  # a scanned stack: one matrix per layer
+        ((LAYER_AXIS, "heads", "kv", "embed"), ((1, 2), (3,))),
+        ((None, "embed"), ((0,), (1,))),
+        (("vocab", "embed"), None),  # embedding table
+        (("embed", "vocab"), None),  # output head
+        (("embed",), None),
+        ((LAYER_AXIS, "embed"), None),  # a scanned norm
+    ],
+)
+def test_muon_dimensions_from_logical_axes(axes, expected):
+    dims = muon_dimensions(axes, len(axes))
+    assert (None if dims is None else (tuple(dims.reduction_axis), tuple(dims.output_axis))) == expected
+
+
+def _random_grads(params, seed=1):
+    leaves, treedef = jax.tree.flatten(params)
+    keys = jax.random.split(jax.random.key(seed), len(leaves))
+    return jax.tree.unflatten(treedef, [jax.random.normal(k, x.shape, x.dtype) for k, x in zip(keys, leaves)])
+
+
+def _one_step(overrides, grads_of=_random_grads):
+    cfg = load_config(None, [*LM, *overrides, *ONE_STEP])
+    params = nnx.state(ByteLM(cfg.model, rngs=nnx.Rngs(0)), nnx.Param)
+    grads = grads_of(params)
+    tx = make_optimizer(cfg.train)
+    updates, _ = tx.update(grads, tx.init(params), params, plan=schedule_plan(cfg.train, 100))
+    return cfg, params, grads, updates
+
+
+def _flat(tree):
+    """``{path: (logical axes, array)}`` of an ``nnx.State``."""
+    out = {}
+    for path, v in nnx.to_flat_state(tree):
+        out[path] = (v.get_metadata().get("logical_axes"), np.asarray(v.get_value()))
+    return out
+
+
+def _matrix(path, x):
+    """The matrix an unrolled block's weight multiplies by, written out per weight (independently of
+    :func:`muon_dimensions`): the query/key/value projections map ``embed`` to all heads at once,
+    the output projection all heads to ``embed``."""
+    name = path[-1]
+    if name in ("wq", "wk", "wv"):
+        return x.reshape(x.shape[0], -1)
+    if name == "wo":
+        return x.reshape(-1, x.shape[-1])
+    return x
+
+
+def test_one_step_follows_the_polar_factor_and_adam():
+    cfg, _, grads, updates = _one_step(["model.n_layers=2", "model.scan_layers=false"])
+    lr = cfg.train.learning_rate
+    g, u = _flat(grads), _flat(updates)
+    n_muon = 0
+    for path, (axes, upd) in u.items():
+        grad = g[path][1]
+        if "blocks" not in path or upd.ndim < 2:  # Adam's first step, bias-corrected: -lr * g / (|g| + eps)
+            np.testing.assert_allclose(upd, -lr * np.sign(grad), rtol=1e-4, atol=1e-9, err_msg=str(path))
+            continue
+        n_muon += 1
+        gm, um = _matrix(path, grad), _matrix(path, upd)
+        left, _, right = np.linalg.svd(gm, full_matrices=False)
+        polar = left @ right
+        cosine = np.sum(-um * polar) / (np.linalg.norm(um) * np.linalg.norm(polar))
+        assert cosine > 0.97, (path, cosine)
+        rms = np.sqrt(np.mean(um**2)) / lr
+        assert 0.6 * MUON_RMS < rms < 1.1 * MUON_RMS, (path, rms)
+    assert n_muon == 2 * 7  # q, k, v, o and the three MLP matrices of each layer
+
+
+def test_scanned_stack_orthogonalises_each_layer():
+    _, _, grads, unrolled = _one_step(["model.n_layers=2", "model.scan_layers=false"])
+    g, u = _flat(grads), _flat(unrolled)
+
+    def stacked_grads(params):  # the unrolled run's gradients, layer i at index i of the layers axis
+        def one(path, v):
+            if LAYER_AXIS not in path:
+                return v.replace(jnp.asarray(g[path][1]))
+            i = path.index(LAYER_AXIS)
+            layers = [g[(*path[:i], "blocks", n, *path[i + 1 :])][1] for n in range(v.get_value().shape[0])]
+            return v.replace(jnp.asarray(np.stack(layers)))
+
+        return nnx.from_flat_state([(path, one(path, v)) for path, v in nnx.to_flat_state(params)])
+
+    _, _, _, scanned = _one_step(["model.n_layers=2", "model.scan_layers=true"], stacked_grads)
+    n = 0
+    for path, (axes, upd) in _flat(scanned).items():
+        if LAYER_AXIS not in path:
+            np.testing.assert_allclose(upd, u[path][1], rtol=1e-5, atol=1e-7)
+            continue
+        i = path.index(LAYER_AXIS)
+        for layer in range(upd.shape[0]):
+            np.testing.assert_allclose(upd[layer], u[(*path[:i], "blocks", layer, *path[i + 1 :])][1], rtol=1e-4, atol=1e-6, err_msg=str(path))
+        n += 1
+    assert n == 7 + 2  # the stacked matrices and norms
+
+
+def test_resumed_muon_run_ends_with_the_uninterrupted_parameters(corpus_dir, tmp_path):  # noqa: F811
+    over = {"train.steps": 8, "eval.every": 0}
+    cfg = load_config(None, tiny_overrides(corpus_dir, **over, **{"train.optimizer": "muon"}))
+    train(cfg, tmp_path / "resumed", stop_after=4)
+    train(cfg, tmp_path / "resumed")
+    train(cfg, tmp_path / "straight")
+    train(load_config(None, tiny_overrides(corpus_dir, **over)), tmp_path / "adamw")
+    params = {name: jax.tree.leaves(restore_trainer(tmp_path / name).params) for name in ("resumed", "straight", "adamw")}
+    for a, b in zip(params["resumed"], params["straight"]):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    assert any(np.abs(np.asarray(a) - np.asarray(b)).max() > 1e-4 for a, b in zip(params["straight"], params["adamw"]))
+
+
+def test_config_refuses_an_unknown_optimizer():
+    with pytest.raises(ValueError, match="train.optimizer"):
+        load_config(None, ["train.optimizer=sgd"])
+    with pytest.raises(ValueError, match="train.muon_momentum"):
+        load_config(None, ["train.muon_momentum=1.0"])
