@@ -78,6 +78,7 @@ TEN_MINUTE_GROUPS: dict[str, tuple[str, list[list[tuple[str, ...]]]]] = {
         [(), ("train.optimizer=muon",)],
         [(), ("train.learning_rate=6e-3",)],
         [(), ("train.min_lr_ratio=0",)],
+        [(), ("train.learning_rate=1.2e-2",)],
     ]),
     "bpe": ("cpu/bpe", [
         [(), ("model.dropout=0.1",), ("model.dropout=0.25",), ("model.dropout=0.4",)],
