@@ -79,6 +79,7 @@ TEN_MINUTE_GROUPS: dict[str, tuple[str, list[list[tuple[str, ...]]]]] = {
         [(), ("train.learning_rate=6e-3",)],
         [(), ("train.min_lr_ratio=0",)],
         [(), ("train.learning_rate=1.2e-2",)],
+        [(), ("train.optimizer=adamw",)],  # the optimizer again, at the learning rate chosen for Muon
     ]),
     "bpe": ("cpu/bpe", [
         [(), ("model.dropout=0.1",), ("model.dropout=0.25",), ("model.dropout=0.4",)],
