@@ -25,7 +25,6 @@ import numpy as np
 import optax
 from flax import nnx
 from optax.contrib import MuonDimensionNumbers, scale_by_muon
-from optax.contrib._muon import scale_by_shape
 
 from bytelm.models.core import EMBEDDING_AXIS, LAYER_AXIS
 
@@ -129,6 +128,25 @@ def _muon_dimension_tree(updates):
     return jax.tree.map(one, updates, is_leaf=lambda x: _is_variable(x) or isinstance(x, optax.MaskedNode))
 
 
+def _scale_to_adamw_rms() -> optax.GradientTransformation:
+    """Multiply each orthogonalised Muon step by ``MUON_RMS * sqrt(max(fan_in, fan_out))`` (fans
+    over its matrix axes): an orthogonal ``m x n`` matrix has RMS ``1 / sqrt(max(m, n))``, so the
+    step's RMS becomes AdamW's typical ``MUON_RMS``."""
+
+    def update(updates, state, params=None):
+        del params
+
+        def one(u, dims):
+            if not isinstance(dims, MuonDimensionNumbers):
+                return u
+            fans = [int(np.prod([u.shape[a] for a in axes])) for axes in (dims.reduction_axis, dims.output_axis)]
+            return u * jnp.asarray(MUON_RMS * max(fans) ** 0.5, u.dtype)
+
+        return jax.tree.map(one, updates, _muon_dimension_tree(updates), is_leaf=lambda x: isinstance(x, optax.MaskedNode)), state
+
+    return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
+
+
 def make_optimizer(tcfg) -> optax.GradientTransformationExtraArgs:
     """Clip (if ``grad_clip`` > 0), then AdamW (``train.optimizer = "adamw"``) or Muon on the hidden
     matrices and Adam on the rest (``"muon"``); weight decay on matrices only (not norms).
@@ -139,7 +157,7 @@ def make_optimizer(tcfg) -> optax.GradientTransformationExtraArgs:
     if tcfg.optimizer == "muon":
         muon = optax.chain(
             scale_by_muon(beta=tcfg.muon_momentum, weight_dimension_numbers=_muon_dimension_tree),
-            scale_by_shape(weight_dimension_numbers=_muon_dimension_tree, consistent_rms=MUON_RMS),
+            _scale_to_adamw_rms(),
         )
         direction = optax.partition({"muon": muon, "adam": adam}, _muon_labels)
     else:
