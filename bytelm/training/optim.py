@@ -5,8 +5,9 @@ are arguments of every update (:func:`schedule_plan`), not constants of the comp
 with a time budget (``train.time_budget_s``) fixes the horizon only after timing its first steps,
 without compiling the step again, and runs that differ only in learning rate or length (a
 learning-rate sweep, the budgets of ``bytelm ablate``) share one compiled step through JAX's
-compilation cache. For a run counted in steps the horizon is ``train.steps``. The optimizer state is the same tree as ``optax.adamw``'s (checkpoints written
-before the horizon became an argument restore).
+compilation cache. For a run counted in steps the horizon is ``train.steps``. With AdamW the
+optimizer state is the same tree as ``optax.adamw``'s (checkpoints written before the horizon
+became an argument restore).
 
 ``train.optimizer = "muon"`` keeps everything but the direction of the update: every hidden
 weight matrix (:func:`muon_dimensions`) takes optax's Muon step (Nesterov momentum
