@@ -229,3 +229,57 @@ def test_flops_formula_matches_xla_cost_analysis(seq_len):
     xla_per_position = cost["flops"] / (2 * seq_len)
     analytic = flops.decoder_lm_forward_flops_per_position(cfg, 260, seq_len)
     assert analytic == pytest.approx(xla_per_position, rel=0.10)
+
+
+# -- hashed n-gram embeddings (model.ngram_sizes) ------------------------------------------------
+def py_ngram_row(ids: list[int], i: int, n: int, rows: int) -> int:
+    """The table row of the n-gram ending at position ``i``, in plain Python integers: a rolling
+    polynomial hash modulo 2^32 (multiplier 1_000_000_007, seeded with ``n``, each id plus one),
+    with PAD (0) before the start."""
+    h = n
+    for j in range(i - n + 1, i + 1):
+        h = (h * 1_000_000_007 + (int(ids[j]) if j >= 0 else 0) + 1) % 2**32
+    return h % rows
+
+
+def test_ngram_embedding_sums_the_rows_of_each_ngram():
+    from bytelm.models.core import NgramEmbed
+
+    rows, sizes = 97, (2, 3, 5)
+    emb = NgramEmbed(sizes, rows, 8, rngs=nnx.Rngs(0))
+    ids = np.random.default_rng(0).integers(0, 260, size=(2, 11)).astype(np.int32)
+    got = np.asarray(emb(jnp.asarray(ids)))
+    tables = [np.asarray(t.table[...]) for t in emb.tables]
+    for b in range(2):
+        for i in range(11):
+            want = sum(table[py_ngram_row(list(ids[b]), i, n, rows)] for n, table in zip(sizes, tables))
+            np.testing.assert_allclose(got[b, i], want, rtol=1e-6, atol=1e-6)
+    # a continuation with its context equals the tail of the whole sequence
+    tail = np.asarray(emb(jnp.asarray(ids[:, 7:]), jnp.asarray(ids[:, 7 - emb.n_context : 7])))
+    np.testing.assert_allclose(tail, got[:, 7:], rtol=1e-6, atol=1e-6)
+
+
+def test_byte_lm_with_ngrams_is_causal_and_reads_them():
+    cfg = load_config(None, ["model.family=byte", "model.d_model=32", "model.n_layers=2", "model.n_heads=2", "model.mlp_dim=64", "model.ngram_sizes=2,4",
+                             "model.hash_table_size=101"]).model
+    model = ByteLM(cfg, rngs=nnx.Rngs(0))
+    assert [t.table.shape for t in model.ngrams.tables] == [(101, 32), (101, 32)]
+    ids = np.random.default_rng(1).integers(BYTE_OFFSET, 260, size=(1, 16)).astype(np.int32)
+    base = np.asarray(model(jnp.asarray(ids)))
+    k = 9
+    changed = ids.copy()
+    changed[0, k] = BYTE_OFFSET + (changed[0, k] - BYTE_OFFSET + 1) % 256
+    out = np.asarray(model(jnp.asarray(changed)))
+    np.testing.assert_allclose(out[:, :k], base[:, :k], rtol=1e-5, atol=1e-5)  # the past never sees position k
+    assert np.abs(out[:, k] - base[:, k]).max() > 1e-3
+    # the same weights without the tables' rows give other logits: the n-grams are read
+    for t in model.ngrams.tables:
+        t.table[...] = jnp.zeros_like(t.table[...])
+    assert np.abs(np.asarray(model(jnp.asarray(ids))) - base).max() > 1e-3
+
+
+@pytest.mark.parametrize("bad, match", [("model.ngram_sizes=0,2", "ngram_sizes"), ("model.ngram_sizes=3,3", "ngram_sizes"),
+                                        ("model.hash_table_size=0", "hash_table_size")])
+def test_ngram_config_is_checked(bad, match):
+    with pytest.raises(Exception, match=match):
+        load_config(None, ["model.family=byte", "model.ngram_sizes=2", bad] if "hash" in bad else ["model.family=byte", bad])

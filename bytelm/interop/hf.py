@@ -579,6 +579,8 @@ def export_hf(run_dir: str | os.PathLike, out: str | os.PathLike, progress: Call
     if m.family == "byte":
         if m.window:
             raise UserError(f"{run_dir}: model.window = {m.window} (sliding-window attention) has no Llama equivalent")
+        if m.ngram_sizes:
+            raise UserError(f"{run_dir}: model.ngram_sizes = {list(m.ngram_sizes)} (hashed n-gram embeddings) has no Llama equivalent")
         tensors = export_entries(restore_model(run_dir), decoder_lm_entries(m, "model.", "lm_head.weight", rope_perm=False), _stage(progress, "gather"))
         config, arch = _llama_config_json(m), "LlamaForCausalLM"
     elif m.family == "blt":
@@ -596,6 +598,11 @@ def export_hf(run_dir: str | os.PathLike, out: str | os.PathLike, progress: Call
         threshold = (info.get("patching") or {}).get("threshold") or m.threshold
         entropy_dir = Path(m.entropy_run)
         entropy_cfg = load_config(entropy_dir / "config.toml").model
+        if entropy_cfg.ngram_sizes:
+            raise UserError(
+                f"{run_dir} cannot be written as BltForCausalLM: its entropy model {entropy_dir} has hashed n-gram "
+                "embeddings (model.ngram_sizes), which the reference's patcher has not"
+            )
         tensors = export_entries(model, blt_entries(m), _stage(progress, "gather the BLT"))
         patcher = decoder_lm_entries(entropy_cfg, "model.patcher.", PATCHER_HEAD, rope_perm=True)
         tensors.update(export_entries(restore_model(entropy_dir), patcher, _stage(progress, "gather the entropy model")))

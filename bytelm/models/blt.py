@@ -62,26 +62,11 @@ from bytelm.constants import NUM_BYTE_IDS, PAD_ID
 from bytelm.models.attention import attend
 from bytelm.models.cache import KVCache, block_extend, stack_cache, stack_extend
 from bytelm.models.core import (
-    COMPUTE_DTYPES, Dropout, Embed, RMSNorm, Transformer, apply_dropout, drop_at, head_logits, head_param, make_dropout, pad_vocab, param,
+    COMPUTE_DTYPES, Dropout, Embed, RMSNorm, Transformer, apply_dropout, drop_at, head_logits, head_param, make_dropout, ngram_hashes, pad_vocab,
+    param,
 )
 from bytelm.models.kernels import resolve_kernels
 from bytelm.models.scoring import Scores, next_id_scores
-
-# A polynomial rolling hash of the ids of an n-gram in wrapping uint32 arithmetic, with the
-# reference's first prime (1_000_000_007) as the multiplier; the reference computes the same kind
-# of hash in int64 (``rolling_polynomial_hash``), which JAX keeps off by default.
-_HASH_MULT = np.uint32(1_000_000_007)
-
-
-def ngram_hashes(ids_BxT: jax.Array, n: int, table_size: int) -> jax.Array:
-    """Row index of the n-gram ending at each position (ids before the start count as PAD)."""
-    padded = jnp.pad(ids_BxT.astype(jnp.uint32), ((0, 0), (n - 1, 0)), constant_values=PAD_ID)
-    T = ids_BxT.shape[1]
-    h = jnp.full(ids_BxT.shape, np.uint32(n), jnp.uint32)
-    for m in range(n):  # oldest id first
-        h = h * _HASH_MULT + padded[:, m : m + T] + np.uint32(1)
-    return (h % np.uint32(table_size)).astype(jnp.int32)
-
 
 # The reference's hash primes, one per hash function (``compute_hash_embeddings`` in
 # facebookresearch/blt and in transformers' BLT port), cycled when there are more functions.

@@ -35,6 +35,14 @@ def check_transformer(prefix: str, d_model: int, n_heads: int, n_layers: int, ml
         )
 
 
+def check_ngrams(ngram_sizes: tuple[int, ...], hash_table_size: int) -> None:
+    """The rules of hashed n-gram embeddings (:func:`bytelm.models.core.ngram_hashes`)."""
+    if any(not 1 <= n <= 64 for n in ngram_sizes) or len(set(ngram_sizes)) != len(ngram_sizes):
+        raise ValueError(f"model.ngram_sizes {list(ngram_sizes)} must be distinct n-gram lengths in [1, 64]")
+    if not 1 <= hash_table_size < 2**24:
+        raise ValueError(f"model.hash_table_size must be in [1, 2^24) rows per n-gram table, got {hash_table_size}")
+
+
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
     """The fields every family shares. ``family`` picks the dataclass when a config is read."""
@@ -81,12 +89,18 @@ class ByteLMConfig(ModelConfig):
     n_heads: int = 4
     mlp_dim: int = 768  # SwiGLU hidden width
     window: int = 0  # sliding-window attention span in positions; 0 = full causal attention
+    # hashed n-gram embeddings (BLT's encoder input, Pagnoni et al. 2024): for each n here the n ids
+    # ending at each position are hashed into their own table of hash_table_size rows, and the rows
+    # are added to the id's embedding; () = none (the ByT5-style input)
+    ngram_sizes: tuple[int, ...] = ()
+    hash_table_size: int = 8191
 
     def __post_init__(self) -> None:
         super().__post_init__()
         check_transformer("model.", self.d_model, self.n_heads, self.n_layers, self.mlp_dim)
         if self.window < 0:
             raise ValueError(f"model.window must be >= 0 (0 = full attention), got {self.window}")
+        check_ngrams(self.ngram_sizes, self.hash_table_size)
 
 
 @dataclasses.dataclass(frozen=True)

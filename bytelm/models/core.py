@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from bytelm.constants import PAD_ID
 from bytelm.models.attention import attend
 from bytelm.models.kernels import REMAT_POLICIES, Kernels
 
@@ -350,6 +351,48 @@ class Embed(nnx.Module):
         if jnp.issubdtype(ids.dtype, jnp.floating):
             return ids @ self.table[...]
         return jnp.take(self.table[...], ids, axis=0)
+
+
+# A polynomial rolling hash of the ids of an n-gram in wrapping uint32 arithmetic, with the
+# reference's first prime (1_000_000_007) as the multiplier; the reference computes the same kind
+# of hash in int64 (``rolling_polynomial_hash``), which JAX keeps off by default.
+_HASH_MULT = np.uint32(1_000_000_007)
+
+
+def ngram_hashes(ids_BxT: jax.Array, n: int, table_size: int) -> jax.Array:
+    """Row index of the n-gram ending at each position (ids before the start count as PAD): the
+    input of the hashed n-gram embeddings of BLT's encoder and of :class:`NgramEmbed`."""
+    padded = jnp.pad(ids_BxT.astype(jnp.uint32), ((0, 0), (n - 1, 0)), constant_values=PAD_ID)
+    T = ids_BxT.shape[1]
+    h = jnp.full(ids_BxT.shape, np.uint32(n), jnp.uint32)
+    for m in range(n):  # oldest id first
+        h = h * _HASH_MULT + padded[:, m : m + T] + np.uint32(1)
+    return (h % np.uint32(table_size)).astype(jnp.int32)
+
+
+class NgramEmbed(nnx.Module):
+    """Hashed n-gram embeddings: for each ``n`` in ``sizes``, a table of ``rows`` rows indexed by
+    :func:`ngram_hashes` of the ``n`` ids ending at each position; the call returns the sum of the
+    rows (added to an id embedding by the caller). ``n_context`` ids before the first position are
+    what a call over a continuation needs (:meth:`__call__`'s ``context_BxC``)."""
+
+    def __init__(self, sizes: tuple[int, ...], rows: int, dim: int, *, rngs: nnx.Rngs, std: float = 1.0):
+        self.sizes, self.rows = tuple(sizes), rows
+        self.n_context = max(self.sizes) - 1
+        self.tables = nnx.List([Embed(rows, dim, rngs=rngs, std=std) for _ in self.sizes])
+
+    def __call__(self, ids_BxT: jax.Array, context_BxC: jax.Array | None = None) -> jax.Array:
+        """The summed rows of the n-grams ending at each of ``ids_BxT``'s positions. ``context_BxC``
+        (the ``n_context`` ids just before them; PAD before a sequence's start) continues a sequence;
+        without it the ids are a sequence's start."""
+        T = ids_BxT.shape[1]
+        if context_BxC is not None:
+            ids_BxT = jnp.concatenate([context_BxC.astype(ids_BxT.dtype), ids_BxT], axis=1)
+        out = None
+        for n, table in zip(self.sizes, self.tables):
+            rows_BxTxD = table(ngram_hashes(ids_BxT, n, self.rows)[:, -T:])
+            out = rows_BxTxD if out is None else out + rows_BxTxD
+        return out
 
 
 def head_param(rngs: nnx.Rngs, d_model: int, n_valid: int, multiple: int) -> nnx.Param:

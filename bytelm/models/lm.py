@@ -10,7 +10,9 @@ import jax
 from flax import nnx
 
 from bytelm.models.cache import KVCache, stack_cache, stack_extend
-from bytelm.models.core import COMPUTE_DTYPES, Dropout, Embed, RMSNorm, Transformer, apply_dropout, drop_at, head_logits, head_param, make_dropout, pad_vocab
+from bytelm.models.core import (
+    COMPUTE_DTYPES, Dropout, Embed, NgramEmbed, RMSNorm, Transformer, apply_dropout, drop_at, head_logits, head_param, make_dropout, pad_vocab,
+)
 from bytelm.models.kernels import resolve_kernels
 from bytelm.models.scoring import Scores, next_id_scores
 
@@ -26,6 +28,9 @@ class DecoderLM(nnx.Module):
         self.dtype = dtype
         kernels = resolve_kernels(cfg.attention, cfg.mlp, dtype=cfg.dtype, remat=cfg.remat)
         self.embed = Embed(self.vocab_rows, cfg.d_model, rngs=rngs)
+        # hashed n-gram embeddings added to the id's (model.ngram_sizes); none: the ByT5-style input
+        self.ngrams = NgramEmbed(cfg.ngram_sizes, cfg.hash_table_size, cfg.d_model, rngs=rngs) if cfg.ngram_sizes else None
+        self.n_context = self.ngrams.n_context if self.ngrams is not None else 0  # ids before a continuation that extend() needs
         self.stack = Transformer(
             cfg.d_model, cfg.n_layers, cfg.n_heads, cfg.mlp_dim, rngs=rngs, kernels=kernels, window=cfg.window, rope_base=cfg.rope_base, dtype=dtype,
             scan=cfg.scan_layers, norm_eps=cfg.norm_eps,
@@ -33,9 +38,17 @@ class DecoderLM(nnx.Module):
         self.norm = RMSNorm(cfg.d_model, eps=cfg.norm_eps)
         self.head = head_param(rngs, cfg.d_model, n_valid, cfg.vocab_multiple)
 
+    def embed_ids(self, ids_BxT: jax.Array, context_BxC: jax.Array | None = None) -> jax.Array:
+        """The stack's input: each id's embedding plus, with ``model.ngram_sizes``, the hashed
+        embeddings of the n-grams ending at it (``context_BxC``: the ids before a continuation)."""
+        e_BxTxD = self.embed(ids_BxT)
+        if self.ngrams is not None:
+            e_BxTxD = e_BxTxD + self.ngrams(ids_BxT, context_BxC)
+        return e_BxTxD.astype(self.dtype)
+
     def __call__(self, ids_BxT: jax.Array, *, drop: Dropout | None = None) -> jax.Array:
         """``drop`` (training): dropout on the embeddings (site 0) and in the stack (site 1)."""
-        h_BxTxD = apply_dropout(self.embed(ids_BxT).astype(self.dtype), drop_at(drop, 0))
+        h_BxTxD = apply_dropout(self.embed_ids(ids_BxT), drop_at(drop, 0))
         return head_logits(self.norm(self.stack(h_BxTxD, drop=drop_at(drop, 1))), self.head[...], self.n_valid, self.dtype)
 
     def score(self, batch: dict, *, dropout_key: jax.Array | None = None) -> Scores:
@@ -52,8 +65,14 @@ class DecoderLM(nnx.Module):
         """Empty key/value caches of ``slots`` positions (the training context) per layer."""
         return stack_cache(self.stack, batch, slots)
 
-    def extend(self, ids_BxN: jax.Array, caches: list[KVCache], pos0: jax.Array) -> tuple[jax.Array, list[KVCache]]:
-        """Logits for ``N`` new ids at absolute positions ``pos0 ..``, after the cached ones."""
-        h_BxNxD = self.embed(ids_BxN).astype(self.dtype)
+    def extend(
+        self, ids_BxN: jax.Array, caches: list[KVCache], pos0: jax.Array, context_BxC: jax.Array | None = None
+    ) -> tuple[jax.Array, list[KVCache]]:
+        """Logits for ``N`` new ids at absolute positions ``pos0 ..``, after the cached ones. With
+        n-gram embeddings, ``context_BxC`` holds the :attr:`n_context` ids just before the new ones
+        (PAD before the start)."""
+        if self.n_context and (context_BxC is None or context_BxC.shape[1] != self.n_context):
+            raise ValueError(f"this model's n-grams need the {self.n_context} ids before the new ones (context_BxC)")
+        h_BxNxD = self.embed_ids(ids_BxN, context_BxC)
         h_BxNxD, caches = stack_extend(self.stack, h_BxNxD, caches, pos0)
         return head_logits(self.norm(h_BxNxD), self.head[...], self.n_valid, self.dtype), caches

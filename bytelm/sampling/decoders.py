@@ -129,23 +129,32 @@ class FlatDecoder(Decoder):
         self._model = model
         V = len(self.allowed_V)
 
-        def extend(m, ids_1xN, caches, pos0):
-            logits_1xNxV, caches = m.extend(ids_1xN, caches, pos0)
+        def extend(m, ids_1xN, caches, pos0, context_1xC):
+            logits_1xNxV, caches = m.extend(ids_1xN, caches, pos0, context_1xC)
             return logits_1xNxV[0, -1, :V], caches
 
         self._extend = _jit(extend, model, donate=(1,))
         self._forward = _jit(lambda m, ids: m(ids), model)
+        self.n_context = model.n_context  # ids before new ones that the model's n-grams read
+
+    def _context(self, ids: list[int]):
+        """The ``n_context`` ids before the next new ones (PAD before the start), or None."""
+        C = self.n_context
+        return _i32([([PAD_ID] * C + ids)[len(ids) :]]) if C else None
 
     def start(self, prompt: bytes) -> np.ndarray:
         ids = [BOS_ID, *self.encode(prompt)]
         self._check_prompt(len(ids), self.context)
-        logits, self.caches = self._extend(_i32([ids]), self._model.init_cache(1, self.context), _i32(0))
+        logits, self.caches = self._extend(_i32([ids]), self._model.init_cache(1, self.context), _i32(0), self._context([]))
         self.position = len(ids)
+        self.recent = ids[-self.n_context :] if self.n_context else []
         return np.asarray(logits)
 
     def step(self, unit: int) -> np.ndarray:
-        logits, self.caches = self._extend(_i32([[unit]]), self.caches, _i32(self.position))
+        logits, self.caches = self._extend(_i32([[unit]]), self.caches, _i32(self.position), self._context(self.recent))
         self.position += 1
+        if self.n_context:
+            self.recent = [*self.recent, unit][-self.n_context :]
         return np.asarray(logits)
 
     def recompute(self, prompt: bytes, units: list[int]) -> np.ndarray:
@@ -278,6 +287,11 @@ class BLTDecoder(Decoder):
         self.allowed_V = _allowed(NUM_BYTE_IDS)
         cfg = model.cfg
         self.n_context = max([*cfg.ngram_sizes, 1]) - 1  # ids before a chunk its n-grams need
+        if entropy_model is not None and getattr(entropy_model, "n_context", 0):
+            raise UserError(
+                f"this BLT's entropy model ({cfg.entropy_run}) has hashed n-gram embeddings (model.ngram_sizes), which "
+                "BLT sampling does not support yet: patch with an entropy model trained without them"
+            )
         self._entropy_model = entropy_model
         V, J, k, dl = NUM_BYTE_IDS, cfg.max_patch_len, cfg.queries_per_patch, cfg.local_d_model
 
