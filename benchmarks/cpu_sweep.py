@@ -80,6 +80,12 @@ TEN_MINUTE_GROUPS: dict[str, tuple[str, list[list[tuple[str, ...]]]]] = {
         [(), ("train.min_lr_ratio=0",)],
         [(), ("train.learning_rate=1.2e-2",)],
         [(), ("train.optimizer=adamw",)],  # the optimizer again, at the learning rate chosen for Muon
+        # thirteenth session: BLT's hashed n-gram embeddings added to the byte embedding
+        [(), ("model.ngram_sizes=2,3,4",)],
+        [(), ("model.ngram_sizes=2,3,4,5,6",)],
+        [(), ("model.dropout=0.2",)],
+        [(), ("model.ngram_sizes=2,3",)],
+        [(), ("model.d_model=256", "model.n_heads=4", "model.mlp_dim=704")],
     ]),
     "bpe": ("cpu/bpe", [
         [(), ("model.dropout=0.1",), ("model.dropout=0.25",), ("model.dropout=0.4",)],

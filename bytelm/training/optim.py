@@ -148,6 +148,61 @@ def _scale_to_adamw_rms() -> optax.GradientTransformation:
     return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
 
 
+def data_parallel_size() -> int:
+    """The number of data-parallel devices of the mesh the step is traced under (``jax.set_mesh``;
+    the trainer sets its own), when that mesh is purely data-parallel (``fsdp = tensor = 1``);
+    else 1 (no mesh, one device, or a mesh whose parameter sharding already splits the work)."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty or "data" not in mesh.axis_names:
+        return 1
+    others = [size for name, size in mesh.shape.items() if name != "data"]
+    return mesh.shape["data"] if all(size == 1 for size in others) else 1
+
+
+def split_axis(shape: tuple[int, ...], dims: MuonDimensionNumbers, n: int) -> int | None:
+    """The axis of a Muon weight along which ``n`` data-parallel devices share its Newton-Schulz
+    work: its :data:`LAYER_AXIS` (each device orthogonalises whole layers, no communication inside
+    the iterations), else its longest matrix axis (the wide side of ``X X^T``: one small all-reduce
+    per iteration); None when no such axis divides by ``n``."""
+    matrix = [*np.atleast_1d(dims.reduction_axis), *np.atleast_1d(dims.output_axis)]
+    batch = [a for a in range(len(shape)) if a not in matrix]
+    for a in batch:
+        if shape[a] % n == 0:
+            return a
+    fits = [a for a in matrix if shape[a] % n == 0]
+    return max(fits, key=lambda a: shape[a]) if fits else None
+
+
+def _split_newton_schulz(muon: optax.GradientTransformation) -> optax.GradientTransformation:
+    """``muon`` with its Newton-Schulz work shared by the data-parallel devices: under a purely
+    data-parallel mesh every device holds the whole (all-reduced) gradient, and would otherwise
+    repeat every matrix's orthogonalisation. Each Muon update enters sharded along
+    :func:`split_axis` (XLA partitions the iterations), and the step and the momentum leave
+    replicated again, as the parameters and the optimizer state are."""
+
+    def update(updates, state, params=None):
+        n = data_parallel_size()
+        if n == 1:
+            return muon.update(updates, state, params)
+        P = jax.sharding.PartitionSpec
+
+        def spread(u, dims):
+            if not isinstance(dims, MuonDimensionNumbers):
+                return u
+            axis = split_axis(u.shape, dims, n)
+            if axis is None:
+                return u
+            return jax.lax.with_sharding_constraint(u, P(*["data" if a == axis else None for a in range(u.ndim)]))
+
+        dims = _muon_dimension_tree(updates)
+        updates = jax.tree.map(spread, updates, dims, is_leaf=lambda x: isinstance(x, optax.MaskedNode))
+        out, state = muon.update(updates, state, params)
+        replicate = lambda x: jax.lax.with_sharding_constraint(x, P()) if isinstance(x, jax.Array) else x  # noqa: E731
+        return jax.tree.map(replicate, out), jax.tree.map(replicate, state)
+
+    return optax.GradientTransformation(muon.init, update)
+
+
 def make_optimizer(tcfg) -> optax.GradientTransformationExtraArgs:
     """Clip (if ``grad_clip`` > 0), then AdamW (``train.optimizer = "adamw"``) or Muon on the hidden
     matrices and Adam on the rest (``"muon"``); weight decay on matrices only (not norms).
@@ -157,7 +212,7 @@ def make_optimizer(tcfg) -> optax.GradientTransformationExtraArgs:
     adam = optax.scale_by_adam(b1=tcfg.beta1, b2=tcfg.beta2)
     if tcfg.optimizer == "muon":
         muon = optax.chain(
-            scale_by_muon(beta=tcfg.muon_momentum, weight_dimension_numbers=_muon_dimension_tree),
+            _split_newton_schulz(scale_by_muon(beta=tcfg.muon_momentum, weight_dimension_numbers=_muon_dimension_tree)),
             _scale_to_adamw_rms(),
         )
         direction = optax.partition({"muon": muon, "adam": adam}, _muon_labels)

@@ -353,8 +353,18 @@ class Trainer:
             self.opt_state = jax.eval_shape(self.programs.opt_init, self.params)
         self.step = 0
         self.last_plan: dict | None = None  # the schedule_plan of the latest step
-        self._train_step, self._score_positions = self.programs.train_step, self.programs.score_positions
+        self._train_step, self._score_positions = self._on_mesh(self.programs.train_step), self.programs.score_positions
         self.param_counts = count_params(self.params)
+
+    def _on_mesh(self, fn):
+        """``fn`` called with this trainer's mesh as the context mesh (``jax.set_mesh``), which the
+        optimizer reads to share Muon's Newton-Schulz work across data-parallel devices."""
+
+        def call(*args):
+            with jax.set_mesh(self.mesh):
+                return fn(*args)
+
+        return call
 
     # -- pure functions (shared by the runs of one shape: _Programs) -------------------------
     def _scores(self, params, batch):
