@@ -12,7 +12,9 @@ the recipes ``configs/cpu/entropy.toml`` and a 4096-id cl100k BPE.
 
 ``--recipes ten`` sweeps the ten-minute recipes instead (``--seconds 600``): it starts from the
 CPU recipes and tries dropout and larger shapes (the subword LM), or from the byte LM's ten-minute
-recipe Muon (``train.optimizer``), a higher learning rate and a decay to zero (``TEN_MINUTE_GROUPS``). A ten-minute run reads
+recipe (as the first round left it: ``TEN_MINUTE_PINS``) Muon (``train.optimizer``), a higher
+learning rate, a decay to zero, then hashed n-gram embeddings, dropout and width
+(``TEN_MINUTE_GROUPS``). A ten-minute run reads
 a few megabytes, so on the whole stdlib corpus (about 30 MB) no run would see a byte twice and
 regularisation could never win; ``--sample-mb M`` sweeps instead on a fixed sample of the stdlib's
 files of about ``M`` megabytes (files ordered by the SHA-256 of their path, copied under
@@ -91,6 +93,12 @@ TEN_MINUTE_GROUPS: dict[str, tuple[str, list[list[tuple[str, ...]]]]] = {
         [(), ("model.dropout=0.1",), ("model.dropout=0.25",), ("model.dropout=0.4",)],
     ]),
 }
+# Set under every candidate of a family (before its own overrides, which win): the byte chain starts
+# from cpu/byte_10min as the first sweep left it, whatever the file holds now (the file keeps each
+# round's choice), and runs its stack unscanned, as the rounds were measured.
+TEN_MINUTE_PINS: dict[str, tuple[str, ...]] = {
+    "byte": ("train.optimizer=adamw", "train.learning_rate=3e-3", "model.ngram_sizes=[]", "model.scan_layers=false"),
+}
 
 
 def label(overrides: tuple[str, ...], group: int = 0) -> str:
@@ -136,8 +144,9 @@ def stdlib_sample(out: Path, megabytes: float) -> str:
 
 
 class Sweep:
-    def __init__(self, out: Path, data: str, seconds: float, groups: dict):
+    def __init__(self, out: Path, data: str, seconds: float, groups: dict, pins: dict | None = None):
         self.out, self.data, self.seconds, self.groups = out, data, seconds, groups
+        self.pins = pins or {}
         self.common = (f"data.source={data}", *SWEEP_SET)
         self.validation: EvalSet | None = None
         self.results: dict[str, dict] = {}
@@ -175,7 +184,7 @@ class Sweep:
 
     def family(self, family: str) -> dict:
         preset, groups = self.groups[family]
-        fixed = self.artefacts(family)
+        fixed = (*self.artefacts(family), *self.pins.get(family, ()))
         best: tuple[str, ...] = ()
         table = []
         for g, group in enumerate(groups):
@@ -215,7 +224,7 @@ def main() -> None:
     configure_cpu_devices()
     os.makedirs(args.out, exist_ok=True)
     data = stdlib_sample(Path(args.out), args.sample_mb) if args.sample_mb else args.data
-    sweep = Sweep(Path(args.out), data, args.seconds, groups)
+    sweep = Sweep(Path(args.out), data, args.seconds, groups, TEN_MINUTE_PINS if args.recipes == "ten" else None)
     chosen = {f: sweep.family(f) for f in families}
     print(json.dumps({"seconds": args.seconds, "recipes": args.recipes, "data": data,
                       "validation_fingerprint": sweep.validation.fingerprint if sweep.validation else None, "chosen": chosen}))

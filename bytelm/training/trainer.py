@@ -558,10 +558,14 @@ class _Clock:
     depend on the horizon) or inside the first :attr:`REPLAN_DECAY` of its cosine decay (there
     the cosine is flat: a horizon 10% later raises the learning rate by under 2%). Planned
     only inside the warmup, runs of 10 minutes still ended 6-14% early: the pace kept improving
-    for hundreds of steps. A resumed run keeps the horizon it was checkpointed with."""
+    for hundreds of steps. Later doublings re-plan only to correct a plan that, at the pace since
+    the previous doubling, would end more than :attr:`LATE_MISS` of the budget early or late (a
+    slow spell of the machine over steps 128-256 once left a 10-minute run planned to stop after
+    550 s). A resumed run keeps the horizon it was checkpointed with."""
 
     PROBE_STEPS = 3
     REPLAN_DECAY = 0.2  # re-plans go on through this fraction of the cosine decay
+    LATE_MISS = 0.03  # after it, a doubling re-plans only if the plan would miss the budget by more
     UNPLANNED = 10**9  # the horizon until it is planned: warmup is unaffected, the cosine barely starts
 
     def __init__(self, budget_s: float, spent_s: float, horizon: int | None, warmup: int = 0):
@@ -606,12 +610,19 @@ class _Clock:
             return False
         # a warmup that does not fit the planned horizon (a budget of a few steps) is not re-planned:
         # a later horizon would stretch the warmup the steps already taken ran with
-        if again and not (self.warmup < self.horizon - 1 and self._early(step)):  # else the horizon stays
+        if again and not self.warmup < self.horizon - 1:  # else the horizon stays
             self.replanning = False
             return False
+        if again and step >= self.horizon:  # the run has ended (the caller stops at the horizon)
+            return False
         spent = self.spent()
-        self.step_s = (spent - self.mark) / (steps_this_run - self.mark_steps)
+        step_s = (spent - self.mark) / (steps_this_run - self.mark_steps)
         self.mark, self.mark_steps = spent, steps_this_run
+        if again and not self._early(step):  # late: only a plan that misses the budget is corrected
+            end_s = spent + max(self.horizon - step, 0) * step_s
+            if abs(end_s - self.budget_s) <= self.LATE_MISS * self.budget_s:
+                return False
+        self.step_s = step_s
         horizon = step + max(0, int((self.budget_s - spent) / max(self.step_s, 1e-9)))
         # a re-plan keeps the warmup whole, so the steps already taken keep their learning rates
         self.horizon = max(horizon, self.warmup + 2) if again else horizon
