@@ -388,11 +388,7 @@ class NgramEmbed(nnx.Module):
         T = ids_BxT.shape[1]
         if context_BxC is not None:
             ids_BxT = jnp.concatenate([context_BxC.astype(ids_BxT.dtype), ids_BxT], axis=1)
-        out = None
-        for n, table in zip(self.sizes, self.tables):
-            rows_BxTxD = table(ngram_hashes(ids_BxT, n, self.rows)[:, -T:])
-            out = rows_BxTxD if out is None else out + rows_BxTxD
-        return out
+        return sum(table(ngram_hashes(ids_BxT, n, self.rows)[:, -T:]) for n, table in zip(self.sizes, self.tables))
 
 
 def head_param(rngs: nnx.Rngs, d_model: int, n_valid: int, multiple: int) -> nnx.Param:

@@ -30,13 +30,17 @@ class DecoderLM(nnx.Module):
         self.embed = Embed(self.vocab_rows, cfg.d_model, rngs=rngs)
         # hashed n-gram embeddings added to the id's (model.ngram_sizes); none: the ByT5-style input
         self.ngrams = NgramEmbed(cfg.ngram_sizes, cfg.hash_table_size, cfg.d_model, rngs=rngs) if cfg.ngram_sizes else None
-        self.n_context = self.ngrams.n_context if self.ngrams is not None else 0  # ids before a continuation that extend() needs
         self.stack = Transformer(
             cfg.d_model, cfg.n_layers, cfg.n_heads, cfg.mlp_dim, rngs=rngs, kernels=kernels, window=cfg.window, rope_base=cfg.rope_base, dtype=dtype,
             scan=cfg.scan_layers, norm_eps=cfg.norm_eps,
         )
         self.norm = RMSNorm(cfg.d_model, eps=cfg.norm_eps)
         self.head = head_param(rngs, cfg.d_model, n_valid, cfg.vocab_multiple)
+
+    @property
+    def n_context(self) -> int:
+        """The ids before a continuation that :meth:`extend` needs (its n-grams reach back)."""
+        return self.ngrams.n_context if self.ngrams is not None else 0
 
     def embed_ids(self, ids_BxT: jax.Array, context_BxC: jax.Array | None = None) -> jax.Array:
         """The stack's input: each id's embedding plus, with ``model.ngram_sizes``, the hashed

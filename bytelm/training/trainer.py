@@ -619,7 +619,7 @@ class _Clock:
         step_s = (spent - self.mark) / (steps_this_run - self.mark_steps)
         self.mark, self.mark_steps = spent, steps_this_run
         if again and not self._early(step):  # late: only a plan that misses the budget is corrected
-            end_s = spent + max(self.horizon - step, 0) * step_s
+            end_s = spent + (self.horizon - step) * step_s
             if abs(end_s - self.budget_s) <= self.LATE_MISS * self.budget_s:
                 return False
         self.step_s = step_s
