@@ -2,7 +2,9 @@
 
 - The mask: on random input the zeroed fraction is the rate (within 5 binomial standard
   deviations), survivors are scaled by ``1 / (1 - rate)``, the same key draws the same mask, and
-  two sites draw different ones.
+  two sites draw different ones. Its bits (a keyed hash of row and column) show no structure:
+  neighbours along either axis, and the corners of rectangles (the hash's inputs XOR to zero
+  there), are dropped together as often as independent draws are.
 - Every family: scoring without a key (evaluation, sampling) is the model without dropout; with a
   key the scores move, the same key moves them the same way, another key differently.
 - A scanned stack draws the unrolled stack's masks (layer ``i`` folds in ``i`` either way).
@@ -23,7 +25,7 @@ from flax import nnx
 from bytelm.config import load_config
 from bytelm.models.blt import BLT
 from bytelm.models.byte_lm import ByteLM
-from bytelm.models.core import Dropout
+from bytelm.models.core import Dropout, dropout_bits
 from bytelm.models.megabyte import MegaByte
 from bytelm.training.trainer import dropout_key, restore_trainer, train
 
@@ -44,6 +46,27 @@ def test_dropout_zeroes_the_rate_and_rescales_the_rest():
     np.testing.assert_array_equal(np.asarray(drop(x)), y)  # the same key, the same mask
     other = np.asarray(drop.at(1)(x)) == 0
     assert 0.5 * rate * rate < (other & zeroed).mean() < 2 * rate * rate  # independent sites overlap as chance does
+
+
+def test_dropout_bits_show_no_structure():
+    """The four corners of a rectangle hash inputs that XOR to zero; a linear hash would fix their
+    parity. Each statistic is within 5 standard deviations of independent draws at rate p."""
+    for rate in (0.1, 0.5):
+        threshold = jnp.uint32(round(rate * 2**32))
+        for seed in range(3):
+            d = np.asarray(dropout_bits(jax.random.key(seed), (384, 512)) < threshold)
+            assert abs(d.mean() - rate) < 5 * (rate * (1 - rate) / d.size) ** 0.5
+            pairs = {"rows": (d[:-1], d[1:]), "columns": (d[:, :-1], d[:, 1:])}
+            for what, (a, b) in pairs.items():
+                both = (a & b).mean()
+                assert abs(both - rate**2) < 5 * (rate**2 * (1 - rate**2) / a.size) ** 0.5, (rate, seed, what)
+            for a, b, c, e in ((d[0::2, 0::2], d[0::2, 1::2], d[1::2, 0::2], d[1::2, 1::2]), (d[:192, :256], d[:192, 256:], d[192:, :256], d[192:, 256:])):
+                odd, odd_p = (a ^ b ^ c ^ e).mean(), (1 - (1 - 2 * rate) ** 4) / 2  # P(an odd number dropped)
+                assert abs(odd - odd_p) < 5 * (odd_p * (1 - odd_p) / a.size) ** 0.5, (rate, seed)
+                every, every_p = (a & b & c & e).mean(), rate**4
+                assert abs(every - every_p) < 5 * (every_p * (1 - every_p) / a.size) ** 0.5 + 1 / a.size, (rate, seed)
+    three = np.asarray(dropout_bits(jax.random.key(0), (4, 6, 8)))
+    np.testing.assert_array_equal(three.reshape(24, 8), np.asarray(dropout_bits(jax.random.key(0), (24, 8))))  # rows: the leading axes' flat index
 
 
 def test_config_refuses_a_rate_outside_zero_to_one():
