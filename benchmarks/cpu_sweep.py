@@ -11,10 +11,10 @@ UDHR) is never read. BLT's entropy model and the subword LM's tokenizer are made
 the recipes ``configs/cpu/entropy.toml`` and a 4096-id cl100k BPE.
 
 ``--recipes ten`` sweeps the ten-minute recipes instead (``--seconds 600``): it starts from the
-CPU recipes and tries dropout and larger shapes (the subword LM), or from the byte LM's ten-minute
-recipe (as the first round left it: ``TEN_MINUTE_PINS``) Muon (``train.optimizer``), a higher
-learning rate, a decay to zero, then hashed n-gram embeddings, dropout and width
-(``TEN_MINUTE_GROUPS``). A ten-minute run reads
+CPU recipes and tries dropout and larger shapes, then Muon (the subword LM), or from the byte LM's
+ten-minute recipe (as the first round left it: ``TEN_MINUTE_PINS``) Muon (``train.optimizer``), a
+higher learning rate, a decay to zero, then hashed n-gram embeddings, dropout and width, then depth
+and the lookup tables' learning rate (``TEN_MINUTE_GROUPS``). A ten-minute run reads
 a few megabytes, so on the whole stdlib corpus (about 30 MB) no run would see a byte twice and
 regularisation could never win; ``--sample-mb M`` sweeps instead on a fixed sample of the stdlib's
 files of about ``M`` megabytes (files ordered by the SHA-256 of their path, copied under
@@ -91,9 +91,13 @@ TEN_MINUTE_GROUPS: dict[str, tuple[str, list[list[tuple[str, ...]]]]] = {
         # fourteenth session, with the hashed dropout masks (about 7% off the step): the depth. The
         # current depth is named, not inherited, so that the baseline trains again with the new masks
         [("model.n_layers=4",), ("model.n_layers=5",)],
+        [(), ("train.embedding_lr_scale=4",)],  # the lookup tables' learning rate (optim.py)
     ]),
     "bpe": ("cpu/bpe", [
         [(), ("model.dropout=0.1",), ("model.dropout=0.25",), ("model.dropout=0.4",)],
+        # fourteenth session: Muon, as for the byte LM (the optimizer named in both candidates, so
+        # that the baseline trains again with the hashed dropout masks)
+        [("train.optimizer=adamw",), ("train.optimizer=muon",)],
     ]),
 }
 # Set under every candidate of a family (before its own overrides, which win): the byte chain starts

@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import importlib.resources
+import math
 import tomllib
 import types
 import typing
@@ -72,6 +73,10 @@ class TrainConfig:
     # (beta1, beta2) on embeddings, heads and vectors, one learning rate (bytelm/training/optim.py)
     optimizer: str = "adamw"
     muon_momentum: float = 0.95  # Muon's Nesterov momentum (train.optimizer = "muon")
+    # the lookup tables' learning rate (byte or subword embeddings, hashed n-gram tables: the
+    # parameters whose first logical axis is "vocab"; not output heads) is learning_rate times this,
+    # their weight decay with it, under either optimizer (bytelm/training/optim.py)
+    embedding_lr_scale: float = 1.0
     grad_clip: float = 1.0  # global-norm clipping; 0 disables
     grad_accum: int = 1  # micro-batches per optimizer step
     log_every: int = 10
@@ -100,6 +105,8 @@ class TrainConfig:
             raise ValueError(f"train.optimizer must be 'adamw' or 'muon', got {self.optimizer!r}")
         if not 0.0 <= self.muon_momentum < 1.0:
             raise ValueError(f"train.muon_momentum must be in [0, 1), got {self.muon_momentum}")
+        if not (self.embedding_lr_scale > 0 and math.isfinite(self.embedding_lr_scale)):
+            raise ValueError(f"train.embedding_lr_scale must be a finite number > 0 (1: the learning rate of the rest), got {self.embedding_lr_scale}")
         if not self.time_budget_s >= 0:
             raise ValueError(f"train.time_budget_s must be >= 0 (0: train for train.steps), got {self.time_budget_s}")
 

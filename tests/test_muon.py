@@ -11,6 +11,9 @@
   checkpointed), and differs from an AdamW run.
 - On two data-parallel devices the devices share the Newton-Schulz work (XLA's cost analysis),
   and train as one device does.
+- ``train.embedding_lr_scale`` multiplies the step of the lookup tables (the byte embedding and
+  the n-gram tables), under AdamW and Muon, and leaves every other step as it was; a bad value is
+  refused, naming the key.
 - A bad ``train.optimizer`` is refused, naming the key.
 """
 
@@ -219,3 +222,26 @@ def test_data_parallel_devices_share_the_newton_schulz_work(corpus_dir):  # noqa
     )
     r = subprocess.run([sys.executable, "-c", code], env=subprocess_env(2), capture_output=True, text=True)
     assert r.stdout.count("OK") == 2, r.stderr[-3000:]
+
+
+@pytest.mark.parametrize("optimizer", ["adamw", "muon"])
+def test_embedding_lr_scale_multiplies_the_lookup_tables_steps(optimizer):
+    over = [f"train.optimizer={optimizer}", "model.ngram_sizes=2,3", "model.hash_table_size=61"]
+    _, _, _, base = _one_step(over)
+    _, _, _, scaled = _one_step([*over, "train.embedding_lr_scale=5"])
+    tables = 0
+    for path, (axes, b) in _flat(base).items():
+        s = _flat(scaled)[path][1]
+        if axes[0] == "vocab":
+            tables += 1
+            np.testing.assert_allclose(s, 5 * b, rtol=1e-6, err_msg=str(path))
+            assert np.abs(b).max() > 0
+        else:
+            np.testing.assert_array_equal(s, b, err_msg=str(path))
+    assert tables == 3  # the byte embedding and two n-gram tables
+
+
+def test_config_refuses_a_bad_embedding_lr_scale():
+    for bad in ("0", "-1", "inf"):
+        with pytest.raises(ValueError, match="train.embedding_lr_scale"):
+            load_config(None, [*LM, f"train.embedding_lr_scale={bad}"])

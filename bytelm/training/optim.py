@@ -16,6 +16,10 @@ modded-nanogpt), rescaled to the root-mean-square of an AdamW update (``0.2 * sq
 fan_out))``, Liu et al. 2025, "Muon is Scalable for LLM Training", arXiv:2502.16982) so the same
 learning rate, schedule, weight decay and clipping apply; embeddings, output heads, norms and
 other vectors keep Adam (``beta1``, ``beta2``).
+
+``train.embedding_lr_scale`` multiplies the step of the lookup tables (embeddings and hashed
+n-gram tables, whose rows see a gradient only where their id occurs) under either optimizer; their
+weight decay scales with it, as AdamW's does with its learning rate.
 """
 
 from __future__ import annotations
@@ -203,10 +207,22 @@ def _split_newton_schulz(muon: optax.GradientTransformation) -> optax.GradientTr
     return optax.GradientTransformation(muon.init, update)
 
 
+def _scale_embeddings(scale: float) -> optax.GradientTransformation:
+    """Multiply the updates of lookup tables (a variable whose first logical axis is
+    :data:`EMBEDDING_AXIS`: embeddings, n-gram hash tables) by ``scale``; the rest pass."""
+
+    def one(u):
+        if _is_variable(u) and (u.get_metadata().get("logical_axes") or (None,))[0] == EMBEDDING_AXIS:
+            return u.replace(u.get_value() * jnp.asarray(scale, u.get_value().dtype))
+        return u
+
+    return optax.GradientTransformation(lambda params: optax.EmptyState(), lambda updates, state, params=None: (jax.tree.map(one, updates, is_leaf=_is_variable), state))
+
+
 def make_optimizer(tcfg) -> optax.GradientTransformationExtraArgs:
     """Clip (if ``grad_clip`` > 0), then AdamW (``train.optimizer = "adamw"``) or Muon on the hidden
-    matrices and Adam on the rest (``"muon"``); weight decay on matrices only (not norms).
-    ``update(grads, state, params, plan=schedule_plan(tcfg, horizon))``."""
+    matrices and Adam on the rest (``"muon"``); weight decay on matrices only (not norms); lookup
+    tables' steps times ``embedding_lr_scale``. ``update(grads, state, params, plan=schedule_plan(tcfg, horizon))``."""
     decay_mask = lambda params: jax.tree.map(lambda p: p.ndim >= 2, params)  # noqa: E731
     parts = [optax.clip_by_global_norm(tcfg.grad_clip)] if tcfg.grad_clip > 0 else []
     adam = optax.scale_by_adam(b1=tcfg.beta1, b2=tcfg.beta2)
@@ -225,4 +241,6 @@ def make_optimizer(tcfg) -> optax.GradientTransformationExtraArgs:
             _scale_by_schedule_at_horizon(learning_rate_schedule(tcfg)),
         )
     )
+    if tcfg.embedding_lr_scale != 1:  # only then: the optimizer state of every other run keeps its tree
+        parts.append(_scale_embeddings(tcfg.embedding_lr_scale))
     return optax.chain(*parts)
