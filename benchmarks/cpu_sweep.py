@@ -93,6 +93,7 @@ TEN_MINUTE_GROUPS: dict[str, tuple[str, list[list[tuple[str, ...]]]]] = {
         [("model.n_layers=4",), ("model.n_layers=5",)],
         [(), ("train.embedding_lr_scale=4",)],  # the lookup tables' learning rate (optim.py)
         [(), ("train.embedding_lr_scale=16",)],
+        [(), ("train.embedding_lr_scale=64",)],
     ]),
     "bpe": ("cpu/bpe", [
         [(), ("model.dropout=0.1",), ("model.dropout=0.25",), ("model.dropout=0.4",)],
