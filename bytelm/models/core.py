@@ -29,6 +29,13 @@ COMPUTE_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": j
 EMBEDDING_AXIS = "vocab"  # the first logical axis of a lookup table (embeddings, n-gram hash tables)
 
 
+def is_lookup_table(v) -> bool:
+    """Whether ``v`` is a lookup table (embeddings, n-gram hash tables): an ``nnx.Variable`` whose
+    first logical axis is :data:`EMBEDDING_AXIS`. An output head (``embed, vocab``) is not."""
+    axes = v.get_metadata().get("logical_axes") if isinstance(v, nnx.Variable) else None
+    return bool(axes) and axes[0] == EMBEDDING_AXIS
+
+
 def param(
     rngs: nnx.Rngs, shape: tuple[int, ...], axes: tuple[str | None, ...], *, std: float | None = None, fan_in: int | None = None, truncated: bool = False
 ) -> nnx.Param:
@@ -62,9 +69,9 @@ class Dropout:
 
     The mask is a keyed integer hash of each element's position (:func:`dropout_bits`), not
     ``jax.random.bernoulli``: the key gives two 32-bit words once per site, and each element costs
-    two multiply-xorshift hashes, where threefry's twenty rounds per element made the masks about
-    12% of a CPU training step (a 4 x 192 byte LM at batch 16 x 256: 9 masks, 50 ms against 1 ms;
-    benchmarks/RESULTS.md, fourteenth session). A rate is kept to within 2^-32."""
+    one XOR and one multiply-xorshift hash, where threefry's twenty rounds per element made the
+    masks about 12% of a CPU training step (a 4 x 192 byte LM at batch 16 x 256: 9 masks, 46 ms
+    against 2.3 ms; benchmarks/dropout_masks.py). A rate is kept to within 2^-32."""
 
     def __init__(self, rate: float, key: jax.Array):
         self.rate = float(rate)

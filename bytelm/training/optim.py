@@ -31,7 +31,7 @@ import optax
 from flax import nnx
 from optax.contrib import MuonDimensionNumbers, scale_by_muon
 
-from bytelm.models.core import EMBEDDING_AXIS, LAYER_AXIS
+from bytelm.models.core import EMBEDDING_AXIS, LAYER_AXIS, is_lookup_table
 
 MUON_RMS = 0.2  # Muon's update RMS, matched to AdamW's (Liu et al. 2025, section 2.2)
 _HEAD_AXES = ("heads", "kv")  # an attention projection's per-head output (or input) axes
@@ -208,15 +208,15 @@ def _split_newton_schulz(muon: optax.GradientTransformation) -> optax.GradientTr
 
 
 def _scale_embeddings(scale: float) -> optax.GradientTransformation:
-    """Multiply the updates of lookup tables (a variable whose first logical axis is
-    :data:`EMBEDDING_AXIS`: embeddings, n-gram hash tables) by ``scale``; the rest pass."""
+    """Multiply the updates of lookup tables (:func:`is_lookup_table`: embeddings, n-gram hash
+    tables) by ``scale``; the rest pass."""
 
-    def one(u):
-        if _is_variable(u) and (u.get_metadata().get("logical_axes") or (None,))[0] == EMBEDDING_AXIS:
-            return u.replace(u.get_value() * jnp.asarray(scale, u.get_value().dtype))
-        return u
+    def update(updates, state, params=None):
+        del params
+        scaled = lambda u: u.replace(u.get_value() * jnp.asarray(scale, u.get_value().dtype)) if is_lookup_table(u) else u  # noqa: E731
+        return jax.tree.map(scaled, updates, is_leaf=_is_variable), state
 
-    return optax.GradientTransformation(lambda params: optax.EmptyState(), lambda updates, state, params=None: (jax.tree.map(one, updates, is_leaf=_is_variable), state))
+    return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
 
 
 def make_optimizer(tcfg) -> optax.GradientTransformationExtraArgs:

@@ -38,7 +38,7 @@ from bytelm.config import Config, TrainConfig, config_to_dict, load_config, save
 from bytelm.data import load_corpus_from_config
 from bytelm.errors import UserError
 from bytelm.evaluation.bpb import LN2, score_segments
-from bytelm.models.core import EMBEDDING_AXIS
+from bytelm.models.core import is_lookup_table
 from bytelm.training.checkpoint import Checkpointer
 from bytelm.training.distributed import barrier, gather_rows, is_primary
 from bytelm.training.flops import measure_matmul_peak
@@ -92,8 +92,7 @@ def count_params(state: nnx.State) -> dict:
     for v in jax.tree.leaves(state, is_leaf=lambda x: isinstance(x, nnx.Variable)):
         n = int(np.prod(v.shape))
         total += n
-        axes = v.get_metadata().get("logical_axes") if isinstance(v, nnx.Variable) else None
-        if axes and axes[0] == EMBEDDING_AXIS:
+        if is_lookup_table(v):
             embedding += n
     return {"total": total, "embedding": embedding, "non_embedding": total - embedding}
 
