@@ -94,6 +94,9 @@ TEN_MINUTE_GROUPS: dict[str, tuple[str, list[list[tuple[str, ...]]]]] = {
         [(), ("train.embedding_lr_scale=4",)],  # the lookup tables' learning rate (optim.py)
         [(), ("train.embedding_lr_scale=16",)],
         [(), ("train.embedding_lr_scale=64",)],
+        # fifteenth session: each training window's documents attend (and read n-grams) only
+        # within themselves, as evaluation scores each segment alone (model.document_mask)
+        [(), ("model.document_mask=true",)],
     ]),
     "bpe": ("cpu/bpe", [
         [(), ("model.dropout=0.1",), ("model.dropout=0.25",), ("model.dropout=0.4",)],

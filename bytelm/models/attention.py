@@ -26,6 +26,7 @@ def attend(
     causal: bool,
     window: int = 0,
     mask_BxTxS: jax.Array | None = None,
+    segments_BxT: jax.Array | None = None,
     implementation: str = "xla",
     block: int = ATTENTION_BLOCK,
 ) -> jax.Array:
@@ -33,16 +34,21 @@ def attend(
 
     ``causal`` (self-attention, ``T == S``) masks the future; ``window`` > 0 keeps only the last
     ``window`` positions (the current one included); ``mask_BxTxS`` (True = may attend) is an
-    explicit mask. ``implementation`` is a resolved kernel (:mod:`bytelm.models.kernels`):
+    explicit mask. ``segments_BxT`` (self-attention: integer document ids, one per position) keeps
+    each query to the keys of its own document. ``implementation`` is a resolved kernel (:mod:`bytelm.models.kernels`):
     ``xla``, ``cudnn`` (explicit masks keep the XLA path) or ``halving`` (long causal
     self-attention of at least two blocks of ``block`` positions skips the masked scores; anything
     else takes XLA).
     """
     T = q_BxTxHxK.shape[1]
     if implementation == "halving" and causal and mask_BxTxS is None and T >= 2 * block:
-        if window > 0:
+        if window <= 0:
+            return halving_causal_attention(q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, block=block, segments_BxT=segments_BxT)
+        if segments_BxT is None:
             return blocked_causal_attention(q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, window=window, block=block)
-        return halving_causal_attention(q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, block=block)
+    if segments_BxT is not None:
+        same_BxTxS = segments_BxT[:, :, None] == segments_BxT[:, None, :]
+        mask_BxTxS = same_BxTxS if mask_BxTxS is None else mask_BxTxS & same_BxTxS
     return jax.nn.dot_product_attention(
         q_BxTxHxK,
         k_BxSxHxK,
@@ -89,8 +95,15 @@ def blocked_causal_attention(q_BxTxHxK, k_BxTxHxK, v_BxTxHxK, *, window: int = 0
     return jnp.concatenate(outs, axis=1)
 
 
-def _softmax_part(q_NxQxK, k_NxSxK, v_NxSxK, *, causal: bool):
-    """Attention of the queries over all the given keys (``causal``: Q == S, lower triangle).
+# The score of a key in another document: finite, so that a query with no key of its document in a
+# part (the first half's keys, for a document that starts in the second half) gets a finite
+# log-sum-exp about this low, and that part's weight in the merge underflows to exactly 0.
+_OTHER_DOCUMENT = -1e30
+
+
+def _softmax_part(q_NxQxK, k_NxSxK, v_NxSxK, *, causal: bool, seg_q_NxQ=None, seg_k_NxS=None):
+    """Attention of the queries over all the given keys (``causal``: Q == S, lower triangle;
+    ``seg_q_NxQ``/``seg_k_NxS``: document ids, a query sees only its document's keys).
 
     Leading dims ``N`` are batch (heads included). Returns the normalised output ``N x Q x K``
     and the log-sum-exp of the scores ``N x Q``, so that parts over disjoint key sets merge
@@ -98,6 +111,8 @@ def _softmax_part(q_NxQxK, k_NxSxK, v_NxSxK, *, causal: bool):
     scale = q_NxQxK.shape[-1] ** -0.5
     f32 = jnp.float32  # the softmax and the merges in fp32 whatever the compute dtype
     s_NxQxS = jnp.einsum("...qk,...sk->...qs", q_NxQxK * scale, k_NxSxK, preferred_element_type=f32)
+    if seg_q_NxQ is not None:
+        s_NxQxS = jnp.where(seg_q_NxQ[..., :, None] == seg_k_NxS[..., None, :], s_NxQxS, _OTHER_DOCUMENT)
     if causal:
         n = q_NxQxK.shape[-2]
         s_NxQxS = jnp.where(np.tril(np.ones((n, n), bool)), s_NxQxS, -jnp.inf)
@@ -115,7 +130,7 @@ def _merge_parts(out_a, lse_a, out_b, lse_b):
     return out_a * jnp.exp(lse_a - lse)[..., None] + out_b * jnp.exp(lse_b - lse)[..., None], lse
 
 
-def halving_causal_attention(q_BxTxHxK, k_BxTxHxK, v_BxTxHxK, *, block: int = ATTENTION_BLOCK):
+def halving_causal_attention(q_BxTxHxK, k_BxTxHxK, v_BxTxHxK, *, block: int = ATTENTION_BLOCK, segments_BxT=None):
     """Causal self-attention that skips the masked half of the score matrix without slicing loops.
 
     The sequence is halved recursively: each half attends causally to itself (both halves as one
@@ -125,35 +140,47 @@ def halving_causal_attention(q_BxTxHxK, k_BxTxHxK, v_BxTxHxK, *, block: int = AT
     of dense attention for ``n = T / block`` (5/8 at T=512, block 128), with only matmuls,
     one masked softmax per leaf and small merges of ``T x K`` outputs: on XLA CPU this needs
     about 30% less work than slicing the queries into blocks (``benchmarks/RESULTS.md``). The
-    recursion runs heads-major (``B x H x T x K``), where every reshape is free.
+    recursion runs heads-major (``B x H x T x K``), where every reshape is free. ``segments_BxT``
+    (document ids) keeps each query to its own document's keys: every part masks its scores by it.
     """
     heads_major = lambda x: jnp.swapaxes(x, 1, 2)  # noqa: E731
-    out_BxHxTxK = halving_attention_bhtk(heads_major(q_BxTxHxK), heads_major(k_BxTxHxK), heads_major(v_BxTxHxK), block=block)
+    out_BxHxTxK = halving_attention_bhtk(
+        heads_major(q_BxTxHxK), heads_major(k_BxTxHxK), heads_major(v_BxTxHxK), block=block, segments_BxT=segments_BxT
+    )
     return jnp.swapaxes(out_BxHxTxK, 1, 2)
 
 
-def halving_attention_bhtk(q_BxHxTxK, k_BxHxTxK, v_BxHxTxK, *, block: int = ATTENTION_BLOCK):
+def halving_attention_bhtk(q_BxHxTxK, k_BxHxTxK, v_BxHxTxK, *, block: int = ATTENTION_BLOCK, segments_BxT=None):
     """:func:`halving_causal_attention` on ``B x H x T x K`` arrays (heads before positions)."""
     shape = q_BxHxTxK.shape
     flat = lambda x: x.reshape(-1, *x.shape[-2:])  # noqa: E731
-    out_NxTxK, _ = _halving(flat(q_BxHxTxK), flat(k_BxHxTxK), flat(v_BxHxTxK), block)
+    seg_NxT = None
+    if segments_BxT is not None:  # the same ids for every head
+        seg_NxT = jnp.broadcast_to(segments_BxT[:, None, :], shape[:3]).reshape(-1, shape[2])
+    out_NxTxK, _ = _halving(flat(q_BxHxTxK), flat(k_BxHxTxK), flat(v_BxHxTxK), block, seg_NxT)
     return out_NxTxK.reshape(shape).astype(q_BxHxTxK.dtype)
 
 
-def _halving(q_NxTxK, k_NxTxK, v_NxTxK, block):
+def _halving(q_NxTxK, k_NxTxK, v_NxTxK, block, seg_NxT=None):
     """Recursion of :func:`halving_causal_attention` on ``N x T x K`` (every level folds its two
     halves into the batch, so the rank stays 3 however deep it goes: XLA CPU's YNNPACK dots
     reject operands of rank 8 or more)."""
     N, T, K = q_NxTxK.shape
     if T <= block or T % 2:
-        return _softmax_part(q_NxTxK, k_NxTxK, v_NxTxK, causal=True)
+        return _softmax_part(q_NxTxK, k_NxTxK, v_NxTxK, causal=True, seg_q_NxQ=seg_NxT, seg_k_NxS=seg_NxT)
     half = T // 2
     q2, k2, v2 = (x.reshape(N, 2, half, K) for x in (q_NxTxK, k_NxTxK, v_NxTxK))
+    seg2 = seg_d = None
+    if seg_NxT is not None:
+        seg2, seg_d = seg_NxT.reshape(N, 2, half), seg_NxT.reshape(2 * N, half)
     # each half over itself, causally, both halves as one batch of 2N
-    out_d, lse_d = _halving(q_NxTxK.reshape(2 * N, half, K), k_NxTxK.reshape(2 * N, half, K), v_NxTxK.reshape(2 * N, half, K), block)
+    out_d, lse_d = _halving(q_NxTxK.reshape(2 * N, half, K), k_NxTxK.reshape(2 * N, half, K), v_NxTxK.reshape(2 * N, half, K), block, seg_d)
     out_d, lse_d = out_d.reshape(N, 2, half, K), lse_d.reshape(N, 2, half)
     # the second half's queries over all of the first half's keys, merged into their own part
-    out_x, lse_x = _softmax_part(q2[:, 1], k2[:, 0], v2[:, 0], causal=False)
+    out_x, lse_x = _softmax_part(
+        q2[:, 1], k2[:, 0], v2[:, 0], causal=False,
+        seg_q_NxQ=None if seg2 is None else seg2[:, 1], seg_k_NxS=None if seg2 is None else seg2[:, 0],
+    )
     out_2, lse_2 = _merge_parts(out_d[:, 1], lse_d[:, 1], out_x, lse_x)
     out = jnp.stack([out_d[:, 0], out_2], axis=1).reshape(N, T, K)
     lse = jnp.stack([lse_d[:, 0], lse_2], axis=1).reshape(N, T)

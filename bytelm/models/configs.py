@@ -94,6 +94,10 @@ class ByteLMConfig(ModelConfig):
     # are added to the id's embedding; () = none (the ByT5-style input)
     ngram_sizes: tuple[int, ...] = ()
     hash_table_size: int = 8191
+    # every BOS in a training window starts a document: its positions attend only to their own
+    # document and their n-grams read nothing before its BOS, as when an evaluation segment (one
+    # document, from its BOS) is scored alone; false = the window is one sequence
+    document_mask: bool = False
 
     def __post_init__(self) -> None:
         super().__post_init__()

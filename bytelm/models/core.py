@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from bytelm.constants import PAD_ID
+from bytelm.constants import BOS_ID, PAD_ID
 from bytelm.models.attention import attend
 from bytelm.models.kernels import REMAT_POLICIES, Kernels
 
@@ -170,8 +170,8 @@ class Attention(nnx.Module):
     """Multi-head attention. Self-attention when ``kv_BxSxD`` is None, else cross-attention.
 
     Masks: ``causal`` (self-attention only), ``window`` > 0 for a sliding window of that many
-    positions (the current one included), and an explicit boolean ``mask_BxTxS`` (True = may
-    attend). Rotary positions apply to self-attention only. ``implementation`` is a resolved
+    positions (the current one included), an explicit boolean ``mask_BxTxS`` (True = may
+    attend), and ``segments_BxT`` (self-attention: document ids; a query sees only its document). Rotary positions apply to self-attention only. ``implementation`` is a resolved
     attention kernel (:mod:`bytelm.models.kernels`).
     """
 
@@ -199,6 +199,7 @@ class Attention(nnx.Module):
         causal: bool = True,
         window: int = 0,
         mask_BxTxS: jax.Array | None = None,
+        segments_BxT: jax.Array | None = None,
     ) -> jax.Array:
         dt = self.dtype
         x = x_BxTxD.astype(dt)
@@ -214,7 +215,8 @@ class Attention(nnx.Module):
             q_BxTxHxK = apply_rotary(q_BxTxHxK, cos, sin)
             k_BxSxHxK = apply_rotary(k_BxSxHxK, cos, sin)
         out_BxTxHxK = attend(
-            q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, causal=causal, window=window, mask_BxTxS=mask_BxTxS, implementation=self.implementation
+            q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, causal=causal, window=window, mask_BxTxS=mask_BxTxS, segments_BxT=segments_BxT,
+            implementation=self.implementation,
         )
         return jnp.einsum("bthk,hkd->btd", out_BxTxHxK, self.wo[...].astype(dt))
 
@@ -295,20 +297,23 @@ class Block(nnx.Module):
         self.remat = kernels.remat
 
     def __call__(
-        self, x_BxTxD: jax.Array, *, positions_BxT=None, window: int = 0, causal: bool = True, mask_BxTxS=None, drop: Dropout | None = None
+        self, x_BxTxD: jax.Array, *, positions_BxT=None, window: int = 0, causal: bool = True, mask_BxTxS=None, segments_BxT=None,
+        drop: Dropout | None = None,
     ) -> jax.Array:
         if self.remat == "none":
-            return self._forward(x_BxTxD, positions_BxT, mask_BxTxS, drop, window=window, causal=causal)
+            return self._forward(x_BxTxD, positions_BxT, mask_BxTxS, segments_BxT, drop, window=window, causal=causal)
         rate = None if drop is None else drop.rate
 
-        def forward(block, x, positions, mask, key):  # window, causal and the rate stay Python values (static)
-            return block._forward(x, positions, mask, None if key is None else Dropout(rate, key), window=window, causal=causal)
+        def forward(block, x, positions, mask, segments, key):  # window, causal and the rate stay Python values (static)
+            return block._forward(x, positions, mask, segments, None if key is None else Dropout(rate, key), window=window, causal=causal)
 
         key = None if drop is None else drop.key
-        return nnx.remat(forward, policy=REMAT_POLICIES[self.remat])(self, x_BxTxD, positions_BxT, mask_BxTxS, key)
+        return nnx.remat(forward, policy=REMAT_POLICIES[self.remat])(self, x_BxTxD, positions_BxT, mask_BxTxS, segments_BxT, key)
 
-    def _forward(self, x_BxTxD, positions_BxT, mask_BxTxS, drop, *, window: int, causal: bool) -> jax.Array:
-        attn_out = self.attn(self.attn_norm(x_BxTxD), positions_BxT=positions_BxT, window=window, causal=causal, mask_BxTxS=mask_BxTxS)
+    def _forward(self, x_BxTxD, positions_BxT, mask_BxTxS, segments_BxT, drop, *, window: int, causal: bool) -> jax.Array:
+        attn_out = self.attn(
+            self.attn_norm(x_BxTxD), positions_BxT=positions_BxT, window=window, causal=causal, mask_BxTxS=mask_BxTxS, segments_BxT=segments_BxT
+        )
         h = x_BxTxD + apply_dropout(attn_out, drop_at(drop, 0)).astype(x_BxTxD.dtype)
         return h + apply_dropout(self.mlp(self.mlp_norm(h)), drop_at(drop, 1)).astype(h.dtype)
 
@@ -347,18 +352,22 @@ class Transformer(nnx.Module):
         graphdef, params, rest = nnx.split(self.layers, nnx.Param, ...)
         return [nnx.merge(graphdef, jax.tree.map(lambda a, i=i: a[i], params), rest) for i in range(self.n_layers)]
 
-    def __call__(self, x_BxTxD: jax.Array, *, positions_BxT=None, mask_BxTxS=None, drop: Dropout | None = None) -> jax.Array:
-        """``drop``: training dropout; layer ``i`` draws from ``drop.at(i)``, scanned or not."""
+    def __call__(
+        self, x_BxTxD: jax.Array, *, positions_BxT=None, mask_BxTxS=None, segments_BxT=None, drop: Dropout | None = None
+    ) -> jax.Array:
+        """``drop``: training dropout; layer ``i`` draws from ``drop.at(i)``, scanned or not.
+        ``segments_BxT``: document ids (each position attends within its document only)."""
+        kw = dict(positions_BxT=positions_BxT, window=self.window, mask_BxTxS=mask_BxTxS, segments_BxT=segments_BxT)
         if not self.scan:
             for i, block in enumerate(self.blocks):
-                x_BxTxD = block(x_BxTxD, positions_BxT=positions_BxT, window=self.window, mask_BxTxS=mask_BxTxS, drop=drop_at(drop, i))
+                x_BxTxD = block(x_BxTxD, **kw, drop=drop_at(drop, i))
             return x_BxTxD
         graphdef, params, rest = nnx.split(self.layers, nnx.Param, ...)
 
         def layer(h_BxTxD, xs):
             layer_params, i = xs
             block = nnx.merge(graphdef, layer_params, rest)
-            return block(h_BxTxD, positions_BxT=positions_BxT, window=self.window, mask_BxTxS=mask_BxTxS, drop=drop_at(drop, i)), None
+            return block(h_BxTxD, **kw, drop=drop_at(drop, i)), None
 
         x_BxTxD, _ = jax.lax.scan(layer, x_BxTxD, (params, jnp.arange(self.n_layers, dtype=jnp.int32)))
         return x_BxTxD
@@ -398,15 +407,30 @@ class Embed(nnx.Module):
 _HASH_MULT = np.uint32(1_000_000_007)
 
 
-def ngram_hashes(ids_BxT: jax.Array, n: int, table_size: int) -> jax.Array:
+def ngram_hashes(ids_BxT: jax.Array, n: int, table_size: int, reach_BxT: jax.Array | None = None) -> jax.Array:
     """Row index of the n-gram ending at each position (ids before the start count as PAD): the
-    input of the hashed n-gram embeddings of BLT's encoder and of :class:`NgramEmbed`."""
+    input of the hashed n-gram embeddings of BLT's encoder and of :class:`NgramEmbed`. With
+    ``reach_BxT``, the ids more than ``reach`` positions back count as PAD too (a document's
+    first ids do not read the previous document's)."""
     padded = jnp.pad(ids_BxT.astype(jnp.uint32), ((0, 0), (n - 1, 0)), constant_values=PAD_ID)
     T = ids_BxT.shape[1]
     h = jnp.full(ids_BxT.shape, np.uint32(n), jnp.uint32)
-    for m in range(n):  # oldest id first
-        h = h * _HASH_MULT + padded[:, m : m + T] + np.uint32(1)
+    for m in range(n):  # oldest id first, n - 1 - m positions back
+        ids = padded[:, m : m + T]
+        if reach_BxT is not None and m < n - 1:
+            ids = jnp.where(reach_BxT >= n - 1 - m, ids, np.uint32(PAD_ID))
+        h = h * _HASH_MULT + ids + np.uint32(1)
     return (h % np.uint32(table_size)).astype(jnp.int32)
+
+
+def document_spans(ids_BxT: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """``(segments_BxT, reach_BxT)`` of a window of a training stream, in which a document starts
+    at every BOS: each position's document id (the BOS seen so far) and how many positions back
+    its document reaches (to its BOS; to the window's start before the first BOS)."""
+    is_bos = ids_BxT == BOS_ID
+    t_T = jnp.arange(ids_BxT.shape[1], dtype=jnp.int32)
+    start_BxT = jax.lax.cummax(jnp.where(is_bos, t_T, 0), axis=1)
+    return jnp.cumsum(is_bos, axis=1, dtype=jnp.int32), t_T - start_BxT
 
 
 class NgramEmbed(nnx.Module):
@@ -420,14 +444,17 @@ class NgramEmbed(nnx.Module):
         self.n_context = max(self.sizes) - 1
         self.tables = nnx.List([Embed(rows, dim, rngs=rngs, std=std) for _ in self.sizes])
 
-    def __call__(self, ids_BxT: jax.Array, context_BxC: jax.Array | None = None) -> jax.Array:
+    def __call__(self, ids_BxT: jax.Array, context_BxC: jax.Array | None = None, reach_BxT: jax.Array | None = None) -> jax.Array:
         """The summed rows of the n-grams ending at each of ``ids_BxT``'s positions. ``context_BxC``
         (the ``n_context`` ids just before them; PAD before a sequence's start) continues a sequence;
-        without it the ids are a sequence's start."""
+        without it the ids are a sequence's start. ``reach_BxT`` (without a context): how many ids
+        back each position's document reaches (:func:`ngram_hashes`)."""
         T = ids_BxT.shape[1]
         if context_BxC is not None:
+            if reach_BxT is not None:
+                raise ValueError("NgramEmbed takes a continuation's context or a window's reach, not both")
             ids_BxT = jnp.concatenate([context_BxC.astype(ids_BxT.dtype), ids_BxT], axis=1)
-        return sum(table(ngram_hashes(ids_BxT, n, self.rows)[:, -T:]) for n, table in zip(self.sizes, self.tables))
+        return sum(table(ngram_hashes(ids_BxT, n, self.rows, reach_BxT)[:, -T:]) for n, table in zip(self.sizes, self.tables))
 
 
 def head_param(rngs: nnx.Rngs, d_model: int, n_valid: int, multiple: int) -> nnx.Param:

@@ -11,7 +11,8 @@ from flax import nnx
 
 from bytelm.models.cache import KVCache, stack_cache, stack_extend
 from bytelm.models.core import (
-    COMPUTE_DTYPES, Dropout, Embed, NgramEmbed, RMSNorm, Transformer, apply_dropout, drop_at, head_logits, head_param, make_dropout, pad_vocab,
+    COMPUTE_DTYPES, Dropout, Embed, NgramEmbed, RMSNorm, Transformer, apply_dropout, document_spans, drop_at, head_logits, head_param, make_dropout,
+    pad_vocab,
 )
 from bytelm.models.kernels import resolve_kernels
 from bytelm.models.scoring import Scores, next_id_scores
@@ -42,18 +43,24 @@ class DecoderLM(nnx.Module):
         """The ids before a continuation that :meth:`extend` needs (its n-grams reach back)."""
         return self.ngrams.n_context if self.ngrams is not None else 0
 
-    def embed_ids(self, ids_BxT: jax.Array, context_BxC: jax.Array | None = None) -> jax.Array:
+    def embed_ids(self, ids_BxT: jax.Array, context_BxC: jax.Array | None = None, reach_BxT: jax.Array | None = None) -> jax.Array:
         """The stack's input: each id's embedding plus, with ``model.ngram_sizes``, the hashed
-        embeddings of the n-grams ending at it (``context_BxC``: the ids before a continuation)."""
+        embeddings of the n-grams ending at it (``context_BxC``: the ids before a continuation;
+        ``reach_BxT``: how far back each position's document reaches, :func:`document_spans`)."""
         e_BxTxD = self.embed(ids_BxT)
         if self.ngrams is not None:
-            e_BxTxD = e_BxTxD + self.ngrams(ids_BxT, context_BxC)
+            e_BxTxD = e_BxTxD + self.ngrams(ids_BxT, context_BxC, reach_BxT)
         return e_BxTxD.astype(self.dtype)
 
     def __call__(self, ids_BxT: jax.Array, *, drop: Dropout | None = None) -> jax.Array:
-        """``drop`` (training): dropout on the embeddings (site 0) and in the stack (site 1)."""
-        h_BxTxD = apply_dropout(self.embed_ids(ids_BxT), drop_at(drop, 0))
-        return head_logits(self.norm(self.stack(h_BxTxD, drop=drop_at(drop, 1))), self.head[...], self.n_valid, self.dtype)
+        """``drop`` (training): dropout on the embeddings (site 0) and in the stack (site 1). With
+        ``model.document_mask``, every BOS starts a document that nothing before it reaches."""
+        segments_BxT = reach_BxT = None
+        if self.cfg.document_mask:
+            segments_BxT, reach_BxT = document_spans(ids_BxT)
+        h_BxTxD = apply_dropout(self.embed_ids(ids_BxT, reach_BxT=reach_BxT), drop_at(drop, 0))
+        h_BxTxD = self.stack(h_BxTxD, segments_BxT=segments_BxT, drop=drop_at(drop, 1))
+        return head_logits(self.norm(h_BxTxD), self.head[...], self.n_valid, self.dtype)
 
     def score(self, batch: dict, *, dropout_key: jax.Array | None = None) -> Scores:
         """``batch["ids"]`` is ``(B, T+1)``: inputs ``[:, :-1]`` predict targets ``[:, 1:]``.
