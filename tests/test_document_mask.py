@@ -13,6 +13,10 @@ from bytelm.models.attention import attend
 from bytelm.models.byte_lm import ByteLM
 from bytelm.models.core import document_spans, ngram_hashes
 
+# As in the other model tests: an implicit rank promotion is a bug (and, set by any module, the
+# setting holds for the whole worker, so code that relies on promotion fails order-dependently).
+jax.config.update("jax_numpy_rank_promotion", "raise")
+
 
 def np_segment_attention(q, k, v, seg):
     """Causal attention within documents, plain numpy: q/k/v (B,T,H,K), seg (B,T) ints."""

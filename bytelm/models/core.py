@@ -428,9 +428,9 @@ def document_spans(ids_BxT: jax.Array) -> tuple[jax.Array, jax.Array]:
     at every BOS: each position's document id (the BOS seen so far) and how many positions back
     its document reaches (to its BOS; to the window's start before the first BOS)."""
     is_bos = ids_BxT == BOS_ID
-    t_T = jnp.arange(ids_BxT.shape[1], dtype=jnp.int32)
-    start_BxT = jax.lax.cummax(jnp.where(is_bos, t_T, 0), axis=1)
-    return jnp.cumsum(is_bos, axis=1, dtype=jnp.int32), t_T - start_BxT
+    t_1xT = jnp.arange(ids_BxT.shape[1], dtype=jnp.int32)[None, :]
+    start_BxT = jax.lax.cummax(jnp.where(is_bos, t_1xT, 0), axis=1)
+    return jnp.cumsum(is_bos, axis=1, dtype=jnp.int32), t_1xT - start_BxT
 
 
 class NgramEmbed(nnx.Module):
