@@ -86,6 +86,19 @@ def test_every_family_sharded_equals_one_device(setup):
         from bytelm.training.sharding import logical_to_spec, make_mesh
         from bytelm.training.trainer import Trainer, make_task
 
+        # Differently sharded programs sum in another order (float32 reassociation, ~1e-7 relative);
+        # Adam divides each gradient by its own scale, so a coordinate whose gradient is almost zero
+        # can move by a visible fraction of the learning rate: how large the largest such difference
+        # gets depends on the CPU's code (2.6e-5 seen on an AMD EPYC, under 1e-5 on Intel Xeons).
+        # What a sharding error changes is the update itself, so the check is the difference's norm
+        # against the norm of the update the three steps made (the largest difference is printed):
+        # at most 6.2e-5 seen (BLT on 2 x 2 x 2, AMD EPYC); a wrong reduction or placement moves it
+        # to the order of 1.
+        def param_gap(got, want, init):
+            d = [np.asarray(a) - np.asarray(b) for a, b in zip(got, want)]
+            moved = [np.asarray(b) - i for b, i in zip(want, init)]
+            return max(float(np.max(np.abs(x))) for x in d), float(np.sqrt(sum(np.sum(x * x) for x in d) / sum(np.sum(x * x) for x in moved)))
+
         assert jax.device_count() == 8
         base, families, meshes_of = {base!r}, {families!r}, { {f: meshes_for(f) for f in families}!r}
 
@@ -106,6 +119,7 @@ def test_every_family_sharded_equals_one_device(setup):
             stream = task.train_batches(0)
             batches = [next(stream) for _ in range(3)]
             single = Trainer(cfg, task, mesh=make_mesh(cfg.train, devices=jax.devices()[:1]))
+            init = [np.array(x) for x in jax.tree.leaves(single.params)]  # copies: steps may donate buffers
             ref = [float(single.train_step(dict(b))["loss"]) for b in batches]
             for name, mesh in meshes_of[family].items():
                 c = cfg_of(kw, mesh)
@@ -113,9 +127,8 @@ def test_every_family_sharded_equals_one_device(setup):
                 assert tuple(multi.mesh.shape.values()) == mesh
                 losses = [float(multi.train_step(dict(b))["loss"]) for b in batches]
                 assert max(abs(a - b) for a, b in zip(losses, ref)) < 1e-5, (family, name, losses, ref)
-                worst = max(float(np.max(np.abs(np.asarray(a) - np.asarray(b))))
-                            for a, b in zip(jax.tree.leaves(multi.params), jax.tree.leaves(single.params)))
-                assert worst < 1e-5, (family, name, worst)
+                worst, rel = param_gap(jax.tree.leaves(multi.params), jax.tree.leaves(single.params), init)
+                assert rel < 1e-3, (family, name, rel, worst)
                 leaves = jax.tree_util.tree_flatten_with_path(multi.params, is_leaf=lambda x: isinstance(x, nnx.Variable))[0]
                 sharded = 0
                 for path, v in leaves:
@@ -124,7 +137,7 @@ def test_every_family_sharded_equals_one_device(setup):
                     assert trimmed(arr.sharding.spec) == trimmed(want), (family, name, jax.tree_util.keystr(path), arr.sharding.spec, want)
                     sharded += any(a is not None for a in arr.sharding.spec)
                 assert sharded > 0 if mesh != (8, 1, 1) else sharded == 0, (family, name, sharded)  # weights split unless pure data parallel
-                print(family, name, "max param diff", worst, "sharded leaves", sharded, flush=True)
+                print(family, name, "max param diff", worst, "relative", rel, "sharded leaves", sharded, flush=True)
         """
     )
     r = subprocess.run([sys.executable, "-c", code], env=subprocess_env(8), capture_output=True, text=True)

@@ -155,15 +155,22 @@ def test_data_parallel_step_equals_single_device(corpus_dir, tmp_path):
         multi = Trainer(cfg, task, mesh=make_mesh(cfg.train))
         single = Trainer(cfg, task, mesh=make_mesh(cfg.train, devices=jax.devices()[:1]))
         assert multi.mesh.shape["data"] == 8 and single.mesh.shape["data"] == 1
+        init = [np.array(x) for x in jax.tree.leaves(single.params)]  # copies: steps may donate buffers
         for _ in range(2):
             lm = float(multi.train_step(batch)["loss"]); ls = float(single.train_step(batch)["loss"])
         # differently sharded programs (gradients all-reduced over 8 devices vs summed on one): float32
         # reassociation only, ~1e-7 relative per value; 1e-5 absolute leaves two orders of margin
         assert abs(lm - ls) < 1e-5, (lm, ls)
-        worst = max(float(np.max(np.abs(np.asarray(a) - np.asarray(b))))
-                    for a, b in zip(jax.tree.leaves(multi.params), jax.tree.leaves(single.params)))
-        print("max param diff", worst)
-        assert worst < 1e-5, worst
+        # the parameters: Adam divides each gradient by its own scale, so a coordinate with an almost
+        # zero gradient can differ by a visible fraction of the learning rate (2e-5 seen on an AMD
+        # EPYC); the difference's norm against the norm of the two steps' update is what a wrong
+        # all-reduce would change (3.2e-5 seen; a wrong reduction: the order of 1; test_sharding.py)
+        d = [np.asarray(a) - np.asarray(b) for a, b in zip(jax.tree.leaves(multi.params), jax.tree.leaves(single.params))]
+        moved = [np.asarray(b) - i for b, i in zip(jax.tree.leaves(single.params), init)]
+        worst = max(float(np.max(np.abs(x))) for x in d)
+        rel = float(np.sqrt(sum(np.sum(x * x) for x in d) / sum(np.sum(x * x) for x in moved)))
+        print("max param diff", worst, "relative", rel)
+        assert rel < 1e-3, (rel, worst)
         """
     )
     env = subprocess_env(8)
