@@ -28,6 +28,25 @@ def subprocess_env(n_devices: int, **extra: str) -> dict[str, str]:
     return {**os.environ, "XLA_FLAGS": f"{flags} --xla_force_host_platform_device_count={n_devices}", "JAX_PLATFORMS": "cpu", **extra}
 
 
+TESTS_DIR = os.path.dirname(os.path.abspath(__file__))  # for subprocesses that import param_gap
+
+
+def param_gap(got, want, init) -> tuple[float, float]:
+    """Two runs' parameters (lists of arrays) after the same steps from ``init``: the largest
+    difference, and the difference's norm over the norm of the update ``want`` made.
+
+    Differently sharded programs sum in another order (float32 reassociation, ~1e-7 relative), and
+    Adam divides each gradient by its own scale, so a coordinate whose gradient is almost zero can
+    move by a visible fraction of the learning rate: the largest difference depends on the CPU's
+    code (2.6e-5 seen on an AMD EPYC, under 1e-5 on Intel Xeons). A sharding error changes the
+    update itself, so parity is checked on the relative norm (at most 6.2e-5 seen; a wrong
+    reduction or placement gives the order of 1)."""
+    d = [np.asarray(a) - np.asarray(b) for a, b in zip(got, want)]
+    moved = [np.asarray(b) - i for b, i in zip(want, init)]
+    worst = max(float(np.max(np.abs(x))) for x in d)
+    return worst, float(np.sqrt(sum(np.sum(x * x) for x in d) / sum(np.sum(x * x) for x in moved)))
+
+
 @pytest.fixture(autouse=True)
 def _isolated_cache(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("BYTELM_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "bytelm-cache"))

@@ -17,7 +17,7 @@ from bytelm.errors import UserError
 from bytelm.training.optim import learning_rate_schedule
 from bytelm.training.trainer import TrainingDiverged, _Clock, restore_trainer, train
 
-from conftest import WORDS, subprocess_env, word_corpus  # noqa: F401  (WORDS: imported by other test modules)
+from conftest import TESTS_DIR, WORDS, subprocess_env, word_corpus  # noqa: F401  (WORDS: imported by other test modules)
 
 
 @pytest.fixture(scope="module")
@@ -147,6 +147,8 @@ def test_data_parallel_step_equals_single_device(corpus_dir, tmp_path):
         from bytelm.training.sharding import make_mesh
         from bytelm.training.trainer import make_task
         from bytelm.training.trainer import Trainer
+        import sys; sys.path.insert(0, {TESTS_DIR!r})
+        from conftest import param_gap
         assert jax.device_count() == 8
         cfg = load_config(None, {tiny_overrides(corpus_dir)!r})
         corpus = load_corpus(cfg.data.source, segment_bytes=64, max_eval_bytes=4096)
@@ -161,14 +163,7 @@ def test_data_parallel_step_equals_single_device(corpus_dir, tmp_path):
         # differently sharded programs (gradients all-reduced over 8 devices vs summed on one): float32
         # reassociation only, ~1e-7 relative per value; 1e-5 absolute leaves two orders of margin
         assert abs(lm - ls) < 1e-5, (lm, ls)
-        # the parameters: Adam divides each gradient by its own scale, so a coordinate with an almost
-        # zero gradient can differ by a visible fraction of the learning rate (2e-5 seen on an AMD
-        # EPYC); the difference's norm against the norm of the two steps' update is what a wrong
-        # all-reduce would change (3.2e-5 seen; a wrong reduction: the order of 1; test_sharding.py)
-        d = [np.asarray(a) - np.asarray(b) for a, b in zip(jax.tree.leaves(multi.params), jax.tree.leaves(single.params))]
-        moved = [np.asarray(b) - i for b, i in zip(jax.tree.leaves(single.params), init)]
-        worst = max(float(np.max(np.abs(x))) for x in d)
-        rel = float(np.sqrt(sum(np.sum(x * x) for x in d) / sum(np.sum(x * x) for x in moved)))
+        worst, rel = param_gap(jax.tree.leaves(multi.params), jax.tree.leaves(single.params), init)  # see its docstring
         print("max param diff", worst, "relative", rel)
         assert rel < 1e-3, (rel, worst)
         """
