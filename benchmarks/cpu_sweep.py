@@ -10,6 +10,10 @@ segments choose nothing, and the corpus the recipes are later judged on (tiny sh
 UDHR) is never read. BLT's entropy model and the subword LM's tokenizer are made once, first, with
 the recipes ``configs/cpu/entropy.toml`` and a 4096-id cl100k BPE.
 
+``--recipes cpu2`` is their second round (ROUND_TWO_GROUPS): from each CPU recipe as the first round
+left it, the shape (MegaByte, BLT, the subword LM), the batch, the context (the byte LM), warmup and weight
+decay, with the first round's values pinned (ROUND_TWO_PINS).
+
 ``--recipes ten`` sweeps the ten-minute recipes instead (``--seconds 600``): it starts from the
 CPU recipes and tries dropout and larger shapes, then Muon (the subword LM), or from the byte LM's
 ten-minute recipe (as the first round left it: ``TEN_MINUTE_PINS``) Muon (``train.optimizer``), a
@@ -72,6 +76,50 @@ GROUPS: dict[str, tuple[str, list[list[tuple[str, ...]]]]] = {
     ]),
 }
 
+# The second round of the CPU recipes (--recipes cpu2, eighteenth session): from each family's
+# recipe as the first round (GROUPS) left it, the knobs that round did not try: the shape (MegaByte,
+# BLT, the subword LM), the batch, the context, warmup and weight decay. Each group keeps its best.
+ROUND_TWO_GROUPS: dict[str, tuple[str, list[list[tuple[str, ...]]]]] = {
+    "byte": ("cpu/byte", [
+        [(), ("train.seq_len=512", "train.batch_size=8")],  # the same bytes per step, twice the context
+        [(), ("model.document_mask=true",)],
+        [(), ("train.warmup_steps=20",)],
+        [(), ("train.weight_decay=0",), ("train.weight_decay=0.3",)],
+    ]),
+    "megabyte": ("cpu/megabyte", [
+        [(), ("model.global_layers=2",),
+         ("model.embed_dim=48", "model.global_d_model=192", "model.global_heads=3", "model.global_mlp_dim=512")],
+        [(), ("train.batch_size=8",), ("train.batch_size=32",)],
+        [(), ("train.warmup_steps=20",)],
+        [(), ("train.weight_decay=0",), ("train.weight_decay=0.3",)],
+    ]),
+    "blt": ("cpu/blt", [
+        [(), ("model.global_layers=2", "model.decoder_layers=1"),
+         ("model.global_d_model=192", "model.global_heads=3", "model.global_mlp_dim=512")],
+        [(), ("train.batch_size=8",), ("train.batch_size=32",)],
+        [(), ("train.warmup_steps=20",)],
+        [(), ("train.weight_decay=0",), ("train.weight_decay=0.3",)],
+    ]),
+    "bpe": ("cpu/bpe", [
+        [(), ("model.d_model=192", "model.n_layers=3", "model.n_heads=3", "model.mlp_dim=512"),
+         ("model.n_layers=2",)],
+        [(), ("train.batch_size=8",), ("train.batch_size=32",)],
+        [(), ("train.warmup_steps=20",)],
+        [(), ("train.weight_decay=0",), ("train.weight_decay=0.3",)],
+    ]),
+}
+# Pinned under every candidate of the second round: the values the recipe files held when it began,
+# for every knob it tries, so that the chain reproduces whatever the files hold after it.
+_OPTIM_PINS = ("train.batch_size=16", "train.seq_len=256", "train.warmup_steps=60", "train.weight_decay=0.1")
+ROUND_TWO_PINS: dict[str, tuple[str, ...]] = {
+    "byte": (*_OPTIM_PINS, "model.document_mask=false"),
+    "megabyte": (*_OPTIM_PINS, "model.global_layers=4", "model.embed_dim=64", "model.global_d_model=256",
+                 "model.global_heads=4", "model.global_mlp_dim=704"),
+    "blt": (*_OPTIM_PINS, "model.global_layers=3", "model.decoder_layers=2", "model.global_d_model=256",
+            "model.global_heads=4", "model.global_mlp_dim=704"),
+    "bpe": (*_OPTIM_PINS, "model.d_model=256", "model.n_layers=4", "model.n_heads=4", "model.mlp_dim=704"),
+}
+
 # The ten-minute sweep (--recipes ten): from the CPU recipes, dropout and larger shapes; for the byte
 # LM, from its ten-minute recipe, the optimizer, the learning rate and the floor of the decay.
 TEN_MINUTE_GROUPS: dict[str, tuple[str, list[list[tuple[str, ...]]]]] = {
@@ -121,10 +169,10 @@ def label(overrides: tuple[str, ...], group: int = 0) -> str:
     return " ".join(overrides) or ("(preset)" if group == 0 else "(best so far)")
 
 
-def run_name(family: str, preset: str, seconds: float, data: str, overrides: tuple[str, ...]) -> str:
+def run_name(family: str, preset: str, seconds: float, data: str, overrides: tuple[str, ...], fixed: tuple[str, ...] = ()) -> str:
     """A candidate's directory: its family and a hash of everything its result depends on, so a
-    cached result is only reused for the same preset, budget, data and overrides."""
-    key = "\n".join([preset, f"{seconds:g}", data, *sorted(overrides)])
+    cached result is only reused for the same preset, budget, data, pins and overrides."""
+    key = "\n".join([preset, f"{seconds:g}", data, *sorted(overrides), *(("pinned:", *fixed) if fixed else ())])
     return f"{family}-" + hashlib.sha256(key.encode()).hexdigest()[:10]
 
 
@@ -181,7 +229,7 @@ class Sweep:
         return ()
 
     def score(self, preset: str, family: str, overrides: tuple[str, ...], fixed: tuple[str, ...]) -> dict:
-        run_dir = self.out / "runs" / run_name(family, preset, self.seconds, self.data, overrides)
+        run_dir = self.out / "runs" / run_name(family, preset, self.seconds, self.data, overrides, fixed)
         cached = run_dir / "validation.json"
         if cached.is_file():
             return json.loads(cached.read_text())
@@ -225,14 +273,16 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--seconds", type=float, default=100.0, help="training time per run (default 100)")
     p.add_argument("--family", action="append", choices=sorted(GROUPS), help="families to sweep (repeatable; default all of the recipe set)")
-    p.add_argument("--recipes", choices=("cpu", "ten"), default="cpu",
-                   help="cpu: the CPU recipes from the tiny presets (GROUPS); ten: the ten-minute recipes from the CPU ones (TEN_MINUTE_GROUPS)")
+    p.add_argument("--recipes", choices=("cpu", "cpu2", "ten"), default="cpu",
+                   help="cpu: the CPU recipes from the tiny presets (GROUPS); cpu2: their second round, from the CPU "
+                        "recipes (ROUND_TWO_GROUPS); ten: the ten-minute recipes from the CPU ones (TEN_MINUTE_GROUPS)")
     p.add_argument("--data", default="stdlib", help="corpus spec whose validation split chooses (default stdlib)")
     p.add_argument("--sample-mb", type=float, default=None,
                    help="sweep on a fixed sample of about this many megabytes of the stdlib's files instead of --data")
     p.add_argument("--out", default="runs/cpu_sweep", help="output directory (default runs/cpu_sweep)")
     args = p.parse_args()
-    groups = GROUPS if args.recipes == "cpu" else TEN_MINUTE_GROUPS
+    groups, pins = {"cpu": (GROUPS, None), "cpu2": (ROUND_TWO_GROUPS, ROUND_TWO_PINS),
+                    "ten": (TEN_MINUTE_GROUPS, TEN_MINUTE_PINS)}[args.recipes]
     families = args.family or list(groups)
     missing = [f for f in families if f not in groups]
     if missing:
@@ -240,7 +290,7 @@ def main() -> None:
     configure_cpu_devices()
     os.makedirs(args.out, exist_ok=True)
     data = stdlib_sample(Path(args.out), args.sample_mb) if args.sample_mb else args.data
-    sweep = Sweep(Path(args.out), data, args.seconds, groups, TEN_MINUTE_PINS if args.recipes == "ten" else None)
+    sweep = Sweep(Path(args.out), data, args.seconds, groups, pins)
     chosen = {f: sweep.family(f) for f in families}
     print(json.dumps({"seconds": args.seconds, "recipes": args.recipes, "data": data,
                       "validation_fingerprint": sweep.validation.fingerprint if sweep.validation else None, "chosen": chosen}))
