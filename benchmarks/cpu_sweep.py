@@ -92,6 +92,7 @@ ROUND_TWO_GROUPS: dict[str, tuple[str, list[list[tuple[str, ...]]]]] = {
         [(), ("train.batch_size=8",), ("train.batch_size=32",)],
         [(), ("train.warmup_steps=20",)],
         [(), ("train.weight_decay=0",), ("train.weight_decay=0.3",)],
+        [(), ("train.seq_len=512", "train.batch_size=8")],  # twice the context, the same tokens per step
     ]),
     "blt": ("cpu/blt", [
         [(), ("model.global_layers=2", "model.decoder_layers=1"),
@@ -99,6 +100,7 @@ ROUND_TWO_GROUPS: dict[str, tuple[str, list[list[tuple[str, ...]]]]] = {
         [(), ("train.batch_size=8",), ("train.batch_size=32",)],
         [(), ("train.warmup_steps=20",)],
         [(), ("train.weight_decay=0",), ("train.weight_decay=0.3",)],
+        [(), ("train.seq_len=512", "train.batch_size=8")],  # twice the context, the same tokens per step
     ]),
     "bpe": ("cpu/bpe", [
         [(), ("model.d_model=192", "model.n_layers=3", "model.n_heads=3", "model.mlp_dim=512"),
@@ -106,6 +108,7 @@ ROUND_TWO_GROUPS: dict[str, tuple[str, list[list[tuple[str, ...]]]]] = {
         [(), ("train.batch_size=8",), ("train.batch_size=32",)],
         [(), ("train.warmup_steps=20",)],
         [(), ("train.weight_decay=0",), ("train.weight_decay=0.3",)],
+        [(), ("train.seq_len=512", "train.batch_size=4")],  # twice the context, the same tokens per step
     ]),
 }
 # Pinned under every candidate of the second round: the values the recipe files held when it began,
