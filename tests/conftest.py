@@ -93,6 +93,7 @@ _LONGEST_FIRST = (
     "test_sharding.py::test_every_family_sharded_equals_one_device",
     "test_compare.py",
     "test_multihost.py::test_two_processes_agree",  # two processes of two devices each, and one
+    "test_muon.py::test_data_parallel_devices_share_the_newton_schulz_work",  # a subprocess of 2 devices
     "test_training.py::test_resume_after_sigkill_equals_uninterrupted",
 )
 

@@ -209,7 +209,7 @@ def test_data_parallel_devices_share_the_newton_schulz_work(corpus_dir):  # noqa
             two, _ = trainer(muon, 2)
             stream = task.train_batches(0)
             batches = [next(stream) for _ in range(3)]
-            extra = {{n: step_flops(trainer(muon, n)[0], batches[0]) - step_flops(trainer(base, n)[0], batches[0]) for n in (1, 2)}}
+            extra = {{n: step_flops(t, batches[0]) - step_flops(trainer(base, n)[0], batches[0]) for n, t in ((1, one), (2, two))}}
             assert 0.35 < extra[2] / extra[1] < 0.75, (scan, extra)
             losses = [(float(one.train_step(dict(b))["loss"]), float(two.train_step(dict(b))["loss"])) for b in batches]
             assert max(abs(a - b) for a, b in losses) < 1e-5, losses
