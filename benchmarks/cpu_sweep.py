@@ -11,8 +11,8 @@ UDHR) is never read. BLT's entropy model and the subword LM's tokenizer are made
 the recipes ``configs/cpu/entropy.toml`` and a 4096-id cl100k BPE.
 
 ``--recipes cpu2`` is their second round (ROUND_TWO_GROUPS): from each CPU recipe as the first round
-left it, the shape (MegaByte, BLT, the subword LM), the batch, the context (the byte LM), warmup and weight
-decay, with the first round's values pinned (ROUND_TWO_PINS).
+left it, the shape (MegaByte, BLT, the subword LM), the batch, warmup, weight decay and the context,
+with the first round's values pinned (ROUND_TWO_PINS).
 
 ``--recipes ten`` sweeps the ten-minute recipes instead (``--seconds 600``): it starts from the
 CPU recipes and tries dropout and larger shapes, then Muon (the subword LM), or from the byte LM's
@@ -79,36 +79,27 @@ GROUPS: dict[str, tuple[str, list[list[tuple[str, ...]]]]] = {
 # The second round of the CPU recipes (--recipes cpu2, eighteenth session): from each family's
 # recipe as the first round (GROUPS) left it, the knobs that round did not try: the shape (MegaByte,
 # BLT, the subword LM), the batch, the context, warmup and weight decay. Each group keeps its best.
+# The batch, warmup and weight decay, after the shape; then twice the context at half the batch
+# (the same tokens per step). The byte LM's shape and batch came from the first round.
+_SCHEDULE = [[(), ("train.warmup_steps=20",)], [(), ("train.weight_decay=0",), ("train.weight_decay=0.3",)]]
+_BATCH = [[(), ("train.batch_size=8",), ("train.batch_size=32",)]]
+_CONTEXT = [[(), ("train.seq_len=512", "train.batch_size=8")]]
 ROUND_TWO_GROUPS: dict[str, tuple[str, list[list[tuple[str, ...]]]]] = {
-    "byte": ("cpu/byte", [
-        [(), ("train.seq_len=512", "train.batch_size=8")],  # the same bytes per step, twice the context
-        [(), ("model.document_mask=true",)],
-        [(), ("train.warmup_steps=20",)],
-        [(), ("train.weight_decay=0",), ("train.weight_decay=0.3",)],
-    ]),
+    "byte": ("cpu/byte", [*_CONTEXT, [(), ("model.document_mask=true",)], *_SCHEDULE]),
     "megabyte": ("cpu/megabyte", [
         [(), ("model.global_layers=2",),
          ("model.embed_dim=48", "model.global_d_model=192", "model.global_heads=3", "model.global_mlp_dim=512")],
-        [(), ("train.batch_size=8",), ("train.batch_size=32",)],
-        [(), ("train.warmup_steps=20",)],
-        [(), ("train.weight_decay=0",), ("train.weight_decay=0.3",)],
-        [(), ("train.seq_len=512", "train.batch_size=8")],  # twice the context, the same tokens per step
+        *_BATCH, *_SCHEDULE, *_CONTEXT,
     ]),
     "blt": ("cpu/blt", [
         [(), ("model.global_layers=2", "model.decoder_layers=1"),
          ("model.global_d_model=192", "model.global_heads=3", "model.global_mlp_dim=512")],
-        [(), ("train.batch_size=8",), ("train.batch_size=32",)],
-        [(), ("train.warmup_steps=20",)],
-        [(), ("train.weight_decay=0",), ("train.weight_decay=0.3",)],
-        [(), ("train.seq_len=512", "train.batch_size=8")],  # twice the context, the same tokens per step
+        *_BATCH, *_SCHEDULE, *_CONTEXT,
     ]),
     "bpe": ("cpu/bpe", [
         [(), ("model.d_model=192", "model.n_layers=3", "model.n_heads=3", "model.mlp_dim=512"),
          ("model.n_layers=2",)],
-        [(), ("train.batch_size=8",), ("train.batch_size=32",)],
-        [(), ("train.warmup_steps=20",)],
-        [(), ("train.weight_decay=0",), ("train.weight_decay=0.3",)],
-        [(), ("train.seq_len=512", "train.batch_size=4")],  # twice the context, the same tokens per step
+        *_BATCH, *_SCHEDULE, [(), ("train.seq_len=512", "train.batch_size=4")],  # batch 8 -> 4: the same tokens
     ]),
 }
 # Pinned under every candidate of the second round: the values the recipe files held when it began,
