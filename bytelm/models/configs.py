@@ -98,6 +98,10 @@ class ByteLMConfig(ModelConfig):
     # document and their n-grams read nothing before its BOS, as when an evaluation segment (one
     # document, from its BOS) is scored alone; false = the window is one sequence
     document_mask: bool = False
+    # training only: the probability of dropping each position's row of each n-gram table (the row
+    # zeroed, the kept rows scaled by 1 / (1 - p)), so that the model cannot lean on memorised
+    # n-grams alone; 0 = none. Needs model.ngram_sizes
+    ngram_dropout: float = 0.0
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -105,6 +109,10 @@ class ByteLMConfig(ModelConfig):
         if self.window < 0:
             raise ValueError(f"model.window must be >= 0 (0 = full attention), got {self.window}")
         check_ngrams(self.ngram_sizes, self.hash_table_size)
+        if not 0.0 <= self.ngram_dropout < 1.0:
+            raise ValueError(f"model.ngram_dropout must be in [0, 1) (the probability of dropping a row), got {self.ngram_dropout}")
+        if self.ngram_dropout > 0 and not self.ngram_sizes:
+            raise ValueError(f"model.ngram_dropout = {self.ngram_dropout} drops n-gram rows, but model.ngram_sizes is empty: set both, or ngram_dropout = 0")
 
 
 @dataclasses.dataclass(frozen=True)

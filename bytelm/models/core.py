@@ -444,17 +444,26 @@ class NgramEmbed(nnx.Module):
         self.n_context = max(self.sizes) - 1
         self.tables = nnx.List([Embed(rows, dim, rngs=rngs, std=std) for _ in self.sizes])
 
-    def __call__(self, ids_BxT: jax.Array, context_BxC: jax.Array | None = None, reach_BxT: jax.Array | None = None) -> jax.Array:
+    def __call__(
+        self, ids_BxT: jax.Array, context_BxC: jax.Array | None = None, reach_BxT: jax.Array | None = None, drop: Dropout | None = None
+    ) -> jax.Array:
         """The summed rows of the n-grams ending at each of ``ids_BxT``'s positions. ``context_BxC``
         (the ``n_context`` ids just before them; PAD before a sequence's start) continues a sequence;
         without it the ids are a sequence's start. ``reach_BxT`` (without a context): how many ids
-        back each position's document reaches (:func:`ngram_hashes`)."""
-        T = ids_BxT.shape[1]
+        back each position's document reaches (:func:`ngram_hashes`). ``drop`` (training,
+        ``model.ngram_dropout``): table ``i`` drops each position's row through ``drop.at(i)``."""
+        B, T = ids_BxT.shape
         if context_BxC is not None:
             if reach_BxT is not None:
                 raise ValueError("NgramEmbed takes a continuation's context or a window's reach, not both")
             ids_BxT = jnp.concatenate([context_BxC.astype(ids_BxT.dtype), ids_BxT], axis=1)
-        return sum(table(ngram_hashes(ids_BxT, n, self.rows, reach_BxT)[:, -T:]) for n, table in zip(self.sizes, self.tables))
+        total = 0
+        for i, (n, table) in enumerate(zip(self.sizes, self.tables)):
+            rows_BxTxD = table(ngram_hashes(ids_BxT, n, self.rows, reach_BxT)[:, -T:])
+            if drop is not None:  # one keep-or-drop per position and table, broadcast over the row
+                rows_BxTxD = rows_BxTxD * drop.at(i)(jnp.ones((B, T, 1), rows_BxTxD.dtype))
+            total = total + rows_BxTxD
+        return total
 
 
 def head_param(rngs: nnx.Rngs, d_model: int, n_valid: int, multiple: int) -> nnx.Param:

@@ -17,6 +17,10 @@ from bytelm.models.core import (
 from bytelm.models.kernels import resolve_kernels
 from bytelm.models.scoring import Scores, next_id_scores
 
+# model.ngram_dropout's masks: the step's dropout key folded with this (model.dropout's sites are
+# folded with 0, the embeddings, and 1, the stack)
+NGRAM_DROPOUT_SITE = 2
+
 
 class DecoderLM(nnx.Module):
     """``ids_BxT -> logits_BxTxV`` with ``V = n_valid`` rounded up to ``cfg.vocab_multiple``."""
@@ -43,22 +47,26 @@ class DecoderLM(nnx.Module):
         """The ids before a continuation that :meth:`extend` needs (its n-grams reach back)."""
         return self.ngrams.n_context if self.ngrams is not None else 0
 
-    def embed_ids(self, ids_BxT: jax.Array, context_BxC: jax.Array | None = None, reach_BxT: jax.Array | None = None) -> jax.Array:
+    def embed_ids(
+        self, ids_BxT: jax.Array, context_BxC: jax.Array | None = None, reach_BxT: jax.Array | None = None, ngram_drop: Dropout | None = None
+    ) -> jax.Array:
         """The stack's input: each id's embedding plus, with ``model.ngram_sizes``, the hashed
         embeddings of the n-grams ending at it (``context_BxC``: the ids before a continuation;
-        ``reach_BxT``: how far back each position's document reaches, :func:`document_spans`)."""
+        ``reach_BxT``: how far back each position's document reaches, :func:`document_spans`;
+        ``ngram_drop``: training's ``model.ngram_dropout``)."""
         e_BxTxD = self.embed(ids_BxT)
         if self.ngrams is not None:
-            e_BxTxD = e_BxTxD + self.ngrams(ids_BxT, context_BxC, reach_BxT)
+            e_BxTxD = e_BxTxD + self.ngrams(ids_BxT, context_BxC, reach_BxT, drop=ngram_drop)
         return e_BxTxD.astype(self.dtype)
 
-    def __call__(self, ids_BxT: jax.Array, *, drop: Dropout | None = None) -> jax.Array:
-        """``drop`` (training): dropout on the embeddings (site 0) and in the stack (site 1). With
-        ``model.document_mask``, every BOS starts a document that nothing before it reaches."""
+    def __call__(self, ids_BxT: jax.Array, *, drop: Dropout | None = None, ngram_drop: Dropout | None = None) -> jax.Array:
+        """``drop`` (training): dropout on the embeddings (site 0) and in the stack (site 1);
+        ``ngram_drop``: on the n-gram tables' rows. With ``model.document_mask``, every BOS starts a
+        document that nothing before it reaches."""
         segments_BxT = reach_BxT = None
         if self.cfg.document_mask:
             segments_BxT, reach_BxT = document_spans(ids_BxT)
-        h_BxTxD = apply_dropout(self.embed_ids(ids_BxT, reach_BxT=reach_BxT), drop_at(drop, 0))
+        h_BxTxD = apply_dropout(self.embed_ids(ids_BxT, reach_BxT=reach_BxT, ngram_drop=ngram_drop), drop_at(drop, 0))
         h_BxTxD = self.stack(h_BxTxD, segments_BxT=segments_BxT, drop=drop_at(drop, 1))
         return head_logits(self.norm(h_BxTxD), self.head[...], self.n_valid, self.dtype)
 
@@ -66,10 +74,13 @@ class DecoderLM(nnx.Module):
         """``batch["ids"]`` is ``(B, T+1)``: inputs ``[:, :-1]`` predict targets ``[:, 1:]``.
 
         Bytes per position come from ``batch["nbytes"]`` when given (tokens), else 1 per scored
-        position. ``dropout_key`` (training only) turns on ``model.dropout``."""
+        position. ``dropout_key`` (training only) turns on ``model.dropout`` and
+        ``model.ngram_dropout`` (its own stream: the key folded with :data:`NGRAM_DROPOUT_SITE`)."""
         ids = batch["ids"]
         drop = make_dropout(self.cfg.dropout, dropout_key)
-        return next_id_scores(self(ids[:, :-1], drop=drop), ids[:, 1:], batch.get("nbytes"))
+        ngram_key = None if dropout_key is None else jax.random.fold_in(dropout_key, NGRAM_DROPOUT_SITE)
+        ngram_drop = make_dropout(self.cfg.ngram_dropout, ngram_key)
+        return next_id_scores(self(ids[:, :-1], drop=drop, ngram_drop=ngram_drop), ids[:, 1:], batch.get("nbytes"))
 
     # -- decoding (bytelm.sampling) ------------------------------------------------------------
     def init_cache(self, batch: int, slots: int) -> list[KVCache]:
