@@ -18,8 +18,8 @@ with the first round's values pinned (ROUND_TWO_PINS).
 CPU recipes and tries dropout and larger shapes, then Muon (the subword LM), or from the byte LM's
 ten-minute recipe (as the first round left it: ``TEN_MINUTE_PINS``) Muon (``train.optimizer``), a
 higher learning rate, a decay to zero, then hashed n-gram embeddings, dropout and width, then depth
-and the lookup tables' learning rate, document masking, then weight decay, batch and warmup
-(``TEN_MINUTE_GROUPS``). A ten-minute run reads
+and the lookup tables' learning rate, document masking, then weight decay, batch and warmup, then
+the tables' size, dropout, n-gram row dropout and Muon's momentum (``TEN_MINUTE_GROUPS``). A ten-minute run reads
 a few megabytes, so on the whole stdlib corpus (about 30 MB) no run would see a byte twice and
 regularisation could never win; ``--sample-mb M`` sweeps instead on a fixed sample of the stdlib's
 files of about ``M`` megabytes (files ordered by the SHA-256 of their path, copied under
@@ -143,6 +143,10 @@ TEN_MINUTE_GROUPS: dict[str, tuple[str, list[list[tuple[str, ...]]]]] = {
         # seventeenth session: the optimisation knobs no round had tried (each on the same best so far)
         [(), ("train.weight_decay=0.3",), ("train.weight_decay=0.03",), ("train.weight_decay=0",),
          ("train.batch_size=32",), ("train.warmup_steps=20",)],
+        # nineteenth session: the n-gram tables' size, dropout again (now with the tables at 16x and
+        # document masking), whole n-gram rows dropped (model.ngram_dropout), Muon's momentum
+        [(), ("model.hash_table_size=2047",), ("model.hash_table_size=16383",), ("model.dropout=0.2",),
+         ("model.ngram_dropout=0.1",), ("model.ngram_dropout=0.3",), ("train.muon_momentum=0.9",)],
     ]),
     "bpe": ("cpu/bpe", [
         [(), ("model.dropout=0.1",), ("model.dropout=0.25",), ("model.dropout=0.4",)],
