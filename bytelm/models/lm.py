@@ -78,8 +78,7 @@ class DecoderLM(nnx.Module):
         ``model.ngram_dropout`` (its own stream: the key folded with :data:`NGRAM_DROPOUT_SITE`)."""
         ids = batch["ids"]
         drop = make_dropout(self.cfg.dropout, dropout_key)
-        ngram_key = None if dropout_key is None else jax.random.fold_in(dropout_key, NGRAM_DROPOUT_SITE)
-        ngram_drop = make_dropout(self.cfg.ngram_dropout, ngram_key)
+        ngram_drop = drop_at(make_dropout(self.cfg.ngram_dropout, dropout_key), NGRAM_DROPOUT_SITE)
         return next_id_scores(self(ids[:, :-1], drop=drop, ngram_drop=ngram_drop), ids[:, 1:], batch.get("nbytes"))
 
     # -- decoding (bytelm.sampling) ------------------------------------------------------------
