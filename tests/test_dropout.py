@@ -12,9 +12,10 @@
 - The trainer: a step's key depends on the seed and the step; a run stopped and resumed draws the
   uninterrupted run's masks (equal parameters); a run that accumulates gradients under dropout
   repeats itself.
-- ``model.ngram_dropout``: each position's row of each n-gram table is kept (scaled by
-  ``1 / (1 - rate)``) or dropped whole, at the rate, in training only; the config refuses a rate
-  outside [0, 1) and a rate without n-gram tables.
+- ``model.ngram_dropout`` (the byte LM, and BLT's encoder in both variants): each position's row
+  of each n-gram table is kept (scaled by ``1 / (1 - rate)``) or dropped whole, at the rate, the
+  tables independently, in training only; the config refuses a rate outside [0, 1) and a rate
+  without n-gram tables.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import pytest
 from flax import nnx
 
 from bytelm.config import load_config
-from bytelm.models.blt import BLT
+from bytelm.models.blt import BLT, REFERENCE_PRIMES, reference_ngram_hashes
 from bytelm.models.byte_lm import ByteLM
 from bytelm.models.core import Dropout, dropout_bits, ngram_hashes
 from bytelm.models.megabyte import MegaByte
@@ -111,39 +112,60 @@ def test_every_family_drops_in_training_only():
 NGRAMS = [*LM, "model.ngram_sizes=2,3", "model.hash_table_size=97"]
 
 
+def _ngram_models(rate: float):
+    """(name, model, its n-gram sum as a function of (ids, drop), its tables' rows as a function of
+    ids) for the byte LM and BLT (both variants), each with two n-gram tables of 97 rows."""
+    byte = ByteLM(load_config(None, [*NGRAMS, f"model.ngram_dropout={rate}"]).model, rngs=nnx.Rngs(0))
+    out = [("byte", byte, lambda ids, drop, m=byte: m.ngrams(ids, drop=drop),
+            lambda ids, m=byte: [t(ngram_hashes(ids, n, 97)) for n, t in zip((2, 3), m.ngrams.tables)])]
+    for variant in ("bytelm", "reference"):
+        blt = BLT(blt_cfg(ngram_sizes="2,3", hash_table_size=97, ngram_dropout=rate, variant=variant), rngs=nnx.Rngs(0))
+        rows = (lambda ids, m=blt: [t(ngram_hashes(ids, n, 97)) for n, t in zip((2, 3), m.ngram_embeds)]) if variant == "bytelm" else (
+            lambda ids, m=blt: [t(reference_ngram_hashes(ids, n, 97, REFERENCE_PRIMES[0])) for n, t in zip((2, 3), m.ngram_embeds)])
+        out.append((f"blt-{variant}", blt, lambda ids, drop, m=blt: m.embed(ids, drop) - m.byte_embed(ids), rows))
+    return out
+
+
 def test_ngram_dropout_keeps_or_drops_whole_rows_at_the_rate():
     rate = 0.4
-    model = ByteLM(load_config(None, [*NGRAMS, f"model.ngram_dropout={rate}"]).model, rngs=nnx.Rngs(0))
     ids = _byte_batch(B=8, T=255, seed=4)["ids"][:, :-1]
-    rows = [np.asarray(t(ngram_hashes(ids, n, 97))) for n, t in zip((2, 3), model.ngrams.tables)]  # (B, T, D) each
-    out = np.asarray(model.ngrams(ids, drop=Dropout(rate, jax.random.key(3))))
-    # every position's sum is one of the four keep/drop combinations of its two rows
-    combos = [a * rows[0] + b * rows[1] for a in (0.0, 1 / (1 - rate)) for b in (0.0, 1 / (1 - rate))]
-    err = np.stack([np.abs(out - c).max(-1) for c in combos])  # (4, B, T)
-    assert err.min(0).max() < 1e-5
-    which = err.argmin(0)
-    n = which.size
-    for table, dropped in enumerate(((which // 2) == 0, (which % 2) == 0)):  # combo index = 2 * first kept + second kept
-        assert abs(dropped.mean() - rate) < 5 * (rate * (1 - rate) / n) ** 0.5, table
-    assert abs((((which // 2) == 0) & ((which % 2) == 0)).mean() - rate * rate) < 5 * (rate * rate / n) ** 0.5  # tables drop independently
-    np.testing.assert_allclose(np.asarray(model.ngrams(ids)), rows[0] + rows[1], rtol=1e-6, atol=1e-6)  # no drop: the sum
+    for name, _, ngram_sum, table_rows in _ngram_models(rate):
+        rows = [np.asarray(r) for r in table_rows(ids)]  # (B, T, D) each
+        out = np.asarray(ngram_sum(ids, Dropout(rate, jax.random.key(3))))
+        # every position's sum is one of the four keep/drop combinations of its two rows
+        combos = [a * rows[0] + b * rows[1] for a in (0.0, 1 / (1 - rate)) for b in (0.0, 1 / (1 - rate))]
+        err = np.stack([np.abs(out - c).max(-1) for c in combos])  # (4, B, T)
+        assert err.min(0).max() < 1e-5, name
+        which = err.argmin(0)
+        n = which.size
+        for table, dropped in enumerate(((which // 2) == 0, (which % 2) == 0)):  # combo index = 2 * first kept + second kept
+            assert abs(dropped.mean() - rate) < 5 * (rate * (1 - rate) / n) ** 0.5, (name, table)
+        both = (((which // 2) == 0) & ((which % 2) == 0)).mean()
+        assert abs(both - rate * rate) < 5 * (rate * rate / n) ** 0.5, name  # the tables drop independently
+        np.testing.assert_allclose(np.asarray(ngram_sum(ids, None)), rows[0] + rows[1], rtol=1e-5, atol=1e-5, err_msg=name)  # no drop: the sum
 
 
 def test_ngram_dropout_applies_in_training_only():
-    batch = _byte_batch()
-    plain = ByteLM(load_config(None, NGRAMS).model, rngs=nnx.Rngs(0))
-    dropped = ByteLM(load_config(None, [*NGRAMS, "model.ngram_dropout=0.5"]).model, rngs=nnx.Rngs(0))
-    base = _nll(plain, batch)
-    np.testing.assert_allclose(_nll(dropped, batch), base, rtol=1e-6, atol=1e-6)  # no key: no dropout
-    np.testing.assert_allclose(_nll(plain, batch, jax.random.key(5)), base, rtol=1e-6, atol=1e-6)  # rate 0
-    a = _nll(dropped, batch, jax.random.key(5))
-    assert np.abs(a - base).mean() > 1e-3
-    np.testing.assert_array_equal(_nll(dropped, batch, jax.random.key(5)), a)
+    rng = np.random.default_rng(3)
+    blt_batch = _byte_batch(T=15)
+    blt_batch["patch_lengths"] = jnp.asarray([random_lengths(rng, 16, 10), random_lengths(rng, 16, 10)])
+    for (name, plain, _, _), (_, dropped, _, _) in zip(_ngram_models(0.0), _ngram_models(0.5)):
+        batch = blt_batch if name.startswith("blt") else _byte_batch()
+        base = _nll(plain, batch)
+        np.testing.assert_allclose(_nll(dropped, batch), base, rtol=1e-6, atol=1e-6, err_msg=name)  # no key: no dropout
+        np.testing.assert_allclose(_nll(plain, batch, jax.random.key(5)), base, rtol=1e-6, atol=1e-6, err_msg=name)  # rate 0
+        a = _nll(dropped, batch, jax.random.key(5))
+        assert np.abs(a - base).mean() > 1e-3, name
+        np.testing.assert_array_equal(_nll(dropped, batch, jax.random.key(5)), a, err_msg=name)
     for bad in ("1.0", "-0.1"):
         with pytest.raises(ValueError, match=r"model.ngram_dropout must be in \[0, 1\)"):
             load_config(None, [*NGRAMS, f"model.ngram_dropout={bad}"])
+        with pytest.raises(ValueError, match=r"model.ngram_dropout must be in \[0, 1\)"):
+            blt_cfg(ngram_dropout=bad)
     with pytest.raises(ValueError, match="model.ngram_sizes is empty"):
         load_config(None, [*LM, "model.ngram_dropout=0.1"])
+    with pytest.raises(ValueError, match="model.ngram_sizes is empty"):
+        blt_cfg(ngram_sizes="[]", ngram_dropout=0.1)
 
 
 def test_scanned_stack_draws_the_unrolled_masks():

@@ -62,11 +62,15 @@ from bytelm.constants import NUM_BYTE_IDS, PAD_ID
 from bytelm.models.attention import attend
 from bytelm.models.cache import KVCache, block_extend, stack_cache, stack_extend
 from bytelm.models.core import (
-    COMPUTE_DTYPES, Dropout, Embed, RMSNorm, Transformer, apply_dropout, drop_at, head_logits, head_param, make_dropout, ngram_hashes, pad_vocab,
-    param,
+    COMPUTE_DTYPES, Dropout, Embed, RMSNorm, Transformer, apply_dropout, drop_at, drop_rows, head_logits, head_param, make_dropout, ngram_hashes,
+    pad_vocab, param,
 )
 from bytelm.models.kernels import resolve_kernels
 from bytelm.models.scoring import Scores, next_id_scores
+
+# model.ngram_dropout's masks: the step's dropout key folded with this (model.dropout's sites are
+# folded with 0 to 4: see BLT.__call__), so the two draw independent masks
+NGRAM_DROPOUT_SITE = 5
 
 # The reference's hash primes, one per hash function (``compute_hash_embeddings`` in
 # facebookresearch/blt and in transformers' BLT port), cycled when there are more functions.
@@ -191,17 +195,19 @@ class BLT(nnx.Module):
         self.decoder_norm = RMSNorm(dl, eps=cfg.norm_eps)
         self.head = head_param(rngs, dl, NUM_BYTE_IDS, cfg.vocab_multiple)
 
-    def embed(self, inputs_BxT: jax.Array) -> jax.Array:
-        """Byte embedding + hashed n-gram embeddings of the n-grams ending at each position."""
+    def embed(self, inputs_BxT: jax.Array, ngram_drop: Dropout | None = None) -> jax.Array:
+        """Byte embedding + hashed n-gram embeddings of the n-grams ending at each position
+        (``ngram_drop``, training's ``model.ngram_dropout``: table ``i`` drops each position's row
+        through ``ngram_drop.at(i)``)."""
         cfg = self.cfg
         e = self.byte_embed(inputs_BxT)
         if self.reference:  # one table per (hash function, n), function-major, as the reference fuses them
             sizes = [(REFERENCE_PRIMES[f % len(REFERENCE_PRIMES)], n) for f in range(cfg.hash_functions) for n in cfg.ngram_sizes]
-            for (prime, n), table in zip(sizes, self.ngram_embeds):
-                e = e + table(reference_ngram_hashes(inputs_BxT, n, cfg.hash_table_size, prime))
+            for i, ((prime, n), table) in enumerate(zip(sizes, self.ngram_embeds)):
+                e = e + drop_rows(table(reference_ngram_hashes(inputs_BxT, n, cfg.hash_table_size, prime)), drop_at(ngram_drop, i))
             return e.astype(self.dtype)
-        for n, table in zip(cfg.ngram_sizes, self.ngram_embeds):
-            e = e + table(ngram_hashes(inputs_BxT, n, cfg.hash_table_size))
+        for i, (n, table) in enumerate(zip(cfg.ngram_sizes, self.ngram_embeds)):
+            e = e + drop_rows(table(ngram_hashes(inputs_BxT, n, cfg.hash_table_size)), drop_at(ngram_drop, i))
         return e.astype(self.dtype)
 
     def _residual(self, x: jax.Array, cross_out: jax.Array) -> jax.Array:
@@ -213,14 +219,16 @@ class BLT(nnx.Module):
         return out_BxPxG if self.global_norm is None else self.global_norm(out_BxPxG)
 
     def __call__(
-        self, inputs_BxT: jax.Array, patch_lengths_BxP: jax.Array, *, embeddings_BxTxD: jax.Array | None = None, drop: Dropout | None = None
+        self, inputs_BxT: jax.Array, patch_lengths_BxP: jax.Array, *, embeddings_BxTxD: jax.Array | None = None, drop: Dropout | None = None,
+        ngram_drop: Dropout | None = None,
     ) -> jax.Array:
         """Logits ``(B, T, V)`` for the ``T`` inputs; ``patch_lengths`` cover the ``T + 1`` window.
 
         ``embeddings_BxTxD`` replaces :meth:`embed` (causality tests differentiate through it).
         ``drop`` (training): dropout on the byte + n-gram embeddings (site 0), in the encoder's
         blocks (1), on the global model's patch inputs (2), in the global stack (3) and in the
-        decoder's blocks (4); not on the cross-attention outputs.
+        decoder's blocks (4); not on the cross-attention outputs. ``ngram_drop``: on the n-gram
+        tables' rows (:meth:`embed`).
         """
         cfg, dt = self.cfg, self.dtype
         B, T = inputs_BxT.shape
@@ -237,7 +245,7 @@ class BLT(nnx.Module):
         has_inputs_BxP = own_valid_BxPxJ[:, :, 0]  # a patch made only of the final target has none
 
         # 1. local encoder; 2. patch queries from max-pooled bytes, cross-attending to their bytes
-        h_BxTxD = self.embed(inputs_BxT) if embeddings_BxTxD is None else embeddings_BxTxD.astype(dt)
+        h_BxTxD = self.embed(inputs_BxT, ngram_drop) if embeddings_BxTxD is None else embeddings_BxTxD.astype(dt)
         h_BxTxD = apply_dropout(h_BxTxD, drop_at(drop, 0))
         queries_BxPxkxD = None
         cross_after = len(self.encoder.blocks) - 1 if not cfg.encoder_cross_all_layers else 0
@@ -371,7 +379,9 @@ class BLT(nnx.Module):
 
     def score(self, batch: dict, *, dropout_key: jax.Array | None = None) -> Scores:
         """``batch["ids"]`` ``(B, T+1)`` and ``batch["patch_lengths"]`` ``(B, P)`` over the window.
-        ``dropout_key`` (training only) turns on ``model.dropout``."""
+        ``dropout_key`` (training only) turns on ``model.dropout`` and ``model.ngram_dropout`` (its
+        own stream: the key folded with :data:`NGRAM_DROPOUT_SITE`)."""
         ids = batch["ids"]
         drop = make_dropout(self.cfg.dropout, dropout_key)
-        return next_id_scores(self(ids[:, :-1], batch["patch_lengths"], drop=drop), ids[:, 1:])
+        ngram_drop = drop_at(make_dropout(self.cfg.ngram_dropout, dropout_key), NGRAM_DROPOUT_SITE)
+        return next_id_scores(self(ids[:, :-1], batch["patch_lengths"], drop=drop, ngram_drop=ngram_drop), ids[:, 1:])

@@ -43,6 +43,14 @@ def check_ngrams(ngram_sizes: tuple[int, ...], hash_table_size: int) -> None:
         raise ValueError(f"model.hash_table_size must be in [1, 2^24) rows per n-gram table, got {hash_table_size}")
 
 
+def check_ngram_dropout(rate: float, ngram_sizes: tuple[int, ...]) -> None:
+    """``model.ngram_dropout``: a probability in [0, 1), and only with n-gram tables to drop from."""
+    if not 0.0 <= rate < 1.0:
+        raise ValueError(f"model.ngram_dropout must be in [0, 1) (the probability of dropping a row), got {rate}")
+    if rate > 0 and not ngram_sizes:
+        raise ValueError(f"model.ngram_dropout = {rate} drops n-gram rows, but model.ngram_sizes is empty: set both, or ngram_dropout = 0")
+
+
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
     """The fields every family shares. ``family`` picks the dataclass when a config is read."""
@@ -109,10 +117,7 @@ class ByteLMConfig(ModelConfig):
         if self.window < 0:
             raise ValueError(f"model.window must be >= 0 (0 = full attention), got {self.window}")
         check_ngrams(self.ngram_sizes, self.hash_table_size)
-        if not 0.0 <= self.ngram_dropout < 1.0:
-            raise ValueError(f"model.ngram_dropout must be in [0, 1) (the probability of dropping a row), got {self.ngram_dropout}")
-        if self.ngram_dropout > 0 and not self.ngram_sizes:
-            raise ValueError(f"model.ngram_dropout = {self.ngram_dropout} drops n-gram rows, but model.ngram_sizes is empty: set both, or ngram_dropout = 0")
+        check_ngram_dropout(self.ngram_dropout, self.ngram_sizes)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -215,6 +220,9 @@ class BLTConfig(ModelConfig):
     # converted checkpoints use; "bytelm": this package's own BLT
     variant: str = "bytelm"
     hash_functions: int = 1  # reference variant: hash functions per n-gram size (one table each)
+    # training only: the probability of dropping each position's row of each n-gram table (as the
+    # byte LM's model.ngram_dropout); 0 = none
+    ngram_dropout: float = 0.0
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -240,6 +248,7 @@ class BLTConfig(ModelConfig):
             )
         if self.local_window < 0:
             raise ValueError(f"model.local_window must be >= 0 (0 = full), got {self.local_window}")
+        check_ngram_dropout(self.ngram_dropout, self.ngram_sizes)
         if self.variant not in BLT_VARIANTS:
             raise ValueError(f"model.variant must be one of {BLT_VARIANTS}, got {self.variant!r}")
         if self.hash_functions < 1 or (self.variant == "bytelm" and self.hash_functions != 1):

@@ -452,18 +452,23 @@ class NgramEmbed(nnx.Module):
         without it the ids are a sequence's start. ``reach_BxT`` (without a context): how many ids
         back each position's document reaches (:func:`ngram_hashes`). ``drop`` (training,
         ``model.ngram_dropout``): table ``i`` drops each position's row through ``drop.at(i)``."""
-        B, T = ids_BxT.shape
+        T = ids_BxT.shape[1]
         if context_BxC is not None:
             if reach_BxT is not None:
                 raise ValueError("NgramEmbed takes a continuation's context or a window's reach, not both")
             ids_BxT = jnp.concatenate([context_BxC.astype(ids_BxT.dtype), ids_BxT], axis=1)
         total = 0
         for i, (n, table) in enumerate(zip(self.sizes, self.tables)):
-            rows_BxTxD = table(ngram_hashes(ids_BxT, n, self.rows, reach_BxT)[:, -T:])
-            if drop is not None:  # one keep-or-drop per position and table, broadcast over the row
-                rows_BxTxD = rows_BxTxD * drop.at(i)(jnp.ones((B, T, 1), rows_BxTxD.dtype))
-            total = total + rows_BxTxD
+            total = total + drop_rows(table(ngram_hashes(ids_BxT, n, self.rows, reach_BxT)[:, -T:]), drop_at(drop, i))
         return total
+
+
+def drop_rows(rows_BxTxD: jax.Array, drop: Dropout | None) -> jax.Array:
+    """``model.ngram_dropout`` on one n-gram table's rows: one keep-or-drop per position, broadcast
+    over the row (kept rows scaled by ``1 / (1 - rate)``); none without ``drop``."""
+    if drop is None:
+        return rows_BxTxD
+    return rows_BxTxD * drop(jnp.ones((*rows_BxTxD.shape[:-1], 1), rows_BxTxD.dtype))
 
 
 def head_param(rngs: nnx.Rngs, d_model: int, n_valid: int, multiple: int) -> nnx.Param:
