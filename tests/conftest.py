@@ -25,8 +25,9 @@ _FAST_COMPILE = ["--xla_backend_optimization_level=0", "--xla_cpu_use_fusion_emi
 
 def _xla_knows(flag: str) -> bool:
     """Whether this jaxlib's XLA has ``flag`` (an unknown flag in XLA_FLAGS aborts the process, and
-    jax is not pinned): XLA registers each flag by its name, so the name is in one of jaxlib's
-    shared libraries (a scan of about 0.1 s)."""
+    jax is not pinned): XLA's table of flags holds each name as a NUL-terminated string in one of
+    jaxlib's libraries (a scan of about 0.1 s). The protobuf field of the same name, which outlives
+    a retired flag, sits there without the leading NUL, so a miss errs towards "unknown"."""
     import glob
     import importlib.util
     import mmap
@@ -34,11 +35,15 @@ def _xla_knows(flag: str) -> bool:
     spec = importlib.util.find_spec("jaxlib")
     if spec is None or spec.origin is None:
         return False
-    name = flag.lstrip("-").split("=")[0].encode()
-    for lib in sorted(glob.glob(os.path.join(os.path.dirname(spec.origin), "*.so"))):
-        with open(lib, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
-            if m.find(name) >= 0:
-                return True
+    name = b"\0" + flag.lstrip("-").split("=")[0].encode() + b"\0"
+    root = os.path.dirname(spec.origin)
+    for lib in sorted(p for ext in ("so", "dylib", "dll", "pyd") for p in glob.glob(os.path.join(root, f"*.{ext}"))):
+        try:
+            with open(lib, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+                if m.find(name) >= 0:
+                    return True
+        except (OSError, ValueError):  # unreadable, or empty (mmap refuses those)
+            continue
     return False
 
 
