@@ -135,7 +135,7 @@ def test_cpu_recipes_cover_every_family_and_score_inside_their_context():
     training context."""
     from bytelm.training.tasks import FAMILIES
 
-    for name in [*FAMILIES, "entropy", "byte_10min", "bpe_10min"]:
+    for name in [*FAMILIES, "entropy", "byte_10min", "bpe_10min", "blt_10min"]:
         cfg = load_config(f"cpu/{name}")
         assert cfg.model.family == ("byte" if name == "entropy" else name.removesuffix("_10min"))
         assert cfg.train.seq_len >= cfg.data.segment_bytes, name
