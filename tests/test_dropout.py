@@ -98,14 +98,22 @@ def _nll(model, batch, key=None) -> np.ndarray:
     return np.asarray(jax.jit(lambda st, k: nnx.merge(graphdef, st).score(batch, dropout_key=k).nll_BxT)(state, key))
 
 
+def _check_training_only(name, plain, dropped, batch, moves: float) -> np.ndarray:
+    """Without a key (evaluation, sampling) ``dropped`` scores as ``plain`` (rate 0) does, and so
+    does ``plain`` with one; with a key the scores move by more than ``moves`` on average, the same
+    key the same way. Returns the scores under key 5."""
+    base = _nll(plain, batch)
+    np.testing.assert_allclose(_nll(dropped, batch), base, rtol=1e-6, atol=1e-6, err_msg=name)  # no key: no dropout
+    np.testing.assert_allclose(_nll(plain, batch, jax.random.key(5)), base, rtol=1e-6, atol=1e-6, err_msg=name)  # rate 0
+    a = _nll(dropped, batch, jax.random.key(5))
+    assert np.abs(a - base).mean() > moves, name
+    np.testing.assert_array_equal(_nll(dropped, batch, jax.random.key(5)), a, err_msg=name)
+    return a
+
+
 def test_every_family_drops_in_training_only():
     for (name, plain, batch), (_, dropped, _) in zip(_families(0.0), _families(0.3)):
-        base = _nll(plain, batch)
-        np.testing.assert_allclose(_nll(dropped, batch), base, rtol=1e-6, atol=1e-6, err_msg=name)  # no key: no dropout
-        np.testing.assert_allclose(_nll(plain, batch, jax.random.key(5)), base, rtol=1e-6, atol=1e-6, err_msg=name)  # rate 0
-        a = _nll(dropped, batch, jax.random.key(5))
-        assert np.abs(a - base).mean() > 1e-2, name
-        np.testing.assert_array_equal(_nll(dropped, batch, jax.random.key(5)), a, err_msg=name)
+        a = _check_training_only(name, plain, dropped, batch, 1e-2)
         assert np.abs(_nll(dropped, batch, jax.random.key(6)) - a).mean() > 1e-2, name
 
 
@@ -150,13 +158,7 @@ def test_ngram_dropout_applies_in_training_only():
     blt_batch = _byte_batch(T=15)
     blt_batch["patch_lengths"] = jnp.asarray([random_lengths(rng, 16, 10), random_lengths(rng, 16, 10)])
     for (name, plain, _, _), (_, dropped, _, _) in zip(_ngram_models(0.0), _ngram_models(0.5)):
-        batch = blt_batch if name.startswith("blt") else _byte_batch()
-        base = _nll(plain, batch)
-        np.testing.assert_allclose(_nll(dropped, batch), base, rtol=1e-6, atol=1e-6, err_msg=name)  # no key: no dropout
-        np.testing.assert_allclose(_nll(plain, batch, jax.random.key(5)), base, rtol=1e-6, atol=1e-6, err_msg=name)  # rate 0
-        a = _nll(dropped, batch, jax.random.key(5))
-        assert np.abs(a - base).mean() > 1e-3, name
-        np.testing.assert_array_equal(_nll(dropped, batch, jax.random.key(5)), a, err_msg=name)
+        _check_training_only(name, plain, dropped, blt_batch if name.startswith("blt") else _byte_batch(), 1e-3)
     for bad in ("1.0", "-0.1"):
         with pytest.raises(ValueError, match=r"model.ngram_dropout must be in \[0, 1\)"):
             load_config(None, [*NGRAMS, f"model.ngram_dropout={bad}"])
