@@ -20,7 +20,7 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 # XLA:CPU's older elemental emitters compile these small programs about 30% faster again than its
 # fusion emitters (a cold suite on 2 cores: 577 -> 394 s, twentieth session); the same programs,
 # whose results agree within the tests' tolerances either way.
-_FAST_COMPILE = ["--xla_backend_optimization_level=0", "--xla_cpu_use_fusion_emitters=false"]
+_OPT_LEVEL, _ELEMENTAL_EMITTERS = "--xla_backend_optimization_level=0", "--xla_cpu_use_fusion_emitters=false"
 
 
 def _xla_knows(flag: str) -> bool:
@@ -47,10 +47,17 @@ def _xla_knows(flag: str) -> bool:
     return False
 
 
-for _flag in _FAST_COMPILE:
-    _name = _flag.split("=")[0]
-    if _name not in os.environ.get("XLA_FLAGS", "") and (_flag == _FAST_COMPILE[0] or _xla_knows(_flag)):
-        os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {_flag}".strip()
+def _add_xla_flag(flag: str, *, if_known: bool = False) -> None:
+    """Append ``flag`` to XLA_FLAGS unless it is set there already (by the user, or by the parent
+    process of an xdist worker); ``if_known``: only if this jaxlib has it (:func:`_xla_knows`)."""
+    flags = os.environ.get("XLA_FLAGS", "")
+    if flag.split("=")[0] in flags or (if_known and not _xla_knows(flag)):
+        return
+    os.environ["XLA_FLAGS"] = f"{flags} {flag}".strip()
+
+
+_add_xla_flag(_OPT_LEVEL)
+_add_xla_flag(_ELEMENTAL_EMITTERS, if_known=True)
 
 
 def subprocess_env(n_devices: int, **extra: str) -> dict[str, str]:

@@ -79,15 +79,20 @@ def test_config_refuses_a_rate_outside_zero_to_one():
             load_config(None, [*LM, f"model.dropout={bad}"])
 
 
+def _blt_batch() -> dict:
+    """Two windows of 15 inputs with random patch lengths over their 16 ids."""
+    rng = np.random.default_rng(3)
+    batch = _byte_batch(T=15)
+    batch["patch_lengths"] = jnp.asarray([random_lengths(rng, 16, 10), random_lengths(rng, 16, 10)])
+    return batch
+
+
 def _families(rate: float):
     """(name, model, batch) for the byte LM, MegaByte and BLT, dropout ``rate``, seed 0."""
-    rng = np.random.default_rng(3)
-    blt_batch = _byte_batch(T=15)
-    blt_batch["patch_lengths"] = jnp.asarray([random_lengths(rng, 16, 10), random_lengths(rng, 16, 10)])
     return [
         ("byte", ByteLM(load_config(None, [*LM, "model.n_layers=2", f"model.dropout={rate}"]).model, rngs=nnx.Rngs(0)), _byte_batch()),
         ("megabyte", MegaByte(load_config(None, [*MEGABYTE, f"model.dropout={rate}"]).model, rngs=nnx.Rngs(0)), _byte_batch(T=23)),
-        ("blt", BLT(blt_cfg(dropout=rate), rngs=nnx.Rngs(0)), blt_batch),
+        ("blt", BLT(blt_cfg(dropout=rate), rngs=nnx.Rngs(0)), _blt_batch()),
     ]
 
 
@@ -154,11 +159,8 @@ def test_ngram_dropout_keeps_or_drops_whole_rows_at_the_rate():
 
 
 def test_ngram_dropout_applies_in_training_only():
-    rng = np.random.default_rng(3)
-    blt_batch = _byte_batch(T=15)
-    blt_batch["patch_lengths"] = jnp.asarray([random_lengths(rng, 16, 10), random_lengths(rng, 16, 10)])
     for (name, plain, _, _), (_, dropped, _, _) in zip(_ngram_models(0.0), _ngram_models(0.5)):
-        _check_training_only(name, plain, dropped, blt_batch if name.startswith("blt") else _byte_batch(), 1e-3)
+        _check_training_only(name, plain, dropped, _blt_batch() if name.startswith("blt") else _byte_batch(), 1e-3)
     for bad in ("1.0", "-0.1"):
         with pytest.raises(ValueError, match=r"model.ngram_dropout must be in \[0, 1\)"):
             load_config(None, [*NGRAMS, f"model.ngram_dropout={bad}"])

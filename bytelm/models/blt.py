@@ -200,14 +200,14 @@ class BLT(nnx.Module):
         (``ngram_drop``, training's ``model.ngram_dropout``: table ``i`` drops each position's row
         through ``ngram_drop.at(i)``)."""
         cfg = self.cfg
-        e = self.byte_embed(inputs_BxT)
         if self.reference:  # one table per (hash function, n), function-major, as the reference fuses them
             sizes = [(REFERENCE_PRIMES[f % len(REFERENCE_PRIMES)], n) for f in range(cfg.hash_functions) for n in cfg.ngram_sizes]
-            for i, ((prime, n), table) in enumerate(zip(sizes, self.ngram_embeds)):
-                e = e + drop_rows(table(reference_ngram_hashes(inputs_BxT, n, cfg.hash_table_size, prime)), drop_at(ngram_drop, i))
-            return e.astype(self.dtype)
-        for i, (n, table) in enumerate(zip(cfg.ngram_sizes, self.ngram_embeds)):
-            e = e + drop_rows(table(ngram_hashes(inputs_BxT, n, cfg.hash_table_size)), drop_at(ngram_drop, i))
+            hashes = [reference_ngram_hashes(inputs_BxT, n, cfg.hash_table_size, prime) for prime, n in sizes]
+        else:
+            hashes = [ngram_hashes(inputs_BxT, n, cfg.hash_table_size) for n in cfg.ngram_sizes]
+        e = self.byte_embed(inputs_BxT)
+        for i, (rows, table) in enumerate(zip(hashes, self.ngram_embeds)):
+            e = e + drop_rows(table(rows), drop_at(ngram_drop, i))
         return e.astype(self.dtype)
 
     def _residual(self, x: jax.Array, cross_out: jax.Array) -> jax.Array:
