@@ -148,6 +148,9 @@ TEN_MINUTE_GROUPS: dict[str, tuple[str, list[list[tuple[str, ...]]]]] = {
         # document masking), whole n-gram rows dropped (model.ngram_dropout), Muon's momentum
         [(), ("model.hash_table_size=2047",), ("model.hash_table_size=16383",), ("model.dropout=0.2",),
          ("model.ngram_dropout=0.1",), ("model.ngram_dropout=0.3",), ("train.muon_momentum=0.9",)],
+        # twenty-first session: the logits soft-capped (model.logit_softcap); the cap 0 named, so that
+        # the best so far trains again in this sitting
+        [("model.logit_softcap=0",), ("model.logit_softcap=30",), ("model.logit_softcap=15",)],
     ]),
     "bpe": ("cpu/bpe", [
         [(), ("model.dropout=0.1",), ("model.dropout=0.25",), ("model.dropout=0.4",)],

@@ -110,10 +110,16 @@ class ByteLMConfig(ModelConfig):
     # zeroed, the kept rows scaled by 1 / (1 - p)), so that the model cannot lean on memorised
     # n-grams alone; 0 = none. Needs model.ngram_sizes
     ngram_dropout: float = 0.0
+    # > 0: every logit is squashed into (-logit_softcap, logit_softcap) by logit_softcap *
+    # tanh(logit / logit_softcap), in training, evaluation and sampling alike (Gemma 2's final-logit
+    # soft-capping, at 30 there); 0 = raw logits
+    logit_softcap: float = 0.0
 
     def __post_init__(self) -> None:
         super().__post_init__()
         check_transformer("model.", self.d_model, self.n_heads, self.n_layers, self.mlp_dim)
+        if not self.logit_softcap >= 0 or self.logit_softcap == float("inf"):
+            raise ValueError(f"model.logit_softcap must be a finite number >= 0 (0 = no cap), got {self.logit_softcap}")
         if self.window < 0:
             raise ValueError(f"model.window must be >= 0 (0 = full attention), got {self.window}")
         check_ngrams(self.ngram_sizes, self.hash_table_size)

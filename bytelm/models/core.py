@@ -477,10 +477,14 @@ def head_param(rngs: nnx.Rngs, d_model: int, n_valid: int, multiple: int) -> nnx
     return param(rngs, (d_model, pad_vocab(n_valid, multiple)), ("embed", "vocab"))
 
 
-def head_logits(h_BxTxD: jax.Array, head_DxV: jax.Array, n_valid: int, dtype: Dtype) -> jax.Array:
+def head_logits(h_BxTxD: jax.Array, head_DxV: jax.Array, n_valid: int, dtype: Dtype, softcap: float = 0.0) -> jax.Array:
     """Logits over the ``n_valid`` ids in float32; the padding rows' logits are masked (they can
-    never be predicted). Shared by every family."""
+    never be predicted). Shared by every family. ``softcap`` > 0 squashes each logit smoothly into
+    ``(-softcap, softcap)`` with ``softcap * tanh(logit / softcap)`` (Gemma 2's final-logit
+    soft-capping, Gemma Team 2024, section 2), before the padding rows are masked."""
     logits_BxTxV = (h_BxTxD.astype(dtype) @ head_DxV.astype(dtype)).astype(jnp.float32)
+    if softcap:
+        logits_BxTxV = softcap * jnp.tanh(logits_BxTxV / softcap)
     return mask_invalid_logits(logits_BxTxV, n_valid)
 
 

@@ -68,7 +68,7 @@ class DecoderLM(nnx.Module):
             segments_BxT, reach_BxT = document_spans(ids_BxT)
         h_BxTxD = apply_dropout(self.embed_ids(ids_BxT, reach_BxT=reach_BxT, ngram_drop=ngram_drop), drop_at(drop, 0))
         h_BxTxD = self.stack(h_BxTxD, segments_BxT=segments_BxT, drop=drop_at(drop, 1))
-        return head_logits(self.norm(h_BxTxD), self.head[...], self.n_valid, self.dtype)
+        return head_logits(self.norm(h_BxTxD), self.head[...], self.n_valid, self.dtype, self.cfg.logit_softcap)
 
     def score(self, batch: dict, *, dropout_key: jax.Array | None = None) -> Scores:
         """``batch["ids"]`` is ``(B, T+1)``: inputs ``[:, :-1]`` predict targets ``[:, 1:]``.
@@ -96,4 +96,4 @@ class DecoderLM(nnx.Module):
             raise ValueError(f"this model's n-grams need the {self.n_context} ids before the new ones (context_BxC)")
         h_BxNxD = self.embed_ids(ids_BxN, context_BxC)
         h_BxNxD, caches = stack_extend(self.stack, h_BxNxD, caches, pos0)
-        return head_logits(self.norm(h_BxNxD), self.head[...], self.n_valid, self.dtype), caches
+        return head_logits(self.norm(h_BxNxD), self.head[...], self.n_valid, self.dtype, self.cfg.logit_softcap), caches
