@@ -151,6 +151,8 @@ TEN_MINUTE_GROUPS: dict[str, tuple[str, list[list[tuple[str, ...]]]]] = {
         # twenty-first session: the logits soft-capped (model.logit_softcap); the cap 0 named, so that
         # the best so far trains again in this sitting
         [("model.logit_softcap=0",), ("model.logit_softcap=30",), ("model.logit_softcap=15",)],
+        # then the queries and keys RMS-normalised (model.qk_norm), at the learning rate and at twice it
+        [(), ("model.qk_norm=true",), ("model.qk_norm=true", "train.learning_rate=1.2e-2")],
     ]),
     "bpe": ("cpu/bpe", [
         [(), ("model.dropout=0.1",), ("model.dropout=0.25",), ("model.dropout=0.4",)],

@@ -42,8 +42,11 @@ def run_attention(attn, x, **kw):
 def reference_self_attention(attn, x, mask):
     wq, wk, wv, wo = (np.asarray(getattr(attn, n)[...]) for n in ("wq", "wk", "wv", "wo"))
     pos = np.broadcast_to(np.arange(x.shape[1]), x.shape[:2]).astype(np.float64)
-    q = np_rotary(np.einsum("btd,dhk->bthk", x, wq), pos, attn.rope_base)
-    k = np_rotary(np.einsum("btd,dhk->bthk", x, wk), pos, attn.rope_base)
+    q, k = np.einsum("btd,dhk->bthk", x, wq), np.einsum("btd,dhk->bthk", x, wk)
+    if attn.q_norm is not None:  # QK-norm: unit root mean square over each head's dimensions, times the gain
+        q = q / np.sqrt(np.mean(q * q, -1, keepdims=True) + 1e-6) * np.asarray(attn.q_norm.scale[...])
+        k = k / np.sqrt(np.mean(k * k, -1, keepdims=True) + 1e-6) * np.asarray(attn.k_norm.scale[...])
+    q, k = np_rotary(q, pos, attn.rope_base), np_rotary(k, pos, attn.rope_base)
     v = np.einsum("btd,dhk->bthk", x, wv)
     return np.einsum("bthk,hkd->btd", np_attention(q, k, v, mask), wo)
 
@@ -124,6 +127,26 @@ def test_sliding_window_attention_matches_numpy(attn, window):
     np.testing.assert_allclose(
         run_attention(attn, x, window=window), reference_self_attention(attn, x, mask), rtol=2e-4, atol=2e-5
     )
+
+
+def test_qk_norm_attention_matches_numpy_and_ignores_the_scale_of_queries_and_keys():
+    """QK-norm (random gains): numpy's normalise-then-rotate attention; and scaling the query and
+    key projections leaves the output as it was (without QK-norm it does not)."""
+    rng = np.random.default_rng(4)
+    x = rng.normal(size=(2, 11, 32)).astype(np.float32)
+    causal = np.broadcast_to(np.tril(np.ones((11, 11), bool)), (2, 11, 11))
+    outs = {}
+    for qk_norm in (True, False):
+        attn = Attention(32, 4, rngs=nnx.Rngs(0), qk_norm=qk_norm)
+        if qk_norm:
+            attn.q_norm.scale[...] = jnp.asarray(rng.uniform(0.5, 2.0, size=8), jnp.float32)
+            attn.k_norm.scale[...] = jnp.asarray(rng.uniform(0.5, 2.0, size=8), jnp.float32)
+            np.testing.assert_allclose(run_attention(attn, x), reference_self_attention(attn, x, causal), rtol=2e-4, atol=2e-5)
+        before = run_attention(attn, x)
+        attn.wq[...], attn.wk[...] = 7.0 * attn.wq[...], 0.3 * attn.wk[...]
+        outs[qk_norm] = before, run_attention(attn, x)
+    np.testing.assert_allclose(*outs[True], rtol=1e-4, atol=1e-5)
+    assert np.abs(outs[False][0] - outs[False][1]).max() > 1e-2
 
 
 def test_cross_attention_with_mask_matches_numpy():

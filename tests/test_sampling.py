@@ -73,7 +73,8 @@ def check_every_step(decoder, prompt: bytes, seed: int) -> list[int]:
 
 
 @pytest.mark.parametrize(
-    "extra", [dict(window=0), dict(window=8), dict(window=0, ngram_sizes="2,3", hash_table_size=97), dict(window=0, logit_softcap=1.5)]
+    "extra", [dict(window=0), dict(window=8), dict(window=0, ngram_sizes="2,3", hash_table_size=97), dict(window=0, logit_softcap=1.5),
+              dict(window=0, qk_norm="true")]
 )
 def test_byte_lm_cache_equals_full_pass(extra):
     dec = byte_decoder(ByteLM(model_cfg(family="byte", **extra, **LM), rngs=nnx.Rngs(0)), CONTEXT)

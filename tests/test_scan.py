@@ -18,6 +18,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 from flax import nnx
 
@@ -26,6 +27,7 @@ from bytelm.constants import BOS_ID, BYTE_OFFSET
 from bytelm.models.blt import BLT
 from bytelm.models.byte_lm import ByteLM
 from bytelm.models.megabyte import MegaByte
+from bytelm.training.optim import make_optimizer, schedule_plan
 from bytelm.training.sharding import logical_to_spec
 
 from test_blt import blt_cfg, random_lengths
@@ -146,3 +148,29 @@ def test_the_layer_axis_is_never_sharded():
 
     # a scanned attention projection: (layers, embed, heads, kv); layers divides 2, and stays whole
     assert tuple(logical_to_spec(("layers", "embed", "heads", "kv"), (4, 32, 2, 16), Mesh())) == (None, "fsdp", "tensor", None)
+
+
+@pytest.mark.parametrize("optimizer", ["adamw", "muon"])
+def test_a_scanned_stack_trains_as_the_unrolled_one(optimizer):
+    """A few optimizer steps with weight decay leave the scanned model's weights the unrolled
+    model's, stacked: a norm's gain (one row per layer when stacked; QK-norm's too) is not decayed
+    as a matrix."""
+    overrides = [*LM, "model.n_layers=2", "model.qk_norm=true", f"train.optimizer={optimizer}", "train.weight_decay=0.5", "train.learning_rate=0.01",
+                 "train.warmup_steps=0", "train.grad_clip=0"]
+    cfgs = [load_config(None, [*overrides, f"model.scan_layers={scan}"]) for scan in ("false", "true")]
+    trained = []
+    for cfg in cfgs:
+        model = ByteLM(cfg.model, rngs=nnx.Rngs(0))
+        graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+        tx = make_optimizer(cfg.train)
+        state = tx.init(params)
+        grad = jax.jit(jax.grad(lambda p, batch: nnx.merge(graphdef, p, rest).score(batch).nll_BxT.sum()))
+        for step in range(3):
+            updates, state = tx.update(grad(params, _byte_batch(seed=step)), state, params, plan=schedule_plan(cfg.train, 10))
+            params = optax.apply_updates(params, updates)
+        nnx.update(model, params)
+        trained.append(model)
+    a, b = _flat(trained[0]), _flat(trained[1])
+    for path, value in b.items():
+        want = np.stack([a[(path[0], "blocks", str(i), *path[2:])] for i in range(value.shape[0])]) if path[0] == "stack" else a[path]
+        np.testing.assert_allclose(value, want, rtol=1e-4, atol=1e-5, err_msg=str(path))

@@ -47,9 +47,7 @@ def attention_extend(attn: Attention, x_BxNxD: jax.Array, cache: KVCache, pos0: 
     dt = attn.dtype
     B, N, _ = x_BxNxD.shape
     x = x_BxNxD.astype(dt)
-    q_BxNxHxK = jnp.einsum("btd,dhk->bthk", x, attn.wq[...].astype(dt))
-    k_BxNxHxK = jnp.einsum("btd,dhk->bthk", x, attn.wk[...].astype(dt))
-    v_BxNxHxK = jnp.einsum("btd,dhk->bthk", x, attn.wv[...].astype(dt))
+    q_BxNxHxK, k_BxNxHxK, v_BxNxHxK = attn.project(x, x)
     pos_N = pos0 + jnp.arange(N, dtype=jnp.int32)
     cos, sin = rotary_tables(pos_N[None, :], N, attn.head_dim, attn.rope_base)
     q_BxNxHxK = apply_rotary(q_BxNxHxK, cos[:, :, None], sin[:, :, None])

@@ -114,6 +114,9 @@ class ByteLMConfig(ModelConfig):
     # tanh(logit / logit_softcap), in training, evaluation and sampling alike (Gemma 2's final-logit
     # soft-capping, at 30 there); 0 = raw logits
     logit_softcap: float = 0.0
+    # each attention head's queries and keys RMS-normalised (a learned gain per head dimension)
+    # before the rotary positions (QK-norm), which bounds the attention logits
+    qk_norm: bool = False
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -127,8 +127,11 @@ def apply_dropout(x: jax.Array, drop: Dropout | None) -> jax.Array:
 
 
 class RMSNorm(nnx.Module):
-    def __init__(self, dim: int, *, eps: float = 1e-6):
-        self.scale = nnx.Param(jnp.ones((dim,), jnp.float32), logical_axes=("embed",))
+    """Normalises the last axis to unit root mean square, then scales it (a learned gain of ones at
+    init; ``axis``: the gain's logical axis)."""
+
+    def __init__(self, dim: int, *, eps: float = 1e-6, axis: str = "embed"):
+        self.scale = nnx.Param(jnp.ones((dim,), jnp.float32), logical_axes=(axis,))
         self.eps = eps
 
     def __call__(self, x_BxTxD: jax.Array) -> jax.Array:
@@ -172,10 +175,15 @@ class Attention(nnx.Module):
     Masks: ``causal`` (self-attention only), ``window`` > 0 for a sliding window of that many
     positions (the current one included), an explicit boolean ``mask_BxTxS`` (True = may
     attend), and ``segments_BxT`` (self-attention: document ids; a query sees only its document). Rotary positions apply to self-attention only. ``implementation`` is a resolved
-    attention kernel (:mod:`bytelm.models.kernels`).
+    attention kernel (:mod:`bytelm.models.kernels`). ``qk_norm``: each head's query and key are
+    RMS-normalised (with a learned gain per head dimension) before the rotary positions (QK-norm,
+    as in OLMo 2, OLMo et al. 2024, section 3.3), which bounds the attention logits.
     """
 
-    def __init__(self, d_model: int, n_heads: int, *, rngs: nnx.Rngs, d_kv: int | None = None, rope_base: float = 10000.0, dtype: Dtype = jnp.float32, implementation: str = "xla"):
+    def __init__(
+        self, d_model: int, n_heads: int, *, rngs: nnx.Rngs, d_kv: int | None = None, rope_base: float = 10000.0, dtype: Dtype = jnp.float32,
+        implementation: str = "xla", qk_norm: bool = False, norm_eps: float = 1e-6,
+    ):
         if d_model % n_heads:
             raise ValueError(f"d_model {d_model} is not divisible by n_heads {n_heads}")
         d_kv = d_kv or d_model
@@ -189,6 +197,19 @@ class Attention(nnx.Module):
         self.wk = param(rngs, (d_kv, *hk), ("embed", "heads", "kv"), fan_in=d_kv)
         self.wv = param(rngs, (d_kv, *hk), ("embed", "heads", "kv"), fan_in=d_kv)
         self.wo = param(rngs, (*hk, d_model), ("heads", "kv", "embed"), fan_in=d_model)
+        self.q_norm = RMSNorm(self.head_dim, eps=norm_eps, axis="kv") if qk_norm else None
+        self.k_norm = RMSNorm(self.head_dim, eps=norm_eps, axis="kv") if qk_norm else None
+
+    def project(self, x: jax.Array, src: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+        """Queries from ``x`` and keys and values from ``src`` (both already in the compute dtype),
+        ``B x T x H x K``, before the rotary positions; QK-normalised with ``qk_norm``."""
+        dt = self.dtype
+        q_BxTxHxK = jnp.einsum("btd,dhk->bthk", x, self.wq[...].astype(dt))
+        k_BxSxHxK = jnp.einsum("bsd,dhk->bshk", src, self.wk[...].astype(dt))
+        v_BxSxHxK = jnp.einsum("bsd,dhk->bshk", src, self.wv[...].astype(dt))
+        if self.q_norm is not None:
+            q_BxTxHxK, k_BxSxHxK = self.q_norm(q_BxTxHxK), self.k_norm(k_BxSxHxK)
+        return q_BxTxHxK, k_BxSxHxK, v_BxSxHxK
 
     def __call__(
         self,
@@ -206,9 +227,7 @@ class Attention(nnx.Module):
         src = x if kv_BxSxD is None else kv_BxSxD.astype(dt)
         if kv_BxSxD is not None:
             causal = False
-        q_BxTxHxK = jnp.einsum("btd,dhk->bthk", x, self.wq[...].astype(dt))
-        k_BxSxHxK = jnp.einsum("bsd,dhk->bshk", src, self.wk[...].astype(dt))
-        v_BxSxHxK = jnp.einsum("bsd,dhk->bshk", src, self.wv[...].astype(dt))
+        q_BxTxHxK, k_BxSxHxK, v_BxSxHxK = self.project(x, src)
         if kv_BxSxD is None:
             cos, sin = rotary_tables(positions_BxT, x.shape[1], self.head_dim, self.rope_base)
             cos, sin = cos[:, :, None], sin[:, :, None]  # B x T x 1 x K2
@@ -288,10 +307,12 @@ class Block(nnx.Module):
 
     def __init__(
         self, d_model: int, n_heads: int, d_hidden: int, *, rngs: nnx.Rngs, kernels: Kernels, rope_base: float = 10000.0, dtype: Dtype = jnp.float32,
-        norm_eps: float = 1e-6,
+        norm_eps: float = 1e-6, qk_norm: bool = False,
     ):
         self.attn_norm = RMSNorm(d_model, eps=norm_eps)
-        self.attn = Attention(d_model, n_heads, rngs=rngs, rope_base=rope_base, dtype=dtype, implementation=kernels.attention)
+        self.attn = Attention(
+            d_model, n_heads, rngs=rngs, rope_base=rope_base, dtype=dtype, implementation=kernels.attention, qk_norm=qk_norm, norm_eps=norm_eps
+        )
         self.mlp_norm = RMSNorm(d_model, eps=norm_eps)
         self.mlp = MLP(d_model, d_hidden, rngs=rngs, dtype=dtype, backward=kernels.mlp)
         self.remat = kernels.remat
@@ -331,10 +352,10 @@ class Transformer(nnx.Module):
 
     def __init__(
         self, d_model: int, n_layers: int, n_heads: int, d_hidden: int, *, rngs: nnx.Rngs, kernels: Kernels, window: int = 0,
-        rope_base: float = 10000.0, dtype: Dtype = jnp.float32, scan: bool = False, norm_eps: float = 1e-6,
+        rope_base: float = 10000.0, dtype: Dtype = jnp.float32, scan: bool = False, norm_eps: float = 1e-6, qk_norm: bool = False,
     ):
         blocks = [
-            Block(d_model, n_heads, d_hidden, rngs=rngs, kernels=kernels, rope_base=rope_base, dtype=dtype, norm_eps=norm_eps)
+            Block(d_model, n_heads, d_hidden, rngs=rngs, kernels=kernels, rope_base=rope_base, dtype=dtype, norm_eps=norm_eps, qk_norm=qk_norm)
             for _ in range(n_layers)
         ]
         self.window = window

@@ -37,7 +37,7 @@ class DecoderLM(nnx.Module):
         self.ngrams = NgramEmbed(cfg.ngram_sizes, cfg.hash_table_size, cfg.d_model, rngs=rngs) if cfg.ngram_sizes else None
         self.stack = Transformer(
             cfg.d_model, cfg.n_layers, cfg.n_heads, cfg.mlp_dim, rngs=rngs, kernels=kernels, window=cfg.window, rope_base=cfg.rope_base, dtype=dtype,
-            scan=cfg.scan_layers, norm_eps=cfg.norm_eps,
+            scan=cfg.scan_layers, norm_eps=cfg.norm_eps, qk_norm=cfg.qk_norm,
         )
         self.norm = RMSNorm(cfg.d_model, eps=cfg.norm_eps)
         self.head = head_param(rngs, cfg.d_model, n_valid, cfg.vocab_multiple)

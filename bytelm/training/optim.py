@@ -111,6 +111,16 @@ def _variable_dimensions(v) -> MuonDimensionNumbers | None:
     return muon_dimensions(v.get_metadata().get("logical_axes"), value.ndim)
 
 
+def _decays(v) -> bool:
+    """Weight decay on matrices only: not on norms' gains, also where a scanned stack holds them as
+    one row per layer (a :data:`LAYER_AXIS` is not a matrix axis), so a scanned stack trains as the
+    unrolled one."""
+    value = v.get_value() if _is_variable(v) else v
+    axes = v.get_metadata().get("logical_axes") if _is_variable(v) else None
+    layer_axes = tuple(axes).count(LAYER_AXIS) if axes is not None and len(axes) == value.ndim else 0
+    return value.ndim - layer_axes >= 2
+
+
 def _muon_labels(params):
     """``"muon"`` or ``"adam"`` per leaf of a parameter tree (an ``nnx.State``: the logical axes
     are the variables' metadata; a bare array keeps Adam)."""
@@ -223,7 +233,9 @@ def make_optimizer(tcfg) -> optax.GradientTransformationExtraArgs:
     """Clip (if ``grad_clip`` > 0), then AdamW (``train.optimizer = "adamw"``) or Muon on the hidden
     matrices and Adam on the rest (``"muon"``); weight decay on matrices only (not norms); lookup
     tables' steps times ``embedding_lr_scale``. ``update(grads, state, params, plan=schedule_plan(tcfg, horizon))``."""
-    decay_mask = lambda params: jax.tree.map(lambda p: p.ndim >= 2, params)  # noqa: E731
+    decay_mask = lambda params: jax.tree.map(  # noqa: E731
+        lambda v: v.replace(_decays(v)) if _is_variable(v) else _decays(v), params, is_leaf=_is_variable
+    )
     parts = [optax.clip_by_global_norm(tcfg.grad_clip)] if tcfg.grad_clip > 0 else []
     adam = optax.scale_by_adam(b1=tcfg.beta1, b2=tcfg.beta2)
     if tcfg.optimizer == "muon":
