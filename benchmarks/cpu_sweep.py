@@ -153,6 +153,8 @@ TEN_MINUTE_GROUPS: dict[str, tuple[str, list[list[tuple[str, ...]]]]] = {
         [("model.logit_softcap=0",), ("model.logit_softcap=30",), ("model.logit_softcap=15",)],
         # then the queries and keys RMS-normalised (model.qk_norm), at the learning rate and at twice it
         [(), ("model.qk_norm=true",), ("model.qk_norm=true", "train.learning_rate=1.2e-2")],
+        # then six heads of 32 dimensions instead of three of 64, and a wider MLP
+        [(), ("model.n_heads=6",), ("model.mlp_dim=768",)],
     ]),
     "bpe": ("cpu/bpe", [
         [(), ("model.dropout=0.1",), ("model.dropout=0.25",), ("model.dropout=0.4",)],
