@@ -8,6 +8,7 @@ The reference models are built by ``transformers`` itself (small, random, CPU, f
 from __future__ import annotations
 
 import json
+import re
 
 import jax
 import jax.numpy as jnp
@@ -20,7 +21,7 @@ from safetensors.numpy import load_file, save_file
 from transformers import BltConfig, BltForCausalLM, LlamaForCausalLM
 
 from bytelm.cli import main
-from bytelm.config import load_config
+from bytelm.config import load_config, save_config
 from bytelm.constants import BOS_ID, BYTE_OFFSET
 from bytelm.errors import UserError
 from bytelm.evaluation.evaluator import evaluate_runs
@@ -261,6 +262,18 @@ def test_bad_folders_are_refused_naming_the_tensor_or_key(tmp_path, capsys):
     (bad / "config.json").write_text(json.dumps(config))
     assert main(["convert", "hf-blt", str(bad), "--out", str(tmp_path / "out")]) == 2
     assert "global_config: num_key_value_heads 1 != num_attention_heads 2" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("option, phrase", [
+    ("model.window=8", "model.window = 8"), ("model.ngram_sizes=2,3", "model.ngram_sizes = [2, 3]"),
+    ("model.logit_softcap=30", "model.logit_softcap = 30"), ("model.qk_norm=true", "model.qk_norm = true"),
+])
+def test_byte_lm_options_llama_lacks_are_refused_before_anything_is_written(tmp_path, option, phrase):
+    run = tmp_path / "run"
+    save_config(load_config(None, ["model.family=byte", option]), run)  # refused from its config, before any checkpoint is read
+    with pytest.raises(UserError, match=f"cannot be written as LlamaForCausalLM: {re.escape(phrase)}"):
+        export_hf(run, tmp_path / "hf")
+    assert not (tmp_path / "hf").exists()
 
 
 def test_converted_runs_are_evaluated_patched_and_sampled(tmp_path, capsys):

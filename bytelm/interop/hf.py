@@ -563,6 +563,20 @@ def _run_json(run_dir: Path) -> dict:
     return json.loads(path.read_text())
 
 
+def _not_in_llama(m, *, sliding_window: bool = False) -> list[str]:
+    """What a byte LM's ``[model]`` table holds that a Llama-style decoder (``LlamaForCausalLM``; the
+    BLT reference's patcher, which also has a ``sliding_window``) has no equivalent of, one phrase
+    each; empty when it converts."""
+    return [
+        phrase for on, phrase in [
+            (m.window and not sliding_window, f"model.window = {m.window} (sliding-window attention)"),
+            (m.ngram_sizes, f"model.ngram_sizes = {list(m.ngram_sizes)} (hashed n-gram embeddings)"),
+            (m.logit_softcap, f"model.logit_softcap = {m.logit_softcap:g} (soft-capped logits)"),
+            (m.qk_norm, "model.qk_norm = true (normalised queries and keys)"),
+        ] if on
+    ]
+
+
 def export_hf(run_dir: str | os.PathLike, out: str | os.PathLike, progress: Callable[..., None] | None = None) -> str:
     """Write a bytelm run as a Hugging Face folder (``config.json`` + ``model.safetensors``): a BLT
     in the ``reference`` variant as ``BltForCausalLM`` (its entropy model as the patcher), a byte LM
@@ -577,10 +591,8 @@ def export_hf(run_dir: str | os.PathLike, out: str | os.PathLike, progress: Call
     m = cfg.model
     meta = {"format": "pt", "bytelm_run": str(run_dir.absolute())}
     if m.family == "byte":
-        if m.window:
-            raise UserError(f"{run_dir}: model.window = {m.window} (sliding-window attention) has no Llama equivalent")
-        if m.ngram_sizes:
-            raise UserError(f"{run_dir}: model.ngram_sizes = {list(m.ngram_sizes)} (hashed n-gram embeddings) has no Llama equivalent")
+        if unmatched := _not_in_llama(m):
+            raise UserError(f"{run_dir} cannot be written as LlamaForCausalLM: " + "; ".join(unmatched) + " (no Llama equivalent)")
         tensors = export_entries(restore_model(run_dir), decoder_lm_entries(m, "model.", "lm_head.weight", rope_perm=False), _stage(progress, "gather"))
         config, arch = _llama_config_json(m), "LlamaForCausalLM"
     elif m.family == "blt":
@@ -598,10 +610,10 @@ def export_hf(run_dir: str | os.PathLike, out: str | os.PathLike, progress: Call
         threshold = (info.get("patching") or {}).get("threshold") or m.threshold
         entropy_dir = Path(m.entropy_run)
         entropy_cfg = load_config(entropy_dir / "config.toml").model
-        if entropy_cfg.ngram_sizes:
+        if unmatched := _not_in_llama(entropy_cfg, sliding_window=True):
             raise UserError(
-                f"{run_dir} cannot be written as BltForCausalLM: its entropy model {entropy_dir} has hashed n-gram "
-                "embeddings (model.ngram_sizes), which the reference's patcher has not"
+                f"{run_dir} cannot be written as BltForCausalLM: its entropy model {entropy_dir} has " + "; ".join(unmatched)
+                + ", which the reference's patcher (a Llama-style byte LM) has not"
             )
         tensors = export_entries(model, blt_entries(m), _stage(progress, "gather the BLT"))
         patcher = decoder_lm_entries(entropy_cfg, "model.patcher.", PATCHER_HEAD, rope_perm=True)
