@@ -174,3 +174,23 @@ def test_a_scanned_stack_trains_as_the_unrolled_one(optimizer):
     for path, value in b.items():
         want = np.stack([a[(path[0], "blocks", str(i), *path[2:])] for i in range(value.shape[0])]) if path[0] == "stack" else a[path]
         np.testing.assert_allclose(value, want, rtol=1e-4, atol=1e-5, err_msg=str(path))
+
+
+def test_weight_decay_takes_matrices_not_gains_scanned_or_not():
+    """With zero gradients an AdamW step is the decay alone: every matrix (a layer's, stacked or
+    not, the embedding and the head) shrinks by ``lr * weight_decay``, and no norm's gain moves."""
+    lr, wd = 0.01, 0.5
+    for scan in ("false", "true"):
+        cfg = load_config(None, [*LM, "model.n_layers=2", "model.qk_norm=true", f"model.scan_layers={scan}", "train.optimizer=adamw",
+                                 f"train.weight_decay={wd}", f"train.learning_rate={lr}", "train.warmup_steps=0", "train.grad_clip=0"])
+        _, params, _ = nnx.split(ByteLM(cfg.model, rngs=nnx.Rngs(0)), nnx.Param, ...)
+        tx = make_optimizer(cfg.train)
+        zeros = jax.tree.map(jnp.zeros_like, params)
+        updates, _ = tx.update(zeros, tx.init(params), params, plan=schedule_plan(cfg.train, 10))
+        before = {tuple(str(k) for k in p): np.asarray(v.get_value()) for p, v in nnx.to_flat_state(params)}
+        after = {tuple(str(k) for k in p): np.asarray(v.get_value()) for p, v in nnx.to_flat_state(optax.apply_updates(params, updates))}
+        gains = [p for p in before if p[-1] == "scale"]
+        assert len(gains) == (4 if scan == "true" else 2 * 4) + 1  # attn, mlp, q, k norms (stacked, or per block), final norm
+        for path, value in before.items():
+            want = value if path[-1] == "scale" else value * (1 - lr * wd)
+            np.testing.assert_allclose(after[path], want, rtol=1e-6, atol=1e-7, err_msg=f"scan={scan} {path}")

@@ -605,16 +605,16 @@ def export_hf(run_dir: str | os.PathLike, out: str | os.PathLike, progress: Call
             problems.append("the reference's cross-attentions have the local head count (model.cross_heads = model.local_heads) and are on")
         if problems:
             raise UserError(f"{run_dir} cannot be written as BltForCausalLM: " + "; ".join(problems))
-        model = restore_model(run_dir)
-        info = _run_json(run_dir)
-        threshold = (info.get("patching") or {}).get("threshold") or m.threshold
         entropy_dir = Path(m.entropy_run)
         entropy_cfg = load_config(entropy_dir / "config.toml").model
-        if unmatched := _not_in_llama(entropy_cfg, sliding_window=True):
+        if unmatched := _not_in_llama(entropy_cfg, sliding_window=True):  # (from the configs, before any checkpoint is read)
             raise UserError(
                 f"{run_dir} cannot be written as BltForCausalLM: its entropy model {entropy_dir} has " + "; ".join(unmatched)
                 + ", which the reference's patcher (a Llama-style byte LM) has not"
             )
+        model = restore_model(run_dir)
+        info = _run_json(run_dir)
+        threshold = (info.get("patching") or {}).get("threshold") or m.threshold
         tensors = export_entries(model, blt_entries(m), _stage(progress, "gather the BLT"))
         patcher = decoder_lm_entries(entropy_cfg, "model.patcher.", PATCHER_HEAD, rope_perm=True)
         tensors.update(export_entries(restore_model(entropy_dir), patcher, _stage(progress, "gather the entropy model")))

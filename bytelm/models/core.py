@@ -176,8 +176,9 @@ class Attention(nnx.Module):
     positions (the current one included), an explicit boolean ``mask_BxTxS`` (True = may
     attend), and ``segments_BxT`` (self-attention: document ids; a query sees only its document). Rotary positions apply to self-attention only. ``implementation`` is a resolved
     attention kernel (:mod:`bytelm.models.kernels`). ``qk_norm``: each head's query and key are
-    RMS-normalised (with a learned gain per head dimension) before the rotary positions (QK-norm,
-    as in OLMo 2, OLMo et al. 2024, section 3.3), which bounds the attention logits.
+    RMS-normalised (with a learned gain per head dimension, shared by the heads) before the rotary
+    positions, which bounds the attention logits (QK-norm per head, the form Gemma 3 and Qwen 3 use;
+    OLMo 2 normalises the whole projection before it is split into heads).
     """
 
     def __init__(
