@@ -45,8 +45,17 @@ def _pair(build, cfg_of):
     return build(cfg_of(False), rngs=nnx.Rngs(0)), build(cfg_of(True), rngs=nnx.Rngs(0))
 
 
+def _flat_state(state) -> dict:
+    return {tuple(str(k) for k in path): np.asarray(v.get_value()) for path, v in nnx.to_flat_state(state)}
+
+
 def _flat(model) -> dict:
-    return {tuple(str(k) for k in path): np.asarray(v.get_value()) for path, v in nnx.to_flat_state(nnx.state(model, nnx.Param))}
+    return _flat_state(nnx.state(model, nnx.Param))
+
+
+def _as_stacked(unrolled: dict, path: tuple[str, ...], n_layers: int) -> np.ndarray:
+    """The unrolled model's weights that a scanned model holds at ``path`` (``stack, layers, ...``), stacked."""
+    return np.stack([unrolled[(path[0], "blocks", str(i), *path[2:])] for i in range(n_layers)])
 
 
 def _stacked_equals_unrolled(unrolled, scanned, stacks: list[str]) -> None:
@@ -55,8 +64,7 @@ def _stacked_equals_unrolled(unrolled, scanned, stacks: list[str]) -> None:
     for path, value in b.items():
         if path[0] in stacks:
             assert path[1] == "layers"
-            layers = [a[(path[0], "blocks", str(i), *path[2:])] for i in range(value.shape[0])]
-            np.testing.assert_array_equal(value, np.stack(layers))
+            np.testing.assert_array_equal(value, _as_stacked(a, path, value.shape[0]))
         else:
             np.testing.assert_array_equal(value, a[path])
     assert sum(v.size for v in a.values()) == sum(v.size for v in b.values())
@@ -69,7 +77,7 @@ def _loss_and_grads(model, batch):
         return nnx.merge(graphdef, p, rest).score(batch).nll_BxT.sum()
 
     value, grads = jax.jit(jax.value_and_grad(loss))(params)
-    return float(value), {tuple(str(k) for k in path): np.asarray(v.get_value()) for path, v in nnx.to_flat_state(grads)}
+    return float(value), _flat_state(grads)
 
 
 def _same_scores(unrolled, scanned, batch) -> None:
@@ -85,7 +93,7 @@ def _same_scores_and_grads(unrolled, scanned, batch, stacks) -> None:
     loss_b, grads_b = _loss_and_grads(scanned, batch)
     assert loss_b == pytest.approx(loss_a, rel=1e-5)
     for path, g in grads_b.items():
-        want = np.stack([grads_a[(path[0], "blocks", str(i), *path[2:])] for i in range(g.shape[0])]) if path[0] in stacks else grads_a[path]
+        want = _as_stacked(grads_a, path, g.shape[0]) if path[0] in stacks else grads_a[path]
         np.testing.assert_allclose(g, want, rtol=1e-4, atol=1e-5)
 
 
@@ -150,13 +158,16 @@ def test_the_layer_axis_is_never_sharded():
     assert tuple(logical_to_spec(("layers", "embed", "heads", "kv"), (4, 32, 2, 16), Mesh())) == (None, "fsdp", "tensor", None)
 
 
+# a byte LM with QK-norm's gains too, and optimizer steps that are the learning rate's from the first
+TRAIN = [*LM, "model.n_layers=2", "model.qk_norm=true", "train.warmup_steps=0", "train.grad_clip=0"]
+
+
 @pytest.mark.parametrize("optimizer", ["adamw", "muon"])
 def test_a_scanned_stack_trains_as_the_unrolled_one(optimizer):
     """A few optimizer steps with weight decay leave the scanned model's weights the unrolled
     model's, stacked: a norm's gain (one row per layer when stacked; QK-norm's too) is not decayed
     as a matrix."""
-    overrides = [*LM, "model.n_layers=2", "model.qk_norm=true", f"train.optimizer={optimizer}", "train.weight_decay=0.5", "train.learning_rate=0.01",
-                 "train.warmup_steps=0", "train.grad_clip=0"]
+    overrides = [*TRAIN, f"train.optimizer={optimizer}", "train.weight_decay=0.5", "train.learning_rate=0.01"]
     cfgs = [load_config(None, [*overrides, f"model.scan_layers={scan}"]) for scan in ("false", "true")]
     trained = []
     for cfg in cfgs:
@@ -172,7 +183,7 @@ def test_a_scanned_stack_trains_as_the_unrolled_one(optimizer):
         trained.append(model)
     a, b = _flat(trained[0]), _flat(trained[1])
     for path, value in b.items():
-        want = np.stack([a[(path[0], "blocks", str(i), *path[2:])] for i in range(value.shape[0])]) if path[0] == "stack" else a[path]
+        want = _as_stacked(a, path, value.shape[0]) if path[0] == "stack" else a[path]
         np.testing.assert_allclose(value, want, rtol=1e-4, atol=1e-5, err_msg=str(path))
 
 
@@ -181,14 +192,12 @@ def test_weight_decay_takes_matrices_not_gains_scanned_or_not():
     not, the embedding and the head) shrinks by ``lr * weight_decay``, and no norm's gain moves."""
     lr, wd = 0.01, 0.5
     for scan in ("false", "true"):
-        cfg = load_config(None, [*LM, "model.n_layers=2", "model.qk_norm=true", f"model.scan_layers={scan}", "train.optimizer=adamw",
-                                 f"train.weight_decay={wd}", f"train.learning_rate={lr}", "train.warmup_steps=0", "train.grad_clip=0"])
+        cfg = load_config(None, [*TRAIN, f"model.scan_layers={scan}", "train.optimizer=adamw", f"train.weight_decay={wd}", f"train.learning_rate={lr}"])
         _, params, _ = nnx.split(ByteLM(cfg.model, rngs=nnx.Rngs(0)), nnx.Param, ...)
         tx = make_optimizer(cfg.train)
         zeros = jax.tree.map(jnp.zeros_like, params)
         updates, _ = tx.update(zeros, tx.init(params), params, plan=schedule_plan(cfg.train, 10))
-        before = {tuple(str(k) for k in p): np.asarray(v.get_value()) for p, v in nnx.to_flat_state(params)}
-        after = {tuple(str(k) for k in p): np.asarray(v.get_value()) for p, v in nnx.to_flat_state(optax.apply_updates(params, updates))}
+        before, after = _flat_state(params), _flat_state(optax.apply_updates(params, updates))
         gains = [p for p in before if p[-1] == "scale"]
         assert len(gains) == (4 if scan == "true" else 2 * 4) + 1  # attn, mlp, q, k norms (stacked, or per block), final norm
         for path, value in before.items():

@@ -121,7 +121,7 @@ class ByteLMConfig(ModelConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         check_transformer("model.", self.d_model, self.n_heads, self.n_layers, self.mlp_dim)
-        if not self.logit_softcap >= 0 or self.logit_softcap == float("inf"):
+        if not (math.isfinite(self.logit_softcap) and self.logit_softcap >= 0):
             raise ValueError(f"model.logit_softcap must be a finite number >= 0 (0 = no cap), got {self.logit_softcap}")
         if self.window < 0:
             raise ValueError(f"model.window must be >= 0 (0 = full attention), got {self.window}")
