@@ -274,6 +274,13 @@ def test_byte_lm_options_llama_lacks_are_refused_before_anything_is_written(tmp_
     with pytest.raises(UserError, match=f"cannot be written as LlamaForCausalLM: {re.escape(phrase)}"):
         export_hf(run, tmp_path / "hf")
     assert not (tmp_path / "hf").exists()
+    if option.startswith("model.window"):
+        return  # the reference's patcher has a sliding window: a BLT's entropy model may keep one
+    blt = tmp_path / "blt"  # the same byte LM as a reference BLT's entropy model (the patcher): refused too
+    save_config(load_config(None, ["model.family=blt", "model.variant=reference", f"model.entropy_run={run}"]), blt)
+    with pytest.raises(UserError, match=f"cannot be written as BltForCausalLM: its entropy model .* has {re.escape(phrase)}"):
+        export_hf(blt, tmp_path / "hf")
+    assert not (tmp_path / "hf").exists()
 
 
 def test_converted_runs_are_evaluated_patched_and_sampled(tmp_path, capsys):

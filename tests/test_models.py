@@ -301,8 +301,16 @@ def test_byte_lm_with_ngrams_is_causal_and_reads_them():
     assert np.abs(np.asarray(model(jnp.asarray(ids))) - base).max() > 1e-3
 
 
+@pytest.mark.parametrize("family", ["byte", "blt", "blt-reference"])
 @pytest.mark.parametrize("bad, match", [("model.ngram_sizes=0,2", "ngram_sizes"), ("model.ngram_sizes=3,3", "ngram_sizes"),
-                                        ("model.hash_table_size=0", "hash_table_size")])
-def test_ngram_config_is_checked(bad, match):
-    with pytest.raises(Exception, match=match):
-        load_config(None, ["model.family=byte", "model.ngram_sizes=2", bad] if "hash" in bad else ["model.family=byte", bad])
+                                        ("model.ngram_sizes=2,65", "ngram_sizes"), ("model.hash_table_size=0", "hash_table_size"),
+                                        (f"model.hash_table_size={2**24}", "hash_table_size")])
+def test_ngram_config_is_checked(family, bad, match):
+    """The byte LM and both BLT variants take one rule for their hashed n-gram tables (the
+    reference hash is exact only for n <= 64 and tables under 2^24 rows), and a config without
+    n-gram tables is valid for each (the reference variant's check once failed on an empty list)."""
+    base = {"byte": ["model.family=byte"], "blt": ["model.family=blt"],
+            "blt-reference": ["model.family=blt", "model.variant=reference", "model.encoder_cross_all_layers=false"]}[family]
+    load_config(None, [*base, "model.ngram_sizes=[]"])
+    with pytest.raises(ValueError, match=match):
+        load_config(None, [*base, "model.ngram_sizes=2", bad] if "hash" in bad else [*base, bad])

@@ -36,7 +36,8 @@ def check_transformer(prefix: str, d_model: int, n_heads: int, n_layers: int, ml
 
 
 def check_ngrams(ngram_sizes: tuple[int, ...], hash_table_size: int) -> None:
-    """The rules of hashed n-gram embeddings (:func:`bytelm.models.core.ngram_hashes`)."""
+    """The rules of hashed n-gram embeddings, the byte LM's and BLT's (:func:`bytelm.models.core.ngram_hashes`;
+    the BLT reference variant's exact int64 hash, ``reference_ngram_hashes``, needs both bounds)."""
     if any(not 1 <= n <= 64 for n in ngram_sizes) or len(set(ngram_sizes)) != len(ngram_sizes):
         raise ValueError(f"model.ngram_sizes {list(ngram_sizes)} must be distinct n-gram lengths in [1, 64]")
     if not 1 <= hash_table_size < 2**24:
@@ -250,11 +251,9 @@ class BLTConfig(ModelConfig):
         check_transformer("model.global_", self.global_d_model, self.global_heads, self.global_layers, self.global_mlp_dim)
         if self.local_d_model % self.cross_heads or (self.local_d_model // self.cross_heads) % 2:
             raise ValueError(f"model.local_d_model {self.local_d_model} must split into model.cross_heads {self.cross_heads} even-sized heads")
-        if any(n < 1 for n in self.ngram_sizes) or self.hash_table_size < 1 or self.queries_per_patch < 1:
-            raise ValueError(
-                f"model.ngram_sizes {self.ngram_sizes} must be >= 1, model.hash_table_size ({self.hash_table_size}) "
-                f"and model.queries_per_patch ({self.queries_per_patch}) >= 1"
-            )
+        check_ngrams(self.ngram_sizes, self.hash_table_size)
+        if self.queries_per_patch < 1:
+            raise ValueError(f"model.queries_per_patch must be >= 1, got {self.queries_per_patch}")
         if self.local_window < 0:
             raise ValueError(f"model.local_window must be >= 0 (0 = full), got {self.local_window}")
         check_ngram_dropout(self.ngram_dropout, self.ngram_sizes)
@@ -263,11 +262,6 @@ class BLTConfig(ModelConfig):
         if self.hash_functions < 1 or (self.variant == "bytelm" and self.hash_functions != 1):
             raise ValueError(f"model.hash_functions ({self.hash_functions}) must be 1 for variant 'bytelm' and >= 1 for 'reference'")
         if self.variant == "reference":
-            if self.hash_table_size >= 2**24 or max(self.ngram_sizes) > 64:
-                raise ValueError(
-                    f"the reference variant's hash needs model.hash_table_size < 2^24 (got {self.hash_table_size}) "
-                    f"and n-grams of at most 64 ids (got {max(self.ngram_sizes)})"
-                )
             if self.encoder_cross_all_layers:
                 raise ValueError(
                     "the reference variant pools its patch queries afresh at every encoder layer, so only the last "
