@@ -77,6 +77,11 @@ class TrainConfig:
     # parameters whose first logical axis is "vocab"; not output heads) is learning_rate times this,
     # their weight decay with it, under either optimizer (bytelm/training/optim.py)
     embedding_lr_scale: float = 1.0
+    # > 0: keep an exponential moving average of the weights, bias-corrected (an average of the
+    # iterates so far, step i weighted by decay^(t - i)); the averaged weights are the run's model:
+    # evaluations, sampling, export and compare read them, training resumes from the raw ones
+    # (bytelm/training/trainer.py). 0: the last weights are the model.
+    ema_decay: float = 0.0
     grad_clip: float = 1.0  # global-norm clipping; 0 disables
     grad_accum: int = 1  # micro-batches per optimizer step
     log_every: int = 10
@@ -107,6 +112,8 @@ class TrainConfig:
             raise ValueError(f"train.muon_momentum must be in [0, 1), got {self.muon_momentum}")
         if not (self.embedding_lr_scale > 0 and math.isfinite(self.embedding_lr_scale)):
             raise ValueError(f"train.embedding_lr_scale must be a finite number > 0 (1: the learning rate of the rest), got {self.embedding_lr_scale}")
+        if not 0.0 <= self.ema_decay < 1.0:
+            raise ValueError(f"train.ema_decay must be in [0, 1) (0: no weight average; 0.99 averages over about 100 steps), got {self.ema_decay}")
         if not self.time_budget_s >= 0:
             raise ValueError(f"train.time_budget_s must be >= 0 (0: train for train.steps), got {self.time_budget_s}")
 

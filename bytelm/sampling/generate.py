@@ -27,7 +27,7 @@ def load_decoder(run_dir: str | Path, *, step: int | None = None) -> Decoder:
     """The decoder of a run directory's family, on its latest checkpoint (or ``step``); the corpus
     is not read."""
     trainer = restore_trainer(run_dir, load_corpus=False, step=step)
-    decoder = trainer.task.decoder(nnx.merge(trainer.graphdef, trainer.params))
+    decoder = trainer.task.decoder(nnx.merge(trainer.graphdef, trainer.model_params))
     decoder.family = trainer.task.family
     return decoder
 

@@ -43,16 +43,17 @@ class Checkpointer:
         out = self._restore(step, ocp.args.StandardRestore(abstract))
         return out["state"], out["meta"]
 
-    def restore_params(self, step: int, params: dict) -> tuple[dict, dict]:
-        """Only the parameters of checkpoint ``step``, onto the shapes, dtypes and shardings of
+    def restore_params(self, step: int, params: dict, key: str = "params") -> tuple[dict, dict]:
+        """Only the parameters of checkpoint ``step`` (or another tree of their structure saved
+        beside them, ``key``: the weight average, "ema"), onto the shapes, dtypes and shardings of
         ``params`` (abstract arrays are enough); an optimizer state in the checkpoint is neither
         read nor allocated (a third of a full restore's memory under Adam), and a checkpoint may
         hold none (``bytelm convert`` writes parameters only)."""
         restore_args = jax.tree.map(
             lambda x: ocp.ArrayRestoreArgs(sharding=x.sharding, global_shape=x.shape, dtype=x.dtype, strict=True), params
         )
-        out = self._restore(step, ocp.args.PyTreeRestore({"params": params}, restore_args={"params": restore_args}, partial_restore=True))
-        return out["state"]["params"], out["meta"]
+        out = self._restore(step, ocp.args.PyTreeRestore({key: params}, restore_args={key: restore_args}, partial_restore=True))
+        return out["state"][key], out["meta"]
 
     def _restore(self, step: int, state_args) -> dict:
         try:

@@ -201,7 +201,7 @@ class _Metrics:
 # functions close over. The train config enters without the fields that never reach them (the
 # learning rate, warmup and horizon are arguments, `plan`; the rest is host-side).
 _RUNTIME_TRAIN_FIELDS = ("steps", "seed", "learning_rate", "warmup_steps", "log_every", "checkpoint_every",
-                         "keep_checkpoints", "peak_flops", "time_budget_s")
+                         "keep_checkpoints", "peak_flops", "time_budget_s", "ema_decay")
 _PROGRAMS: dict = {}
 _PROGRAMS_LIMIT = 64
 
@@ -214,6 +214,7 @@ class _Programs:
         self.tcfg = tcfg
         self.tx = make_optimizer(tcfg)
         self.train_step = jax.jit(self._step_fn, donate_argnums=(0, 1))
+        self.train_step_ema = jax.jit(self._step_ema_fn, donate_argnums=(0, 1, 5))
         self.score_positions = jax.jit(self._score_positions_fn)
         self.opt_init = jax.jit(self.tx.init)
         schedule = learning_rate_schedule(tcfg)
@@ -259,9 +260,23 @@ class _Programs:
         }
         return params, opt_state, metrics
 
+    def _step_ema_fn(self, params, opt_state, batch, plan, seed_step, ema, weight):
+        """:meth:`_step_fn`, then the weight average moved ``weight`` of the way to the new params
+        (:func:`ema_weight`), in one program."""
+        params, opt_state, metrics = self._step_fn(params, opt_state, batch, plan, seed_step)
+        return params, opt_state, metrics, jax.tree.map(lambda m, p: m + weight * (p - m), ema, params)
+
     def _score_positions_fn(self, params, batch):
         s = self._scores(params, batch)
         return s.nll_BxT, s.nbytes_BxT
+
+
+def ema_weight(decay: float, step: int) -> float:
+    """How far step ``step``'s (1-based) weights move the average (``train.ema_decay``):
+    ``(1 - decay) / (1 - decay**step)``, Adam's bias correction, so the average after ``t`` steps is
+    ``sum_i (1 - decay) decay^(t-i) p_i / (1 - decay^t)``, a weighted mean of the iterates with
+    weights summing to 1 (the first step's weight is 1: the initialisation never enters)."""
+    return (1.0 - decay) / (1.0 - decay**step)
 
 
 DROPOUT_STREAM = 0x64726F70  # folded into the seed's key: dropout draws apart from the initialisation's
@@ -350,9 +365,14 @@ class Trainer:
             )
         else:
             self.opt_state = jax.eval_shape(self.programs.opt_init, self.params)
+        # train.ema_decay: the weight average (what evaluate scores; the checkpoints' "ema"), else None
+        self.ema = None
+        if cfg.train.ema_decay > 0:
+            self.ema = jax.tree.map(jnp.copy, self.params) if init else self.params
         self.step = 0
         self.last_plan: dict | None = None  # the schedule_plan of the latest step
         self._train_step, self._score_positions = self._on_mesh(self.programs.train_step), self.programs.score_positions
+        self._train_step_ema = self._on_mesh(self.programs.train_step_ema)
         self.param_counts = count_params(self.params)
 
     def _on_mesh(self, fn):
@@ -392,14 +412,25 @@ class Trainer:
         # arguments: a new horizon (or learning rate, or warmup) does not compile the step again
         plan = self.last_plan = schedule_plan(self.cfg.train, self.horizon)
         seed_step = np.asarray([self.cfg.train.seed, self.step], np.uint32)
-        self.params, self.opt_state, metrics = self._train_step(self.params, self.opt_state, self.device_batch(batch), plan, seed_step)
+        if self.ema is None:
+            self.params, self.opt_state, metrics = self._train_step(self.params, self.opt_state, self.device_batch(batch), plan, seed_step)
+        else:
+            weight = np.float32(ema_weight(self.cfg.train.ema_decay, self.step + 1))
+            self.params, self.opt_state, metrics, self.ema = self._train_step_ema(
+                self.params, self.opt_state, self.device_batch(batch), plan, seed_step, self.ema, weight
+            )
         self.step += 1
         return metrics
+
+    @property
+    def model_params(self):
+        """The weights that are the run's model: the average (``train.ema_decay``), else the params."""
+        return self.params if self.ema is None else self.ema
 
     def evaluate(
         self, segments: list[bytes], *, on_batch: Callable[[dict, int], None] | None = None, batch_size: int | None = None
     ):
-        """Score ``segments`` with the current params (the evaluation protocol), ``batch_size``
+        """Score ``segments`` with the model's weights (:attr:`model_params`; the evaluation protocol), ``batch_size``
         (default ``eval.batch_size``) segments per batch.
 
         ``on_batch(batch, n_real_rows)`` sees every host-side eval batch (with its family-specific
@@ -410,7 +441,7 @@ class Trainer:
             # per-position values summed here in float64, in one fixed order: a segment's total does
             # not pick up the float32 reduction order of a program shaped by its batch
             # (every process builds the same global batch, scores its rows, and gets every row back)
-            nll_BxT, nbytes_BxT = self._score_positions(self.params, self.device_batch(batch, whole=True))
+            nll_BxT, nbytes_BxT = self._score_positions(self.model_params, self.device_batch(batch, whole=True))
             return gather_rows(nll_BxT).astype(np.float64).sum(axis=1), gather_rows(nbytes_BxT).astype(np.float64).sum(axis=1)
 
         def observed(batches):
@@ -424,7 +455,10 @@ class Trainer:
         return score_segments(rows, batches, [len(s) for s in segments])
 
     def state_tree(self) -> dict:
-        return {"params": self.params, "opt_state": self.opt_state}
+        tree = {"params": self.params, "opt_state": self.opt_state}
+        if self.ema is not None:
+            tree["ema"] = self.ema
+        return tree
 
     def load_state_tree(self, tree: dict) -> None:
         # onto the live state's shardings: orbax may restore scalars (the optimizer's step count) onto a
@@ -436,7 +470,7 @@ class Trainer:
             return jax.device_put(new, old.sharding if set(old.sharding.device_set) == mesh_devices else replicated)
 
         tree = jax.tree.map(place, tree, self.state_tree())
-        self.params, self.opt_state = tree["params"], tree["opt_state"]
+        self.params, self.opt_state, self.ema = tree["params"], tree["opt_state"], tree.get("ema")
 
 
 def _finished_result(run_dir: Path, cfg: Config) -> TrainResult | None:
@@ -482,9 +516,10 @@ def _restore_artefact_run(value: str, field: str, kind) -> nnx.Module:
 
 
 def restore_trainer(run_dir: str | Path, *, corpus=None, step: int | None = None, load_corpus: bool = True) -> Trainer:
-    """Rebuild the trainer of ``run_dir`` from its config and load the parameters of its latest
-    (or ``step``) checkpoint, to score and sample with (its optimizer state stays abstract:
-    training resumes through :func:`train`). ``load_corpus=False`` (with no ``corpus``): a
+    """Rebuild the trainer of ``run_dir`` from its config and load the model's weights of its latest
+    (or ``step``) checkpoint, to score and sample with: the parameters, or with ``train.ema_decay``
+    their average, as ``params`` (its optimizer state stays abstract: training resumes through
+    :func:`train`). ``load_corpus=False`` (with no ``corpus``): a
     trainer for the model alone, whose task cannot make batches (sampling, conversion)."""
     cfg = _run_config(run_dir)
     if corpus is None and load_corpus:
@@ -493,7 +528,8 @@ def restore_trainer(run_dir: str | Path, *, corpus=None, step: int | None = None
 
 
 def restore_model(run_dir: str | Path, *, step: int | None = None) -> nnx.Module:
-    """The model of ``run_dir`` with its latest (or ``step``) parameters, its corpus not loaded."""
+    """The model of ``run_dir`` with its latest (or ``step``) weights (their average with
+    ``train.ema_decay``), its corpus not loaded."""
     trainer = _restore(Path(run_dir), _run_config(run_dir), None, step)
     return nnx.merge(trainer.graphdef, trainer.params)
 
@@ -508,12 +544,13 @@ def _restore(run_dir: Path, cfg: Config, corpus, step: int | None) -> Trainer:
     task = make_task(cfg, corpus, run_dir)
     check_fingerprints(run_dir, task)
     trainer = Trainer(cfg, task, mesh=_restore_mesh(cfg, run_dir), init=False)
+    trainer.ema = None  # the average, if any, is read into params: it is the model
     ckpt = Checkpointer(run_dir / "checkpoints", keep=cfg.train.keep_checkpoints)
     try:
         step = ckpt.latest_step() if step is None else step
         if step is None:
             raise UserError(f"the run directory {run_dir} has no checkpoint yet")
-        trainer.params, meta = ckpt.restore_params(step, trainer.params)
+        trainer.params, meta = ckpt.restore_params(step, trainer.params, key="ema" if cfg.train.ema_decay > 0 else "params")
     finally:
         ckpt.close()
     trainer.step = int(meta["step"])
