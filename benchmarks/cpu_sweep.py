@@ -19,7 +19,8 @@ CPU recipes and tries dropout and larger shapes, then Muon (the subword LM), or 
 ten-minute recipe (as the first round left it: ``TEN_MINUTE_PINS``) Muon (``train.optimizer``), a
 higher learning rate, a decay to zero, then hashed n-gram embeddings, dropout and width, then depth
 and the lookup tables' learning rate, document masking, then weight decay, batch and warmup, then
-the tables' size, dropout, n-gram row dropout and Muon's momentum; BLT from its CPU recipe, n-gram
+the tables' size, dropout, n-gram row dropout and Muon's momentum, then soft-capped logits, QK-norm,
+heads and MLP width, then a moving average of the weights; BLT from its CPU recipe, n-gram
 row dropout or fewer n-gram tables (``TEN_MINUTE_GROUPS``). A ten-minute run reads
 a few megabytes, so on the whole stdlib corpus (about 30 MB) no run would see a byte twice and
 regularisation could never win; ``--sample-mb M`` sweeps instead on a fixed sample of the stdlib's
@@ -156,6 +157,8 @@ TEN_MINUTE_GROUPS: dict[str, tuple[str, list[list[tuple[str, ...]]]]] = {
         [(), ("model.qk_norm=true",), ("model.qk_norm=true", "train.learning_rate=1.2e-2")],
         # then six heads of 32 dimensions instead of three of 64, and a wider MLP
         [(), ("model.n_heads=6",), ("model.mlp_dim=768",)],
+        # twenty-second session: the weights' bias-corrected moving average as the model (train.ema_decay)
+        [(), ("train.ema_decay=0.99",), ("train.ema_decay=0.995",)],
     ]),
     "bpe": ("cpu/bpe", [
         [(), ("model.dropout=0.1",), ("model.dropout=0.25",), ("model.dropout=0.4",)],
