@@ -62,7 +62,7 @@ def test_reference_variant_config_is_checked():
         (["model.variant=meta"], "model.variant must be one of"),
         (["model.hash_functions=2"], "must be 1 for variant 'bytelm'"),
         (["model.variant=reference", "model.encoder_cross_all_layers=true"], "only the last cross-attention counts"),
-        (["model.variant=reference", "model.hash_table_size=16777216"], "hash_table_size < 2\\^24"),
+        (["model.variant=reference", "model.hash_table_size=16777216"], r"model.hash_table_size must be in \[1, 2\^24\)"),
         (["model.norm_eps=0"], "model.norm_eps must be > 0"),
     ]:
         with pytest.raises(UserError, match=match):
