@@ -160,6 +160,8 @@ TEN_MINUTE_GROUPS: dict[str, tuple[str, list[list[tuple[str, ...]]]]] = {
         # twenty-second session (0.99 1.3846, 0.995 1.4022; the best so far 1.4017): the weights'
         # bias-corrected moving average as the model (train.ema_decay)
         [(), ("train.ema_decay=0.99",), ("train.ema_decay=0.995",)],
+        # then, the average smoothing the last steps' noise, a higher floor of the decay or a higher peak
+        [(), ("train.min_lr_ratio=0.3",), ("train.learning_rate=9e-3",)],
     ]),
     "bpe": ("cpu/bpe", [
         [(), ("model.dropout=0.1",), ("model.dropout=0.25",), ("model.dropout=0.4",)],
