@@ -163,6 +163,10 @@ TEN_MINUTE_GROUPS: dict[str, tuple[str, list[list[tuple[str, ...]]]]] = {
         # then, the average smoothing the last steps' noise, a higher floor of the decay or a higher peak
         # (neither won: 0.3 1.3983, 9e-3 1.4139; the best so far 1.3846)
         [(), ("train.min_lr_ratio=0.3",), ("train.learning_rate=9e-3",)],
+        # twenty-third session: half the batch (about twice the steps in the same time), alone and
+        # with the average's window kept in bytes (0.995); the batch named, so that the best so far
+        # trains again in this sitting
+        [("train.batch_size=16",), ("train.batch_size=8",), ("train.batch_size=8", "train.ema_decay=0.995")],
     ]),
     "bpe": ("cpu/bpe", [
         [(), ("model.dropout=0.1",), ("model.dropout=0.25",), ("model.dropout=0.4",)],
