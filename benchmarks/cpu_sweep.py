@@ -14,19 +14,19 @@ the recipes ``configs/cpu/entropy.toml`` and a 4096-id cl100k BPE.
 left it, the shape (MegaByte, BLT, the subword LM), the batch, warmup, weight decay and the context,
 with the first round's values pinned (ROUND_TWO_PINS).
 
-``--recipes ten`` sweeps the ten-minute recipes instead (``--seconds 600``): it starts from the
-CPU recipes and tries dropout and larger shapes, then Muon (the subword LM), or from the byte LM's
+``--recipes ten`` sweeps the ten-minute recipes instead (``--seconds 600``): it starts from the CPU
+recipes and tries dropout and larger shapes, then Muon (the subword LM), or from the byte LM's
 ten-minute recipe (as the first round left it: ``TEN_MINUTE_PINS``) Muon (``train.optimizer``), a
 higher learning rate, a decay to zero, then hashed n-gram embeddings, dropout and width, then depth
 and the lookup tables' learning rate, document masking, then weight decay, batch and warmup, then
 the tables' size, dropout, n-gram row dropout and Muon's momentum, then soft-capped logits, QK-norm,
-heads and MLP width, then a moving average of the weights; BLT from its CPU recipe, n-gram
-row dropout or fewer n-gram tables (``TEN_MINUTE_GROUPS``). A ten-minute run reads
-a few megabytes, so on the whole stdlib corpus (about 30 MB) no run would see a byte twice and
-regularisation could never win; ``--sample-mb M`` sweeps instead on a fixed sample of the stdlib's
-files of about ``M`` megabytes (files ordered by the SHA-256 of their path, copied under
-``--out``, cut into paragraphs as the race cuts its corpora), the laptop case of one book or one
-project's sources.
+heads and MLP width, then a moving average of the weights, then half the batch, then dropout lower
+or off; BLT from its CPU recipe, n-gram row dropout or fewer n-gram tables (``TEN_MINUTE_GROUPS``).
+A ten-minute run reads a few megabytes, so on the whole stdlib corpus (about 30 MB) no run would see
+a byte twice and regularisation could never win; ``--sample-mb M`` sweeps instead on a fixed sample
+of the stdlib's files of about ``M`` megabytes (files ordered by the SHA-256 of their path, copied
+under ``--out``, cut into paragraphs as the race cuts its corpora), the laptop case of one book or
+one project's sources.
 
 Finished runs are reused (each candidate's directory is named after its preset, budget, data and
 overrides), so an interrupted sweep continues where it stopped. Prints one table per family and, last, one JSON line:
@@ -189,9 +189,12 @@ TEN_MINUTE_GROUPS: dict[str, tuple[str, list[list[tuple[str, ...]]]]] = {
 }
 # Set under every candidate of a family (before its own overrides, which win): the byte chain starts
 # from cpu/byte_10min as the first sweep left it, whatever the file holds now (the file keeps each
-# round's choice), and runs its stack unscanned, as the rounds were measured.
+# round's choice: every setting a later round chose is pinned back here), and runs its stack
+# unscanned, as the rounds were measured.
 TEN_MINUTE_PINS: dict[str, tuple[str, ...]] = {
-    "byte": ("train.optimizer=adamw", "train.learning_rate=3e-3", "model.ngram_sizes=[]", "model.scan_layers=false"),
+    "byte": ("train.optimizer=adamw", "train.learning_rate=3e-3", "model.ngram_sizes=[]", "model.scan_layers=false",
+             "train.embedding_lr_scale=1", "model.document_mask=false", "model.ngram_dropout=0", "train.ema_decay=0",
+             "model.dropout=0.1"),
 }
 
 
