@@ -1,0 +1,47 @@
+"""The ten-minute sweep's rule for choosing a group's winner at one or two paces (benchmarks/cpu_sweep.py)."""
+
+import importlib.util
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+_spec = importlib.util.spec_from_file_location("cpu_sweep", Path(__file__).parents[1] / "benchmarks" / "cpu_sweep.py")
+cpu_sweep = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(cpu_sweep)
+pick = cpu_sweep.pick
+
+
+def test_one_pace_picks_the_lowest():
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        scores = rng.uniform(1.2, 1.6, size=int(rng.integers(1, 8)))
+        assert pick([(float(b),) for b in scores]) == int(np.argmin(scores))
+
+
+def test_a_candidate_that_loses_at_either_pace_does_not_replace_the_best_so_far():
+    # the thirteenth round's shape: better at 600 s, worse at 1,400 steps, and the reverse
+    assert pick([(1.3452, 1.3255), (1.3380, 1.3300)]) == 0
+    assert pick([(1.3452, 1.3255), (1.3500, 1.3102)]) == 0
+    assert pick([(1.3452, 1.3255), (1.3380, 1.3102)]) == 1
+    assert pick([(1.3452, 1.3255), (1.3452, 1.3102)]) == 0  # a tie is not a win
+
+
+def test_of_several_better_candidates_the_largest_combined_gain_wins():
+    # 1: -2% and -0.1%; 2: -1% and -1.5% (product of ratios 0.979 vs 0.975)
+    assert pick([(1.0, 2.0), (0.98, 1.998), (0.99, 1.97)]) == 2
+
+
+@pytest.mark.parametrize("paces", [2, 3])
+def test_random_groups(paces):
+    rng = np.random.default_rng(paces)
+    for _ in range(300):
+        scores = [tuple(float(x) for x in row) for row in rng.uniform(1.2, 1.6, size=(int(rng.integers(1, 6)), paces))]
+        w = pick(scores)
+        dominating = [i for i in range(1, len(scores)) if all(b < f for b, f in zip(scores[i], scores[0]))]
+        if not dominating:
+            assert w == 0
+        else:
+            gain = {i: sum(math.log(b / f) for b, f in zip(scores[i], scores[0])) for i in dominating}
+            assert w in dominating and gain[w] == min(gain.values())
