@@ -195,7 +195,7 @@ TEN_MINUTE_GROUPS: dict[str, tuple[str, list[list[tuple[str, ...]]]]] = {
         [(), ("train.embedding_lr_scale=8",), ("train.beta2=0.99",), ("model.hash_table_size=16383",),
          ("train.ema_decay=0.98",)],
         # then twice the rows again (32767: 1.3036 at 1,400 steps against 16383's 1.3057, with a step
-        # about a third slower; not yet trained for 600 s, so not chosen)
+        # about a sixth slower than 8191 rows; not yet trained for 600 s, so not chosen)
         [(), ("model.hash_table_size=32767",)],
     ]),
     "bpe": ("cpu/bpe", [
