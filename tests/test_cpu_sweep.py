@@ -2,6 +2,7 @@
 
 import importlib.util
 import math
+import types
 from pathlib import Path
 
 import numpy as np
@@ -45,3 +46,34 @@ def test_random_groups(paces):
         else:
             gain = {i: sum(math.log(b / f) for b, f in zip(scores[i], scores[0])) for i in dominating}
             assert w in dominating and gain[w] == min(gain.values())
+
+
+def test_seeds_train_one_run_each_and_average_reusing_seed_0(tmp_path, monkeypatch):
+    # training and scoring replaced: each run's score is 1 + seed / 10, read from its --set flags
+    trained: dict[str, int] = {}
+
+    def fake_bytelm(*args):
+        seed = max([int(a.rsplit("=", 1)[1]) for a in args if a.startswith("--set=train.seed=")], default=0)
+        out = args[args.index("--out") + 1]
+        Path(out).mkdir(parents=True)  # a second training of one run would fail here
+        trained[out] = seed
+
+    def fake_evaluate(run_dir, eval_set):
+        return types.SimpleNamespace(bpb=1.0 + trained[str(run_dir)] / 10, step=50 + trained[str(run_dir)], params={"total": 7})
+
+    monkeypatch.setattr(cpu_sweep, "bytelm", fake_bytelm)
+    monkeypatch.setattr(cpu_sweep, "evaluate_run", fake_evaluate)
+    one = cpu_sweep.Sweep(tmp_path, "files:x", 5.0, {})
+    one.validation = types.SimpleNamespace(fingerprint="f")
+    single = one.score("p", "byte", ("a=1",), (), steps=10)
+    assert single["validation_bpb"] == 1.0 and len(trained) == 1
+
+    three = cpu_sweep.Sweep(tmp_path, "files:x", 5.0, {}, seeds=3)
+    three.validation = one.validation
+    row = three.score("p", "byte", ("a=1",), (), steps=10)
+    assert len(trained) == 3  # seed 0's run was reused, seeds 1 and 2 trained
+    assert sorted(trained.values()) == [0, 1, 2]
+    assert row["validation_bpb"] == pytest.approx(1.1)
+    assert [s["validation_bpb"] for s in row["seeds"]] == pytest.approx([1.0, 1.1, 1.2])
+    assert [s["steps"] for s in row["seeds"]] == [50, 51, 52]
+    assert three.score("p", "byte", ("a=1",), (), steps=10) == row and len(trained) == 3  # all cached now
