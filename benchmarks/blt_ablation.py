@@ -55,10 +55,10 @@ def main() -> None:
     zero = evaluate_runs([zeroed], data_spec=args.data, json_path=out / "blt_global_zeroed.json")["models"][0]
 
     rows = [*report["models"], zero]
-    print(f"\n{'model':<20} {'family':<9} {'BPB':>7} {'train FLOPs':>12} {'bytes/step':>10}  note")
+    print(f"\n{'model':<20} {'family':<9} {'BPB':>7} {'own FLOPs':>12} {'total FLOPs':>12} {'bytes/step':>10}  note")
     for m in rows:
         bpgs = m["mean_bytes_per_global_step"]
-        print(f"{m['name']:<20} {m['family']:<9} {m['bpb']:7.4f} {m['flops'] or 0:12.3g} {bpgs or 0:10.2f}  {m['note']}")
+        print(f"{m['name']:<20} {m['family']:<9} {m['bpb']:7.4f} {m['flops'] or 0:12.3g} {m.get('flops_total') or 0:12.3g} {bpgs or 0:10.2f}  {m['note']}")
     print(json.dumps({"fingerprint": report["fingerprint"], **{m["name"]: round(m["bpb"], 4) for m in rows}}))
 
 

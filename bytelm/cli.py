@@ -558,10 +558,11 @@ def add_compare(sub) -> None:
     p = sub.add_parser(
         "compare",
         help="the main job: train every family at a matched FLOP budget and compare them in BPB",
-        description="Prepare the corpus, train the BPE tokenizer and BPE-token LM, the byte LM, MegaByte, the "
-        "entropy model and BLT with a preset's configs at a matched training-FLOP budget, score all on the same "
-        "held-out segments and write report.md, report.json and bpb.png. Re-running with the same --out skips "
-        "finished stages and resumes an interrupted training.",
+        description="Prepare the corpus, train the BPE tokenizer and BPE-token LM, the byte LM (with and without "
+        "BLT's hashed n-gram tables), MegaByte, the entropy model and BLT with a preset's configs at a matched "
+        "training-FLOP budget (each model's total: its own training plus what it needs, BLT's entropy model "
+        "included), score all on the same held-out segments and write report.md, report.json and bpb.png. "
+        "Re-running with the same --out skips finished stages and resumes an interrupted training.",
     )
     p.add_argument("--preset", default="tiny", metavar="NAME|FILE", help="a preset in configs/compare/ (tiny, test) or a preset TOML file (default: tiny)")
     _add_data_option(p)
@@ -573,6 +574,14 @@ def add_compare(sub) -> None:
         help="give every compared model M minutes of training time instead of the preset's FLOP budget "
         "(the entropy model keeps its FLOP budget); the report shows every model's FLOPs and time",
     )
+    p.add_argument(
+        "--seeds",
+        type=int,
+        metavar="N",
+        help="train every compared model with N seeds (train.seed + 0 .. N-1; the learning rate is chosen once, with the "
+        "first); the report gives each model's mean and spread and says whether each gap of the ranking exceeds the "
+        "spread (default: the preset's, 1). Runs of an earlier compare into the same --out are reused",
+    )
     p.set_defaults(func=cmd_compare)
 
 
@@ -580,7 +589,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     progress, note, close = _stage_reporter()
     try:
         result = compare(args.preset, args.out, data_spec=args.data, progress=progress, note=note,
-                         time_budget_s=_budget_seconds(args.minutes))
+                         time_budget_s=_budget_seconds(args.minutes), seeds=args.seeds)
     finally:
         close()
     print(terminal_report(result.report))

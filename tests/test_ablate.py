@@ -91,7 +91,17 @@ def check_outputs_and_the_broken_cell(grid_run):
         for r in rows:
             if r["family"] != "broken":
                 assert r["status"] == "done" and math.isfinite(r["bpb"]) and 0 < r["bpb"] < 9, r
-                assert abs(r["train_flops"] - r["budget"]) <= 0.5 * r["train_flops"] / r["steps"] + 1e-6 * r["budget"]
+                # the budget is matched on the total: own + auxiliary (BLT: its entropy model), up to whole steps
+                aux = r["auxiliary_flops"] or {}
+                per_step = (r["train_flops"] + aux.get("entropy model forward over the training bytes", 0.0)) / r["steps"]
+                assert abs(r["flops_total"] - r["budget"]) <= 0.5 * per_step + 1e-6 * r["budget"], r["id"]
+                assert r["flops_total"] == pytest.approx(r["train_flops"] + sum(aux.values()))
+                if r["family"] == "blt":  # the grid's one entropy model: unamortised in the total, shared in the amortised one
+                    shared = report["shared_auxiliary"]["entropy model training"]
+                    assert aux["entropy model training"] == shared["flops"] and shared["runs"] >= 3
+                    assert r["flops_total_amortised"] == pytest.approx(r["flops_total"] - shared["flops"] * (1 - 1 / shared["runs"]))
+                else:
+                    assert "entropy model training" not in aux and r["flops_total_amortised"] == r["flops_total"]
     done = [r for r in report["runs"] if r["status"] == "done"]
     by_family = {r["family"]: r for r in cells(report, 0) if r["status"] == "done"}
     assert by_family["byte"]["mean_bytes_per_global_step"] == 1.0
@@ -100,12 +110,16 @@ def check_outputs_and_the_broken_cell(grid_run):
     assert by_family["blt"]["entropy_inference_flops_per_byte"] > 0 and by_family["blt-space"]["entropy_inference_flops_per_byte"] == 0
     assert by_family["blt"]["inference_flops_per_byte"] > by_family["blt"]["entropy_inference_flops_per_byte"]
     assert by_family["bpe"]["mean_bytes_per_global_step"] > 1.0
+    # the byte LM with BLT's n-gram tables (3 of 512 rows; at width 16, BLT's local width 16 too)
+    assert by_family["byte_ngram"]["params"]["ngram"] == 3 * 512 * 16 == by_family["blt"]["params"]["ngram"]
+    assert by_family["byte"]["params"]["ngram"] == 0
     assert by_family["unigram"]["mean_bytes_per_global_step"] > 1.0  # a Unigram tokenizer, trained by the grid
     assert (out / "tokenizers" / "unigram-320-cl100k" / "bytelm_unigram.json").is_file()
     # the size rule: one trunk per budget for every family (the micro budgets sit on its floor)
     assert report["trunks"] == {f"{b:.3g}": {"d_model": 16, "layers": 2} for b in report["budgets"]}
     md = (out / "ablation.md").read_text()
     assert "patch_size 3" in md and "bpb_vs_bytes_per_step.png" in md and report["fingerprint"] in md
+    assert "UNAMORTISED" in md and "amortised total" in md
     assert len(report["sentences"]) == 2 and all(s.startswith("At ") and "wins with" in s for s in report["sentences"])
     assert all("seed-to-seed spread" in s for s in report["sentences"])
     assert len(done) >= 20
@@ -118,15 +132,22 @@ def check_learning_rates_chosen_on_the_validation_split(grid_run):
     for fam, s in report["sweep"].items():
         scored = {float(lr): bpb for lr, bpb in s["validation_bpb"].items()}
         assert s["chosen"] == min(scored, key=scored.get)
+        # the grid's rates, then extensions x / / 10/3 (its ratio) past the end the best sat at, at most two
+        assert {3e-3, 1e-2} <= set(scored) and s["extensions"] == len(scored) - 2 <= 2
+        assert sorted(scored) in ([3e-3, 1e-2], [3e-3, 1e-2, 3.33e-2], [3e-3, 1e-2, 3.33e-2, 0.111], [9e-4, 3e-3, 1e-2],
+                                  [2.7e-4, 9e-4, 3e-3, 1e-2], [9e-4, 3e-3, 1e-2, 3.33e-2])
+        assert s["at_edge"] == (s["chosen"] in (min(scored), max(scored)))
+        assert {r["lr"] for r in sweeps if r["family"] == fam} == set(scored)
         for r in sweeps:
             if r["family"] == fam:  # the validation score is not the held-out one
                 assert r["validation_bpb"] == scored[r["lr"]] and r["validation_bpb"] != r["bpb"]
     lr_of = {r["family"]: r["lr"] for r in cells(report, 1) if r["status"] == "done"}
     assert lr_of["blt-space"] == report["sweep"]["blt"]["chosen"]
     assert lr_of["unigram"] == report["sweep"]["bpe"]["chosen"]
+    assert lr_of["byte_ngram"] == report["sweep"]["byte"]["chosen"]
     assert report["validation_fingerprint"] != report["fingerprint"]
     spread = report["seed_spread"]
-    assert set(spread) == {"byte", "megabyte", "blt", "blt-space", "bpe", "unigram"}
+    assert set(spread) == {"byte", "byte_ngram", "megabyte", "blt", "blt-space", "bpe", "unigram"}
     for s in spread.values():
         assert len(s["bpb"]) == 2 and s["spread"] == pytest.approx(max(s["bpb"]) - min(s["bpb"]))
 
@@ -189,6 +210,8 @@ def test_shipped_grids_load_and_their_sizes_follow_the_rule():
         grid = load_grid(name)
         assert len(grid.budgets) >= 2 and grid.budgets[-1] >= 4 * grid.budgets[0]
         assert {load_config(f.config).model.family for f in grid.families} == {"byte", "megabyte", "blt", "bpe"}
+        assert any(f.ngram_from == "blt" for f in grid.families)  # a byte LM with BLT's n-gram tables
+        assert grid.entropy_budget <= 0.25 * grid.budgets[0]  # every BLT cell can pay for its entropy model
         d_prev = 0
         for b in grid.budgets:
             d, L = grid.size.trunk(b)
@@ -213,6 +236,7 @@ def test_bad_grids_fail_with_the_key(tmp_path):
     bad(head.replace("budgets", "budget") + fam, "unknown key")
     bad(head + fam + 'grid = { "model.patch_size" = 4 }\n', "grid must map")
     bad(head + fam + 'lr_from = "nobody"\n', "lr_from")
+    bad(head + fam + 'ngram_from = "byte"\n', "ngram_from 'byte' must name another family")
     bad(head + "[size]\nwidth_multiple = 24\nhead_dim = 16\n" + fam, "whole heads")
     bad(head, "needs \\[\\[family\\]\\]")
     with pytest.raises(UserError, match="no ablation grid"):

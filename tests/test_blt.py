@@ -288,3 +288,20 @@ def test_patch_overflow_is_capped_causally_and_logged(corpus_dir, entropy_run, t
     assert all(abs(r["patch_overflow_bytes"] - (65 - 8) / 65) < 1e-9 for r in rows)
     run = __import__("json").loads((tmp_path / "run" / "run.json").read_text())
     assert run["patch_overflow_windows"] == 1.0 and run["status"] == "finished"
+
+
+def test_a_fixed_threshold_measures_its_mean_patch_length_for_the_flops(corpus_dir, entropy_run):  # noqa: F811
+    """With model.threshold set nothing is calibrated, yet the FLOPs use the mean patch length that
+    threshold gives on the calibration sample (the same measurement calibration makes), not the target."""
+    from bytelm.data import load_corpus
+    from bytelm.patching import mean_patch_length, real_lengths
+    from bytelm.training import flops
+    from bytelm.training.trainer import make_task
+
+    cfg = blt_train_cfg(corpus_dir, entropy_run, **{"model.threshold": 1.5, "model.target_patch_len": 9.0})
+    task = make_task(cfg, load_corpus(f"files:{corpus_dir}"))
+    sample = task._calibration_sample()
+    measured = mean_patch_length(task.patcher.starts(sample), real_lengths(sample))
+    assert task.patcher.threshold == 1.5 and task.achieved == measured and abs(measured - 9.0) > 0.5
+    assert task.forward_flops_per_position() == flops.blt_forward_flops_per_byte(cfg.model, cfg.train.seq_len, measured)
+    assert task.run_info()["patching"]["achieved_mean_patch_len"] == measured

@@ -31,20 +31,37 @@ def test_compare_test_preset_end_to_end_and_resume(corpus_dir, tmp_path, capsys)
     assert schema_errors(report, REPORT_SCHEMA) == []
     models = {m["name"]: m for m in report["models"]}
     assert {m["family"] for m in models.values()} == {"bpe", "byte", "megabyte", "blt"}
-    assert set(models) == {"bpe", "byte", "megabyte", "blt", "entropy"}
+    assert set(models) == {"bpe", "byte", "byte+ngram", "megabyte", "blt", "entropy"}
     preset = load_preset("test")
     for m in models.values():
         assert m["bpb"] is not None and math.isfinite(m["bpb"]) and 0 < m["bpb"] < 9, m
         assert m["fingerprint"] == report["fingerprint"] and m["bytes"] == report["data"]["eval_bytes"]
         plan = report["compare"]["models"][m["name"]]
         budget = preset.flop_budget if m["name"] != "entropy" else 1.0e9
-        # matched budget: the run's FLOPs are the budget, up to rounding to whole steps
-        assert abs(m["flops"] - budget) <= plan["flops_per_step"] / 2 + 1e-6 * budget, (m["name"], m["flops"])
+        # matched budget: the run's total FLOPs (own + auxiliary) are the budget, up to rounding to whole steps
+        per_step = plan["flops_per_step"] + plan["auxiliary_flops_per_step"]
+        assert abs(m["flops_total"] - budget) <= per_step / 2 + 1e-6 * budget, (m["name"], m["flops_total"])
+        assert m["flops_own"] == m["flops"] and m["flops_total"] == pytest.approx(m["flops"] + m["flops_auxiliary"])
+    # BLT pays for its entropy model: that model's whole training, and its forward over every training window and the
+    # calibration sample (a window is train.seq_len + 1 = 65 ids; batches of 8; 64 calibration rows)
+    blt, entropy = models["blt"], models["entropy"]
+    aux = blt["auxiliary_flops"]
+    assert aux["entropy model training"] == entropy["flops_total"] > 0
+    per_window = blt["entropy_inference_flops_per_byte"] * 65  # the entropy model over a BLT window
+    assert aux["entropy model forward over the training bytes"] == pytest.approx(per_window * 8 * blt["step"])
+    assert aux["entropy model forward over the calibration sample"] == pytest.approx(per_window * 64)
+    assert blt["flops_auxiliary"] == pytest.approx(sum(aux.values())) and blt["flops"] < 0.9 * preset.flop_budget
+    assert all(not models[n]["flops_auxiliary"] for n in ("bpe", "byte", "byte+ngram", "megabyte", "entropy"))
+    # the byte LM with BLT's n-gram tables: 3 tables (n = 3, 4, 5) of 512 rows at its width 32 (BLT's: local width 32)
+    assert models["byte+ngram"]["params"]["ngram"] == 3 * 512 * 32 == blt["params"]["ngram"]
+    assert models["byte"]["params"]["ngram"] == 0
+    assert set(blt["pipeline_stats"]) == {"patch_overflow_windows", "patch_overflow_bytes"}
     assert models["byte"]["mean_bytes_per_global_step"] == 1.0
     assert models["megabyte"]["mean_bytes_per_global_step"] == 4.0
     assert models["blt"]["mean_bytes_per_global_step"] > 1.0 and models["bpe"]["mean_bytes_per_global_step"] > 1.0
     md = (out / "report.md").read_text()
     assert report["fingerprint"] in md and "unigram (eval entropy)" in md and "bpb.png" in md
+    assert "auxiliary FLOPs" in md and "patch overflow windows" in md and "not neural compute" in md
     assert "| blt" in printed.out
 
     # a second run skips every finished stage and reproduces the report's numbers
@@ -111,7 +128,8 @@ def test_compare_resumes_an_interrupted_training(corpus_dir, tmp_path, monkeypat
 
 def test_presets_load_and_bad_presets_fail(tmp_path):
     tiny = load_preset("tiny")
-    assert {m.name for m in tiny.models} == {"entropy", "bpe", "byte", "megabyte", "blt"}
+    assert {m.name for m in tiny.models} == {"entropy", "bpe", "byte", "byte+ngram", "megabyte", "blt"}
+    assert next(m for m in tiny.models if m.name == "byte+ngram").ngram_from == "blt"
     assert tiny.entropy_model.name == "entropy" and tiny.flop_budget > 0
     with pytest.raises(UserError, match="no compare preset"):
         load_preset("nope")
@@ -124,6 +142,12 @@ def test_presets_load_and_bad_presets_fail(tmp_path):
         load_preset(str(bad))
     bad.write_text('[compare]\nflop_budget = 1e9\n[tokenizer]\nkind = "wordpiece"\n')
     with pytest.raises(UserError, match="kind is 'wordpiece'"):
+        load_preset(str(bad))
+    bad.write_text(f'[compare]\nflop_budget = 1e9\n[[model]]\nname = "x"\nconfig = "{tiny.path.parent.parent}/tiny/byte.toml"\nngram_from = "y"\n')
+    with pytest.raises(UserError, match="ngram_from 'y' must name another model"):
+        load_preset(str(bad))
+    bad.write_text(f'[compare]\nflop_budget = 1e9\nseeds = 0\n[[model]]\nname = "x"\nconfig = "{tiny.path.parent.parent}/tiny/byte.toml"\n')
+    with pytest.raises(UserError, match="seeds must be a whole number >= 1"):
         load_preset(str(bad))
 
 
@@ -161,16 +185,55 @@ def test_compare_chooses_each_models_learning_rate_on_the_validation_split(corpu
         plan = result.report["compare"]["models"][name]
         sweep = plan["lr_sweep"]
         scores = {float(k): v for k, v in sweep["validation_bpb"].items()}
-        assert set(scores) == {1e-3, 1e-2} and sweep["chosen"] == min(scores, key=scores.get)
-        assert plan["learning_rate"] == sweep["chosen"]
+        finite = {lr: v for lr, v in scores.items() if v is not None}
+        assert sweep["chosen"] == min(finite, key=finite.get) and plan["learning_rate"] == sweep["chosen"]
+        # the grid, then one more rate (x10, its ratio) past the end the best sits at, while it does, at most twice
+        extra = sorted(set(scores) - {1e-3, 1e-2})
+        assert {1e-3, 1e-2} <= set(scores) and sweep["extensions"] == len(extra) <= 2
+        assert extra == [1e-1, 1.0][: len(extra)] or extra == [1e-4, 1e-5][: len(extra)]
+        assert sweep["at_edge"] == (sweep["chosen"] in (min(scores), max(scores)))
+        assert sweep["at_edge"] or len(extra) < 2 or sweep["chosen"] not in (min(scores), max(scores))
         cfg = (out / "runs" / name / "config.toml").read_text()
         assert f"learning_rate = {sweep['chosen']}" in cfg
-        for lr in (1e-3, 1e-2):  # the sweep runs: half the budget each, on their own directories
+        for lr in scores:  # the sweep runs: half the budget each, on their own directories
             info = json.loads((out / "sweeps" / name / f"lr{lr:g}" / "run.json").read_text())
-            assert info["status"] == "finished" and abs(2 * info["step"] - plan["steps"]) <= 1
+            assert info["status"] in ("finished", "diverged") and abs(2 * info["step"] - plan["steps"]) <= 1 or scores[lr] is None
         row = next(m for m in result.report["models"] if m["name"] == name)
         assert row["bpb"] not in scores.values()  # the held-out score is not the validation one
     assert "validation BPB" in result.report_md.read_text() or "validation split" in result.report_md.read_text()
     bad = cmp.Preset(**{**preset.__dict__, "overrides": tuple(o for o in preset.overrides if "validation" not in o)})
     with pytest.raises(UserError, match="validation_fraction"):
         cmp.compare(bad, tmp_path / "bad", data_spec=f"files:{corpus_dir}")
+
+
+def test_compare_seeds_give_each_model_a_mean_and_a_spread(corpus_dir, tmp_path, capsys):
+    """``--seeds 2``: every compared model trained twice (train.seed and train.seed + 1, one learning
+    rate); the report gives each model's BPB per seed, mean, std and range, and for each adjacent
+    pair of the ranking whether the gap of the means exceeds the larger range."""
+    from bytelm.experiments import compare as cmp  # noqa: PLC0415
+
+    preset = load_preset("test")
+    preset = cmp.Preset(**{**preset.__dict__, "models": tuple(m for m in preset.models if m.name in ("byte", "megabyte"))})
+    out = tmp_path / "cmp"
+    result = cmp.compare(preset, out, data_spec=f"files:{corpus_dir}", seeds=2)
+    seeds = result.report["compare"]["seeds"]
+    assert seeds["n"] == 2 and set(seeds["models"]) == {"byte", "megabyte"}
+    for name, s in seeds["models"].items():
+        first = json.loads((out / "runs" / name / "run.json").read_text())
+        second = json.loads((out / "seeds" / name / "s1" / "run.json").read_text())
+        assert first["status"] == second["status"] == "finished" and first["step"] == second["step"]
+        assert "seed = 1" in (out / "seeds" / name / "s1" / "config.toml").read_text()
+        row = next(m for m in result.report["models"] if m["name"] == name)
+        assert s["bpb"][0] == row["bpb"] and s["bpb"][1] != s["bpb"][0]  # another seed, another model
+        assert s["mean"] == pytest.approx(np.mean(s["bpb"])) and s["std"] == pytest.approx(np.std(s["bpb"], ddof=1))
+        assert s["spread"] == pytest.approx(abs(s["bpb"][1] - s["bpb"][0]))
+    (pair,) = seeds["pairs"]
+    means = {n: s["mean"] for n, s in seeds["models"].items()}
+    assert pair["better"] == min(means, key=means.get) and pair["gap"] == pytest.approx(abs(means["byte"] - means["megabyte"]))
+    assert pair["exceeds"] == (pair["gap"] > max(s["spread"] for s in seeds["models"].values()))
+    md = result.report_md.read_text()
+    assert "2 seeds per compared model" in md and ("does NOT exceed" in md or " exceeds " in md)
+    # the same compare again: every seed's run and evaluation is reused
+    capsys.readouterr()
+    again = cmp.compare(preset, out, data_spec=f"files:{corpus_dir}", seeds=2, note=print)
+    assert capsys.readouterr().out.count("skipped") == 4 and again.report["compare"]["seeds"] == seeds

@@ -103,8 +103,8 @@ def test_megabyte_cache_equals_full_pass_across_patches(patch_size):
         units = check_every_step(dec, prompt, seed=i)
         n = len(prompt) + len(units)
         assert n // patch_size >= 6
-        # the prefill, then one call per patch completed
-        assert dec.global_calls - calls == 1 + (n // patch_size - len(prompt) // patch_size)
+        # the prefill, then one call per patch completed (the BOS is the first position of the first patch)
+        assert dec.global_calls - calls == 1 + ((n + 1) // patch_size - (len(prompt) + 1) // patch_size)
 
 
 BLT_KW = dict(

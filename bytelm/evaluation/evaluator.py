@@ -26,6 +26,7 @@ from bytelm.evaluation.bpb import SegmentScores, UnigramByteModel, byte_counts
 from bytelm.evaluation.external import parse_external_arg, read_external_scores
 from bytelm.evaluation.report import build_report, write_report_json
 from bytelm.evaluation.results import EvalSet, ModelResult
+from bytelm.training.ledger import Ledger
 from bytelm.training.tasks import STATS_KEY
 from bytelm.training.trainer import restore_trainer
 
@@ -168,6 +169,8 @@ def evaluate_trained(trainer, run_dir: str | Path, eval_set: EvalSet, *, name: s
     positions = float(info.get("positions_per_step") or trainer.task.positions_per_step())
     per_position = info.get("train_flops_per_position")
     bytes_per_position = info.get("bytes_per_position")
+    ledger = Ledger.of_run(info)
+    books = ledger.summary(step) if ledger is not None and not ledger.unknown else None
     return ModelResult(
         name=name or run_dir.name,
         family=trainer.cfg.model.family,
@@ -186,6 +189,8 @@ def evaluate_trained(trainer, run_dir: str | Path, eval_set: EvalSet, *, name: s
         inference_flops_per_byte=info.get("inference_flops_per_byte"),
         entropy_inference_flops_per_byte=info.get("entropy_inference_flops_per_byte"),
         pipeline_stats=pipeline_stats or None,
+        flops_auxiliary=books["flops_auxiliary"] if books else None,
+        auxiliary=books["auxiliary"] if books else None,
     )
 
 

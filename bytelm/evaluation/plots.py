@@ -16,7 +16,9 @@ from bytelm.atomic import atomic_write_bytes
 
 
 def eval_curve(run_dir: str | Path) -> list[tuple[float, float]]:
-    """``(training FLOPs, BPB)`` of the periodic evaluations in a run's ``metrics.jsonl``."""
+    """``(total training FLOPs, BPB)`` of the periodic evaluations in a run's ``metrics.jsonl``: the
+    compute ledger's total (own + auxiliary, bytelm/training/ledger.py), or a run's own FLOPs when
+    its metrics predate the ledger."""
     path = Path(run_dir) / "metrics.jsonl"
     if not path.is_file():
         return []
@@ -25,8 +27,9 @@ def eval_curve(run_dir: str | Path) -> list[tuple[float, float]]:
         if not line.strip():
             continue
         rec = json.loads(line)
-        if rec.get("kind") == "eval" and rec.get("flops") and rec.get("bpb") is not None:
-            points.append((float(rec["flops"]), float(rec["bpb"])))
+        flops = rec.get("flops_total", rec.get("flops"))
+        if rec.get("kind") == "eval" and flops and rec.get("bpb") is not None:
+            points.append((float(flops), float(rec["bpb"])))
     return points
 
 
@@ -59,7 +62,7 @@ def plot_bpb_vs_flops(
         ax.axhline(bpb, linestyle="--", linewidth=1, color="0.5")
         ax.annotate(f"{name} {bpb:.2f}", xy=(0.01, bpb), xycoords=("axes fraction", "data"), va="bottom", fontsize=8, color="0.35")
     ax.set_xscale("log")
-    ax.set_xlabel("training FLOPs (analytic)")
+    ax.set_xlabel("total training FLOPs (analytic: own + auxiliary)")
     ax.set_ylabel("bits per byte (held-out)")
     ax.set_title(title + (f"\n{subtitle}" if subtitle else ""), fontsize=10)
     ax.grid(True, which="both", alpha=0.3)
@@ -116,7 +119,7 @@ def plot_bpb_vs_bytes_per_step(path: str | Path, report: dict) -> None:
 
 
 def plot_training_curves(path: str | Path, report: dict) -> None:
-    """The periodic held-out evaluations of every grid cell against training FLOPs: one colour per
+    """The periodic held-out evaluations of every grid cell against total training FLOPs: one colour per
     family, one line style per budget; stars are the final full-set scores."""
     fig = Figure(figsize=(8.0, 5.0), dpi=110)
     FigureCanvasAgg(fig)
@@ -131,10 +134,11 @@ def plot_training_curves(path: str | Path, report: dict) -> None:
             (line,) = ax.plot([p[0] for p in pts], [p[1] for p in pts], styles[r["budget_index"] % 4], color=color, linewidth=1,
                               alpha=0.8, label=label)
             color = colors.setdefault(r["family"], line.get_color())
-        if r.get("train_flops"):
-            ax.plot([r["train_flops"]], [r["bpb"]], marker="*", markersize=8, color=color or "k", linestyle="none")
+        total = r.get("flops_total") or r.get("train_flops")
+        if total:
+            ax.plot([total], [r["bpb"]], marker="*", markersize=8, color=color or "k", linestyle="none")
     ax.set_xscale("log")
-    ax.set_xlabel("training FLOPs (analytic)")
+    ax.set_xlabel("total training FLOPs (analytic: own + auxiliary)")
     ax.set_ylabel("bits per byte (held-out)")
     ax.set_title(f"ablation {report['grid']}: training curves (line style = budget)", fontsize=10)
     ax.grid(True, which="both", alpha=0.3)

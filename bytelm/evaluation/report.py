@@ -13,8 +13,12 @@ every write. In short::
 
     ModelEntry = {"name", "family", "kind": "run" | "external" | "baseline", "run_dir", "step",
       "bpb", "nats", "bytes", "segments",
-      "params": {["total"], ["embedding"], ["non_embedding"]} | null (each key optional),
-      "flops": training FLOPs (analytic) | null, "train_flops_per_byte" | null,
+      "params": {["total"], ["embedding"], ["non_embedding"], ["ngram"]} | null (each key optional;
+                 ngram: the hashed n-gram tables, part of embedding),
+      "flops": the model's own training FLOPs (analytic) | null, "train_flops_per_byte" | null,
+      "flops_own" (= flops), "flops_auxiliary", "flops_total": the compute ledger (bytelm/training/ledger.py:
+      auxiliary = what the model needs besides its own training, BLT's entropy model) | null,
+      "auxiliary_flops": {what: FLOPs} | null,
       "inference_flops_per_byte", "entropy_inference_flops_per_byte" (a BLT's entropy model),
       "total_inference_flops_per_byte": forward FLOPs per byte (bytelm/training/flops.py) | null,
       "pipeline_stats": {name: rate} from the input pipeline on the eval set (BLT: patch_overflow_*) | null,
@@ -60,7 +64,7 @@ _BREAKDOWN = {
 # every key optional: outside models may know only their total (bytelm/evaluation/external.py)
 _PARAMS = {
     "type": ["object", "null"],
-    "properties": {"total": _COUNT, "embedding": _COUNT, "non_embedding": _COUNT},
+    "properties": {"total": _COUNT, "embedding": _COUNT, "non_embedding": _COUNT, "ngram": _COUNT},
     "additionalProperties": False,
 }
 _MODEL = {
@@ -81,6 +85,10 @@ _MODEL = {
         "segments": {"type": "integer", "minimum": 1},
         "params": _PARAMS,
         "flops": _NUM,
+        "flops_own": _NUM,
+        "flops_auxiliary": _NUM,
+        "flops_total": _NUM,
+        "auxiliary_flops": {"type": ["object", "null"], "additionalProperties": _NUM},
         "train_flops_per_byte": _NUM,
         "inference_flops_per_byte": _NUM,
         "entropy_inference_flops_per_byte": _NUM,
@@ -117,6 +125,8 @@ REPORT_SCHEMA: dict = {
                 "segment_bytes": _COUNT,
                 "max_eval_bytes": _COUNT,
                 "heldout_documents": _COUNT,
+                "scored_documents": _COUNT,
+                "heldout_groups": _COUNT,
                 "train_bytes": _COUNT,
             },
         },
@@ -268,21 +278,25 @@ def params_cell(p: dict | None) -> str:
 def results_table(report: dict) -> str:
     """The main table: one row per model, then the reference rows."""
     headers = [
-        "model", "family", "BPB", "params (emb / non-emb)", "train FLOPs", "bytes seen", "bytes/global step",
-        "entropy FLOPs/B", "inference FLOPs/B", "wall",
+        "model", "family", "BPB", "params (emb / non-emb)", "n-gram params", "own FLOPs", "auxiliary FLOPs", "total FLOPs",
+        "bytes seen", "bytes/global step", "entropy FLOPs/B", "inference FLOPs/B", "wall",
     ]
     rows = []
     for m in [*report["models"], *report["baselines"]]:
         params = params_cell(m["params"])
         bpgs = m["mean_bytes_per_global_step"]
         entropy = m.get("entropy_inference_flops_per_byte")
+        ngram = (m["params"] or {}).get("ngram")
         rows.append(
             [
                 m["name"],
                 m["family"],
                 _bpb(m["bpb"]),
                 params,
+                human(ngram) if ngram else "-",
                 human(m["flops"]),
+                human(m.get("flops_auxiliary")) if m.get("flops_auxiliary") else ("0" if m.get("flops_total") is not None else "-"),
+                human(m.get("flops_total")),
                 human(m["bytes_seen"], "B"),
                 f"{bpgs:.2f}" if bpgs is not None else "-",
                 human(entropy) if entropy else "-",
@@ -290,7 +304,26 @@ def results_table(report: dict) -> str:
                 seconds(m["wall_s"]),
             ]
         )
-    return table(headers, rows, "llrrrrrrrr")
+    return table(headers, rows, "llrrrrrrrrrrr")
+
+
+# below this many held-out documents a ranking speaks for those documents more than for the corpus
+FEW_HELDOUT_DOCUMENTS = 20
+
+
+def heldout_lines(data: dict) -> list[str]:
+    """How much the held-out part can tell: its documents and groups, and a warning when they are few."""
+    docs, groups = data.get("scored_documents", data.get("heldout_documents")), data.get("heldout_groups")
+    if docs is None:
+        return []
+    counted = f"{docs:,} held-out document{'s' * (docs != 1)}" + (f" in {groups:,} group{'s' * (groups != 1)}" if groups is not None else "")
+    if docs >= FEW_HELDOUT_DOCUMENTS:
+        return [f"the scores cover {counted}"]
+    return [
+        f"WARNING: the scores cover only {counted}: a ranking then speaks for these documents alone (a corpus of parallel "
+        "translations, one file per language, holds out whole languages). For a firmer ranking use more documents: a larger "
+        "corpus, or one document per paragraph or line (files:PATH?split=paragraph, ?split=line)"
+    ]
 
 
 def pipeline_lines(report: dict) -> list[str]:
@@ -334,7 +367,7 @@ def header_lines(report: dict) -> list[str]:
 
 
 def terminal_report(report: dict) -> str:
-    parts = [results_table(report), "", *header_lines(report), *pipeline_lines(report)]
+    parts = [results_table(report), "", *header_lines(report), *heldout_lines(report["data"]), *pipeline_lines(report)]
     dirs = breakdown_table(report, "dirs")
     if dirs:
         parts += ["", "BPB per top-level directory:", dirs]

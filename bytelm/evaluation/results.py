@@ -67,6 +67,8 @@ class EvalSet:
             "segment_bytes": s["segment_bytes"],
             "max_eval_bytes": s["max_eval_bytes"],
             "heldout_documents": s["heldout_documents"],
+            "scored_documents": len({seg.doc for seg in self.segments}),  # those the segments reach (max_eval_bytes)
+            "heldout_groups": len(set(self.groups)),
             "train_bytes": s["train_bytes"],
         }
 
@@ -93,6 +95,17 @@ class ModelResult:
     inference_flops_per_byte: float | None = None  # the model's own forward FLOPs per byte
     entropy_inference_flops_per_byte: float | None = None  # an entropy model run in its input pipeline (BLT)
     pipeline_stats: dict | None = None  # rates from its input pipeline on the eval set (BLT: patch-slot overflow)
+    # the compute ledger (bytelm/training/ledger.py): ``flops`` is the model's own training; auxiliary
+    # is what it needs besides (BLT: its entropy model's training and forward passes), named in
+    # ``auxiliary``; None when unknown (an outside model, a converted checkpoint)
+    flops_auxiliary: float | None = None
+    auxiliary: dict | None = None
+
+    @property
+    def flops_total(self) -> float | None:
+        if self.flops is None or self.flops_auxiliary is None:
+            return None
+        return self.flops + self.flops_auxiliary
 
     @property
     def total_inference_flops_per_byte(self) -> float | None:
@@ -124,6 +137,10 @@ class ModelResult:
             "segments": len(self.scores.nats),
             "params": self.params,
             "flops": self.flops,
+            "flops_own": self.flops,
+            "flops_auxiliary": self.flops_auxiliary,
+            "flops_total": self.flops_total,
+            "auxiliary_flops": self.auxiliary,
             "train_flops_per_byte": self.train_flops_per_byte,
             "bytes_seen": self.bytes_seen,
             "inference_flops_per_byte": self.inference_flops_per_byte,

@@ -71,20 +71,21 @@ from bytelm.config import Config, load_config, shipped_configs
 from bytelm.errors import UserError
 from bytelm.evaluation.bpb import breakdown
 from bytelm.evaluation.evaluator import CorpusCache, evaluate_run, evaluate_trained
-from bytelm.evaluation.report import human, seconds, table
+from bytelm.evaluation.report import heldout_lines, human, seconds, table
 from bytelm.evaluation.results import EvalSet, ModelResult
 from bytelm.experiments.compare import (
     _number,
-    _PlannedTask,
     _result_from_json,
     _result_to_json,
     _strings,
-    derived_schedule,
     StageStopped,
     find_toml,
     read_sections,
 )
+from bytelm.experiments.plan import derived_schedule, ngram_overrides, planned_ledger
+from bytelm.experiments.rates import RateSearch, rate_label
 from bytelm.training import trainer
+from bytelm.training.ledger import Ledger
 from bytelm.training.tasks import Trunk, task_class
 
 log = logging.getLogger(__name__)
@@ -154,6 +155,7 @@ class Family:
     grid: tuple[tuple[str, tuple], ...] = ()  # (key, values) in file order
     sweep: tuple[tuple[str, object], ...] = ()
     lr_from: str | None = None
+    ngram_from: str | None = None  # another family: its hashed n-gram tables (sizes, rows), e.g. a byte LM with BLT's
 
     def cells(self) -> list[dict]:
         """Every combination of the grid's values, as ``{key: value}`` (one empty cell without a grid)."""
@@ -208,7 +210,7 @@ def find_grid(name_or_path: str) -> Path:
 
 
 def _family(raw: dict, path: Path, where: str, *, entropy: bool = False) -> Family:
-    valid = {"config", "set", "flop_budget"} if entropy else {"name", "config", "set", "grid", "sweep", "lr_from"}
+    valid = {"config", "set", "flop_budget"} if entropy else {"name", "config", "set", "grid", "sweep", "lr_from", "ngram_from"}
     bad = set(raw) - valid
     if bad:
         raise UserError(f"{where}: unknown key(s) {sorted(bad)}; valid: {', '.join(sorted(valid))}")
@@ -226,11 +228,12 @@ def _family(raw: dict, path: Path, where: str, *, entropy: bool = False) -> Fami
     sweep = raw.get("sweep", {})
     if not isinstance(sweep, dict) or any(k not in grid or v not in grid[k] for k, v in sweep.items()):
         raise UserError(f"{where}: sweep must pick one listed value of some grid keys, got {sweep!r} for grid {grid!r}")
-    lr_from = raw.get("lr_from")
-    if lr_from is not None and not isinstance(lr_from, str):
-        raise UserError(f"{where}: lr_from must name another family, got {lr_from!r}")
+    lr_from, ngram_from = raw.get("lr_from"), raw.get("ngram_from")
+    for key, value in (("lr_from", lr_from), ("ngram_from", ngram_from)):
+        if value is not None and not isinstance(value, str):
+            raise UserError(f"{where}: {key} must name another family, got {value!r}")
     return Family(name, config, _strings(raw.get("set", []), f"{where} set"), tuple((k, tuple(v)) for k, v in grid.items()),
-                  tuple(sweep.items()), lr_from)
+                  tuple(sweep.items()), lr_from, ngram_from)
 
 
 def load_grid(name_or_path: str) -> Grid:
@@ -257,6 +260,8 @@ def load_grid(name_or_path: str) -> Grid:
     for f in families:
         if f.lr_from is not None and (f.lr_from not in names or dict((g.name, g.lr_from) for g in families)[f.lr_from]):
             raise UserError(f"grid {path}: family {f.name!r}: lr_from {f.lr_from!r} must name a family that sweeps its own rate")
+        if f.ngram_from is not None and (f.ngram_from not in names or f.ngram_from == f.name):
+            raise UserError(f"grid {path}: family {f.name!r}: ngram_from {f.ngram_from!r} must name another family of {names}")
     entropy = None
     if "entropy" in raw:
         entropy = _family(raw["entropy"], path, f"grid {path} [entropy]", entropy=True)
@@ -288,7 +293,7 @@ class Run:
     config: Path | None = None
     overrides: list[str] = dataclasses.field(default_factory=list)
     steps: int | None = None
-    flops_per_step: float | None = None
+    ledger: Ledger | None = None  # own and auxiliary FLOPs (bytelm/training/ledger.py): the budget matches its total
     error: str | None = None
     result: ModelResult | None = None
     validation_bpb: float | None = None
@@ -347,7 +352,13 @@ class _Ablation:
 
     # -- configs
     def base_overrides(self, fam: Family) -> list[str]:
-        return [*self.grid.overrides, *fam.overrides, *self.data_overrides]
+        """The grid's, the family's and the data overrides, and the n-gram tables its ``ngram_from`` names."""
+        base = [*self.grid.overrides, *fam.overrides, *self.data_overrides]
+        if fam.ngram_from is None:
+            return base
+        source = next(f for f in self.grid.families if f.name == fam.ngram_from)
+        return [*base, *ngram_overrides(load_config(source.config, self.base_overrides(source)), load_config(fam.config, base),
+                                        where=f"grid {self.grid.path} family {fam.name!r}")]
 
     def tokenizer_dir(self, cell: dict) -> Path:
         kind, encoder = self.tokenizer_kind(cell)
@@ -416,8 +427,8 @@ class _Ablation:
                 f"its data settings give another corpus or held-out set (fingerprint {corpus.fingerprint[:16]}... vs "
                 f"{self.eval_set.fingerprint[:16]}...): set data.* in [ablation] set, not per family"
             )
-        planned = _PlannedTask.of(cfg, corpus, run.run_dir)
-        extra, run.steps, run.flops_per_step = derived_schedule(cfg, planned, run.budget, self.grid.eval_points)
+        run.ledger = planned_ledger(cfg, corpus, run.run_dir)
+        extra, run.steps = derived_schedule(cfg, run.ledger, run.budget, self.grid.eval_points, what=f"the run {run.id}")
         run.overrides = [*run.overrides, *extra]
         trainer.check_run_config(run.run_dir, load_config(run.config, run.overrides))
 
@@ -538,7 +549,8 @@ class _Ablation:
                     self.say(f"{stage} [{i + 1}/{len(todo)}] {run.id}: " + ("done" if rc == 0 else f"FAILED: {err}"))
             return
         for i, run in enumerate(todo):
-            self.say(f"{stage} [{i + 1}/{len(todo)}] {run.id}: {run.steps} steps x {run.flops_per_step:.3g} FLOPs")
+            self.say(f"{stage} [{i + 1}/{len(todo)}] {run.id}: {run.steps} steps x {run.ledger.own_per_step:.3g} FLOPs, "
+                     f"{run.ledger.total(run.steps):.3g} FLOPs in total")
             try:
                 result = trainer.train(load_config(run.config, run.overrides), run.run_dir, progress=self.bar(f"train {run.id}"))
             except Exception as e:  # one broken cell never stops the grid
@@ -602,7 +614,7 @@ class _Ablation:
     def stage_runs(self, stage: str) -> list[Run]:
         g = self.grid
         if stage == "sweep":
-            return [self.plan("sweep", f, f.sweep_cell(), 0, lr, 0) for f in g.families if f.lr_from is None for lr in g.learning_rates]
+            return [run for f in g.families if f.lr_from is None for run in self.sweep_runs(f)]
         if stage == "grid":
             return [self.plan("grid", f, cell, b, self.chosen[self.lr_family(f)], 0)
                     for f in g.families if self.lr_family(f) in self.chosen for b in range(len(self.budgets)) for cell in f.cells()]
@@ -616,24 +628,43 @@ class _Ablation:
     def lr_family(self, f: Family) -> str:
         return f.lr_from or f.name
 
-    def choose_rates(self, sweep: list[Run]) -> None:
+    def sweep_runs(self, f: Family) -> list[Run]:
+        """The family's sweep runs so far (:mod:`bytelm.experiments.rates`): its sweep cell at the
+        smallest budget at every rate of the grid, then one more rate past an end wherever the best
+        rate sits there, once the scores that call for it are in (up to two)."""
+        search = RateSearch(self.grid.learning_rates)
+        runs: dict[float, Run] = {}
+        while rates := search.next_rates(self.sweep_scores(runs.values())):
+            for lr in rates:
+                run = runs[lr] = self.plan("sweep", f, f.sweep_cell(), 0, lr, 0)
+                if run.error is None and run.finished() and run.validation_bpb is None:
+                    self.evaluate(run, "validation")
+            if any(r.error is None and r.validation_bpb is None for r in runs.values()):
+                break  # results pending: the search goes on when they are in
+        return list(runs.values())
+
+    @staticmethod
+    def sweep_scores(runs) -> dict[float, float | None]:
+        """Validation BPB per rate of the sweep runs scored so far (None: the run failed, a loss)."""
+        return {r.lr: None if r.error is not None else r.validation_bpb for r in runs if r.error is not None or r.validation_bpb is not None}
+
+    def choose_rates(self) -> None:
+        """Each family's rate, once its search is over: every rate trained (or failed) and no extension due."""
         for f in self.grid.families:
             if f.lr_from is not None:
                 continue
-            runs = [r for r in sweep if r.family == f.name]
-            for r in runs:
-                self.evaluate(r, "validation")
-            scored = {r.lr: r.validation_bpb for r in runs if r.validation_bpb is not None}
-            self.sweep_table[f.name] = {"cell": cell_label(f.sweep_cell()), "validation_bpb": {f"{lr:g}": scored.get(lr) for lr in self.grid.learning_rates},
-                                        "errors": {f"{r.lr:g}": r.error for r in runs if r.error}}
-            # every rate trained or failed (a diverged rate loses), at least one scored
-            if scored and all(r.validation_bpb is not None or r.error is not None for r in runs):
-                self.chosen[f.name] = min(scored, key=lambda lr: (scored[lr], lr))
-                self.sweep_table[f.name]["chosen"] = self.chosen[f.name]
-                # the best rate at an end of the swept range: the optimum may lie beyond it
-                self.sweep_table[f.name]["at_edge"] = self.chosen[f.name] in (min(self.grid.learning_rates), max(self.grid.learning_rates))
-                self.say(f"learning rate of {f.name}: {self.chosen[f.name]:g} (validation BPB " +
-                         ", ".join(f"{lr:g}: {b:.4f}" for lr, b in scored.items()) + ")")
+            runs = self.sweep_runs(f)
+            search, scores = RateSearch(self.grid.learning_rates), self.sweep_scores(runs)
+            done = len(scores) == len(runs) and not search.next_rates(scores)
+            choice = search.choose(scores)
+            self.sweep_table[f.name] = {"cell": cell_label(f.sweep_cell()), **choice.record(), "chosen": None,
+                                        "errors": {rate_label(r.lr): r.error for r in runs if r.error}}
+            if done and choice.chosen is not None:
+                self.chosen[f.name] = choice.chosen
+                self.sweep_table[f.name]["chosen"] = choice.chosen
+                edge = " (STILL AT AN EDGE after the extensions)" if choice.at_edge else ""
+                self.say(f"learning rate of {f.name}: {choice.chosen:g}{edge} (validation BPB " +
+                         ", ".join(f"{rate_label(lr)}: " + ("failed" if b is None else f"{b:.4f}") for lr, b in sorted(scores.items())) + ")")
 
     def best_cells(self) -> dict[Family, Run]:
         best = {}
@@ -650,16 +681,19 @@ class _Ablation:
         if commands or (self.mode == "collect" and self._artefacts_missing()):
             return self.finish("artefacts", commands)
         for stage in STAGES[1:]:
-            runs = self.stage_runs(stage)
-            if self.mode == "run":
-                self.execute(runs, stage)
-            pending = [r for r in runs if r.error is None and not r.finished()]
-            if pending and self.mode == "print":
-                return self.finish(stage, [r.command() for r in pending])
-            for r in runs:
-                self.evaluate(r)
+            while True:  # the sweep grows while its rates' scores call for extensions
+                runs = self.stage_runs(stage)
+                if self.mode == "run":
+                    self.execute(runs, stage)
+                pending = [r for r in runs if r.error is None and not r.finished()]
+                if pending and self.mode == "print":
+                    return self.finish(stage, [r.command() for r in pending])
+                for r in runs:
+                    self.evaluate(r)
+                if pending or len(self.stage_runs(stage)) == len(runs):
+                    break
             if stage == "sweep":
-                self.choose_rates(runs)
+                self.choose_rates()
             if pending:  # collect mode: later stages depend on this one
                 return self.finish(stage, [])
         return self.finish("done", [])
@@ -670,9 +704,25 @@ class _Ablation:
         return AblationResult(self.out, report, stage, commands)
 
     # -- the report
+    def shared_auxiliary(self) -> dict[str, dict]:
+        """One-off auxiliary costs shared by several runs of the grid (its one entropy model's training):
+        name -> ``{"flops", "runs"}``, ``runs`` the planned runs whose ledgers carry it."""
+        shared: dict[str, dict] = {}
+        for r in self.runs.values():
+            if r.error is None and r.ledger is not None and r.lr is not None:
+                for name, flops in r.ledger.auxiliary_fixed.items():
+                    if name == "entropy model training":
+                        shared.setdefault(name, {"flops": flops, "runs": 0})["runs"] += 1
+        return shared
+
     def build_report(self, stage: str) -> dict:
         rows = []
-        for r in self.runs.values():
+        shared = self.shared_auxiliary()
+        order = {f.name: i for i, f in enumerate(self.grid.families)}
+        # one order whatever order the runs were planned in (a re-run plans a sweep's extensions at once)
+        planned = sorted(self.runs.values(), key=lambda r: (STAGES.index(r.stage), order.get(r.family, -1), r.budget_index,
+                                                            cell_label(r.cell), r.lr or 0.0, r.seed))
+        for r in planned:
             res = r.result
             row = {
                 "id": r.id, "stage": r.stage, "family": r.family, "cell": cell_label(r.cell), "budget": r.budget,
@@ -682,8 +732,14 @@ class _Ablation:
             }
             if res is not None:
                 info = _read_json(r.run_dir / "run.json")
+                amortised = None
+                if res.flops_total is not None:
+                    parts = res.auxiliary or {}
+                    amortised = res.flops_total - sum(v["flops"] - v["flops"] / v["runs"] for k, v in shared.items() if k in parts)
                 row.update(
                     bpb=res.bpb, mean_bytes_per_global_step=res.mean_bytes_per_global_step, train_flops=res.flops,
+                    flops_auxiliary=res.flops_auxiliary, flops_total=res.flops_total, flops_total_amortised=amortised,
+                    auxiliary_flops=res.auxiliary,
                     inference_flops_per_byte=res.total_inference_flops_per_byte, params=res.params,
                     entropy_inference_flops_per_byte=res.entropy_inference_flops_per_byte,
                     wall_s=info.get("train_s", info.get("wall_s")), bytes_seen=res.bytes_seen,
@@ -698,6 +754,7 @@ class _Ablation:
             "size_rule": dataclasses.asdict(self.grid.size),
             "trunks": {f"{b:.3g}": dict(zip(("d_model", "layers"), self.grid.size.trunk(b))) for b in self.budgets},
             "learning_rates": list(self.grid.learning_rates), "sweep": self.sweep_table,
+            "matched": "total", "shared_auxiliary": shared,
             "failed_artefacts": self.failed_artefacts, "runs": rows,
         }
         report["seed_spread"] = seed_spread(rows)
@@ -799,7 +856,19 @@ def _best_per_family(rows: list[dict]) -> list[dict]:
 
 
 def _params(p: dict | None, key: str) -> str:
-    return human(p.get(key)) if p else "-"
+    return human(p.get(key)) if p and p.get(key) is not None else "-"
+
+
+def ledger_sentences(report: dict) -> list[str]:
+    """Which total the grid matched, and what sharing the one-off auxiliary costs would change."""
+    out = ["Every run's budget is matched on its total FLOPs: its own training plus what it needs (BLT: its entropy model's "
+           "training, and its forward over the run's training bytes; bytelm/training/ledger.py). Tokenizer training is not neural "
+           "compute and is on no ledger."]
+    for name, v in (report.get("shared_auxiliary") or {}).items():
+        out.append(f"The grid matched the UNAMORTISED totals: each run that needs it pays the whole {name} ({human(v['flops'])} FLOPs) "
+                   f"as if it were made for that run alone. It is shared by {v['runs']} runs of this grid; amortised, each would pay "
+                   f"{human(v['flops'] / v['runs'])} (the *amortised total* column).")
+    return [f"- {line}" for line in out]
 
 
 def markdown(report: dict) -> str:
@@ -820,32 +889,38 @@ def markdown(report: dict) -> str:
         "## Learning rates (sweep at the smallest budget, BPB on the validation split)",
         "",
     ]
-    lrs = [f"{x:g}" for x in report["learning_rates"]]
-    rows = [[fam, s["cell"], *[("-" if s["validation_bpb"].get(lr) is None else f"{s['validation_bpb'][lr]:.4f}") for lr in lrs],
-             f"{s['chosen']:g}" if s.get("chosen") else "-"] for fam, s in report["sweep"].items()]
-    lines += [table(["family", "sweep cell", *[f"lr {x}" for x in lrs], "chosen"], rows, "ll" + "r" * (len(lrs) + 1)), ""]
-    edge = [f for f, sw in report["sweep"].items() if sw.get("at_edge")]
+    rows = [[fam, s["cell"], ", ".join(f"{lr}: " + ("failed" if v is None else f"{v:.4f}") for lr, v in s["validation_bpb"].items()),
+             str(s.get("extensions", 0)), (f"{s['chosen']:g}" + (" STILL AT AN EDGE" if s.get("at_edge") else "")) if s.get("chosen") else "-"]
+            for fam, s in report["sweep"].items()]
+    lines += [table(["family", "sweep cell", "validation BPB per rate", "extensions", "chosen"], rows, "lllrl"), "",
+              f"Rates from {', '.join(f'{x:g}' for x in report['learning_rates'])}; where the best was at an end of the rates tried, "
+              "one more rate beyond it, the grid's own ratio away, up to two (bytelm/experiments/rates.py).", ""]
+    edge = [f for f, sw in report["sweep"].items() if sw.get("at_edge") and sw.get("chosen")]
     if edge:
-        lines += [f"The chosen rate of {', '.join(edge)} is at an end of the swept range: the best rate may lie beyond it "
-                  "(widen [ablation] learning_rates).", ""]
+        lines += [f"**WARNING: the chosen rate of {', '.join(edge)} is still at an end of the rates tried after the extensions: the best "
+                  "rate may lie beyond it (widen [ablation] learning_rates).**", ""]
+    lines += [*[f"**{line}**" for line in heldout_lines(report["data"])], *ledger_sentences(report), ""]
     for b, budget in enumerate(report["budgets"]):
         cells = sorted(grid_rows(report, b), key=lambda r: (r["family"], r["cell"]))
         rows = []
         for r in cells:
             if r.get("bpb") is None:
-                rows.append([r["family"], r["cell"], r["status"] + (f": {r['error']}" if r.get("error") else ""), *["-"] * 8])
+                rows.append([r["family"], r["cell"], r["status"] + (f": {r['error']}" if r.get("error") else ""), *["-"] * 11])
                 continue
             g = r.get("mean_bytes_per_global_step")
+            amortised = r.get("flops_total_amortised")
             rows.append([
                 r["family"], r["cell"], f"{r['bpb']:.4f}", "-" if g is None else f"{g:.2f}", human(r["train_flops"]),
-                human(r["inference_flops_per_byte"]), _params(r["params"], "embedding"), _params(r["params"], "non_embedding"),
-                seconds(r.get("wall_s")), f"{r['lr']:g}", str(r["steps"]),
+                human(r.get("flops_auxiliary")) if r.get("flops_auxiliary") else "0", human(r.get("flops_total")),
+                human(amortised) if amortised != r.get("flops_total") else "=",
+                human(r["inference_flops_per_byte"]), _params(r["params"], "embedding"), _params(r["params"], "ngram"),
+                _params(r["params"], "non_embedding"), seconds(r.get("wall_s")), f"{r['lr']:g}", str(r["steps"]),
             ])
         lines += [
             f"## Budget {budget:.3g} FLOPs",
             "",
-            table(["family", "cell", "BPB", "bytes/global step", "train FLOPs", "inference FLOPs/B", "params emb", "params non-emb",
-                   "wall", "lr", "steps"], rows, "llrrrrrrrrr"),
+            table(["family", "cell", "BPB", "bytes/global step", "own FLOPs", "aux FLOPs", "total FLOPs", "amortised total",
+                   "inference FLOPs/B", "params emb", "n-gram params", "params non-emb", "wall", "lr", "steps"], rows, "llrrrrrrrrrrrrr"),
             "",
         ]
     if report["seed_spread"]:

@@ -174,7 +174,7 @@ class BLT(nnx.Module):
         std = dl**-0.5  # the reference's init of the byte and hash embeddings (truncated at 3 std)
         self.byte_embed = Embed(self.vocab_rows, dl, rngs=rngs, std=std, truncated=True)
         n_tables = len(cfg.ngram_sizes) * cfg.hash_functions
-        self.ngram_embeds = nnx.List([Embed(cfg.hash_table_size, dl, rngs=rngs, std=std, truncated=True) for _ in range(n_tables)])
+        self.ngram_embeds = nnx.List([Embed(cfg.hash_table_size, dl, rngs=rngs, std=std, truncated=True, hashed=True) for _ in range(n_tables)])
         self.reference = cfg.variant == "reference"
         local = dict(rngs=rngs, kernels=kernels, window=cfg.local_window, rope_base=cfg.rope_base, dtype=dt, norm_eps=cfg.norm_eps)
         self.encoder = Transformer(dl, cfg.encoder_layers, cfg.local_heads, cfg.local_mlp_dim, **local)

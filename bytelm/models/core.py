@@ -29,6 +29,11 @@ COMPUTE_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": j
 EMBEDDING_AXIS = "vocab"  # the first logical axis of a lookup table (embeddings, n-gram hash tables)
 
 
+def is_hashed_ngram_table(v) -> bool:
+    """Whether ``v`` is a hashed n-gram table (:class:`Embed` with ``hashed=True``)."""
+    return isinstance(v, nnx.Variable) and bool(v.get_metadata().get("hashed_ngrams"))
+
+
 def is_lookup_table(v) -> bool:
     """Whether ``v`` is a lookup table (embeddings, n-gram hash tables): an ``nnx.Variable`` whose
     first logical axis is :data:`EMBEDDING_AXIS`. An output head (``embed, vocab``) is not."""
@@ -410,10 +415,13 @@ def _stack_blocks(blocks: list[Block]) -> Block:
 
 
 class Embed(nnx.Module):
-    """A lookup table (logical axes ``(vocab, embed)``: counted as embedding parameters)."""
+    """A lookup table (logical axes ``(vocab, embed)``: counted as embedding parameters). ``hashed``:
+    a table of hashed n-grams (its rows are hash buckets, not ids), which reports count apart."""
 
-    def __init__(self, n_rows: int, dim: int, *, rngs: nnx.Rngs, std: float = 1.0, truncated: bool = False):
+    def __init__(self, n_rows: int, dim: int, *, rngs: nnx.Rngs, std: float = 1.0, truncated: bool = False, hashed: bool = False):
         self.table = param(rngs, (n_rows, dim), (EMBEDDING_AXIS, "embed"), std=std, truncated=truncated)
+        if hashed:
+            self.table.set_metadata(hashed_ngrams=True)
 
     def __call__(self, ids) -> jax.Array:
         """Rows for integer ``ids``; a floating ``ids`` array is read as one-hot weights over rows
@@ -464,7 +472,7 @@ class NgramEmbed(nnx.Module):
     def __init__(self, sizes: tuple[int, ...], rows: int, dim: int, *, rngs: nnx.Rngs, std: float = 1.0):
         self.sizes, self.rows = tuple(sizes), rows
         self.n_context = max(self.sizes) - 1
-        self.tables = nnx.List([Embed(rows, dim, rngs=rngs, std=std) for _ in self.sizes])
+        self.tables = nnx.List([Embed(rows, dim, rngs=rngs, std=std, hashed=True) for _ in self.sizes])
 
     def __call__(
         self, ids_BxT: jax.Array, context_BxC: jax.Array | None = None, reach_BxT: jax.Array | None = None, drop: Dropout | None = None

@@ -18,8 +18,10 @@ For a byte sequence ``x`` of length ``T`` (padded to a multiple of the patch siz
 6. A causal local transformer of length ``C`` runs as a batch of ``B * P`` sequences, then logits
    over byte ids.
 
-There is no extra start token: the pads play that role, and the sequence modelled is exactly the
-target bytes. Byte 0x00 (id 4) is a byte like any other; only PAD (id 0) is masked.
+The sequence modelled is ``[BOS, bytes...]``, as every family sees it: the BOS is the first
+byte of the first patch, so every byte is predicted with the BOS in its context (what tells a
+document's start from a window cut mid-document), and the BOS's own prediction (from the pads) is
+not scored. Byte 0x00 (id 4) is a byte like any other; only PAD (id 0) is masked.
 """
 
 from __future__ import annotations
@@ -93,13 +95,15 @@ class MegaByte(nnx.Module):
         return head_logits(local_out_NxCxD, self.head[...], NUM_BYTE_IDS, dt).reshape(B, T, self.vocab_rows)
 
     def score(self, batch: dict, *, dropout_key: jax.Array | None = None) -> Scores:
-        """``batch["ids"]`` is ``(B, T+1)`` as for the byte LM; MegaByte models the ``T`` targets
-        ``ids[:, 1:]`` themselves (its pads replace the BOS input), padded to whole patches.
-        ``dropout_key`` (training only) turns on ``model.dropout``."""
-        targets_BxT = batch["ids"][:, 1:]
-        T = targets_BxT.shape[1]
-        x_BxTp = jnp.pad(targets_BxT, ((0, 0), (0, self.cfg.padded_length(T) - T)), constant_values=PAD_ID)
-        return next_id_scores(self(x_BxTp, drop=make_dropout(self.cfg.dropout, dropout_key))[:, :T], targets_BxT)
+        """``batch["ids"]`` is ``(B, T+1)`` as for the byte LM, ``[BOS, bytes...]``: MegaByte models the
+        whole row (padded to whole patches), so the BOS conditions every byte, and scores the ``T``
+        targets ``ids[:, 1:]`` (the BOS's own prediction is not a target). ``dropout_key`` (training
+        only) turns on ``model.dropout``."""
+        ids_BxT1 = batch["ids"]
+        T1 = ids_BxT1.shape[1]
+        x_BxTp = jnp.pad(ids_BxT1, ((0, 0), (0, self.cfg.padded_length(T1) - T1)), constant_values=PAD_ID)
+        logits_BxTpxV = self(x_BxTp, drop=make_dropout(self.cfg.dropout, dropout_key))
+        return next_id_scores(logits_BxTpxV[:, 1:T1], ids_BxT1[:, 1:])
 
     # -- decoding (bytelm.sampling): the global model once per patch, the local model per byte ---
     def init_cache(self, batch: int, max_patches: int) -> dict[str, list[KVCache]]:

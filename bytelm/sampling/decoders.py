@@ -194,13 +194,14 @@ def token_decoder(model, tokenizer, context: int) -> FlatDecoder:
 
 
 class MegaByteDecoder(Decoder):
-    """MegaByte: the bytes themselves (no BOS: the learned pads start each patch and the sequence).
-    One call per byte: the local model's step, or, at a patch boundary, the global model's step for
-    the new patch fused with the local model's first position in it (its cache restarted)."""
+    """MegaByte: ``[BOS, bytes...]`` in patches (the BOS is the first patch's first byte, as in
+    training). One call per byte: the local model's step, or, at a patch boundary, the global
+    model's step for the new patch fused with the local model's first position in it (its cache
+    restarted)."""
 
     def __init__(self, model, context: int):
         self.model, self.C, self.context = model, model.patch_size, context
-        self.width = model.cfg.padded_length(context)
+        self.width = model.cfg.padded_length(context + 1)  # the BOS and ``context`` bytes
         self.allowed_V = _allowed(NUM_BYTE_IDS)
         V, C = NUM_BYTE_IDS, self.C
 
@@ -230,8 +231,8 @@ class MegaByteDecoder(Decoder):
         self.global_calls = 0
 
     def start(self, prompt: bytes) -> np.ndarray:
-        ids = byte_units(prompt)
-        self._check_prompt(len(ids) + 1, self.context)
+        ids = [BOS_ID, *byte_units(prompt)]
+        self._check_prompt(len(ids), self.context)
         C = self.C
         p = len(ids) // C
         prev = np.zeros((1, p + 1, C), np.int32)  # row q reads patch q - 1 (row 0: the pad)
@@ -258,8 +259,8 @@ class MegaByteDecoder(Decoder):
         return np.asarray(logits)
 
     def recompute(self, prompt: bytes, units: list[int]) -> np.ndarray:
-        ids = [*byte_units(prompt), *units]
-        self._check_recompute(len(ids) + 1, self.context)
+        ids = [BOS_ID, *byte_units(prompt), *units]
+        self._check_recompute(len(ids), self.context)
         row = np.full((1, self.width), PAD_ID, np.int32)
         row[0, : len(ids)] = ids
         return self._valid(self._forward(row)[0, len(ids)])

@@ -69,15 +69,21 @@ def decoder_lm_forward_flops_per_position(mcfg, n_valid: int, seq_len: int, *, d
 
 
 def megabyte_forward_flops_per_byte(mcfg, seq_len: int, *, dense: bool = False) -> float:
-    """MegaByte over ``seq_len`` bytes in patches of ``C``: the global stack once per patch (``P =
-    ceil(T / C)`` patches, causal over them), the ``E -> D`` projection of every byte's slice, the
-    local stack within each patch (causal over ``C``) and the head, per byte of the padded sequence."""
+    """MegaByte over windows of ``n = seq_len + 1`` ids (the BOS and ``T = seq_len`` bytes) in patches
+    of ``C``, per predicted byte: the global stack once per patch (``P = ceil(n / C)`` patches,
+    causal over them), the ``E -> D`` projection of every position's slice and the local stack
+    within each patch (causal over ``C``) at the ``n`` positions, and the head at the ``T`` predicted
+    ones. ``dense``: every position of the padded row (``P * C``), the head included."""
     C = mcfg.patch_size
-    P = -(-seq_len // C)
+    n, T = seq_len + 1, seq_len
+    P = -(-n // C)
     global_per_patch = stack_forward_flops_per_position(mcfg.global_d_model, mcfg.global_layers, mcfg.global_mlp_dim, mean_attended(P, dense=dense))
     local = stack_forward_flops_per_position(mcfg.local_d_model, mcfg.local_layers, mcfg.local_mlp_dim, mean_attended(C, dense=dense))
     projection = 2.0 * mcfg.embed_dim * mcfg.local_d_model
-    return global_per_patch / C + projection + local + head_flops(mcfg.local_d_model, mcfg.vocab_multiple)
+    head = head_flops(mcfg.local_d_model, mcfg.vocab_multiple)
+    if dense:
+        return (global_per_patch * P + (projection + local + head) * P * C) / T
+    return (global_per_patch * P + (projection + local) * n + head * T) / T
 
 
 def blt_cross_layers(mcfg) -> tuple[int, int]:

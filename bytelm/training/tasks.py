@@ -37,6 +37,7 @@ from bytelm.models.token_lm import TokenLM
 from bytelm.patching import EntropyModel, EntropyPatcher, SpacePatcher, mean_patch_length, real_lengths
 from bytelm.sampling.decoders import BLTDecoder, Decoder, MegaByteDecoder, byte_decoder, token_decoder
 from bytelm.training import flops
+from bytelm.training.ledger import Ledger, run_total_flops
 
 STATS_KEY = "stats"  # a batch entry of host-side counts (not sent to the device): see Task.stats_record
 
@@ -98,11 +99,15 @@ class Task:
         ``bytelm ablate``: its main stack; a local stack gets the trunk's local sizes)."""
         raise UserError(f"the family {cls.family!r} has no size rule (Task.sized)")
 
-    def __init__(self, cfg, corpus: Corpus | None, run_dir: Path | None = None, *, modules: Mapping[str, nnx.Module] | None = None):
+    def __init__(
+        self, cfg, corpus: Corpus | None, run_dir: Path | None = None, *, modules: Mapping[str, nnx.Module] | None = None,
+        records: Mapping[str, dict] | None = None,
+    ):
         self.cfg = cfg
         self.corpus = corpus
         self.run_dir = run_dir
         self.modules = dict(modules or {})  # restored run artefacts, by config field
+        self.records = dict(records or {})  # their run.json records (what making them cost), by config field
 
     # model
     def build_model(self, rngs: nnx.Rngs) -> nnx.Module:
@@ -195,6 +200,11 @@ class Task:
         """Forward FLOPs per byte of an entropy model run in the input pipeline (BLT), reported beside the model's own."""
         return 0.0
 
+    def ledger(self) -> Ledger:
+        """The compute ledger (:mod:`bytelm.training.ledger`): the model's own training FLOPs per step,
+        and what it needs besides (here nothing; BLT: its entropy model's training and forward passes)."""
+        return Ledger(self.train_flops_per_position() * self.positions_per_step())
+
     def stats_record(self, sums: Mapping[str, int]) -> dict:
         """Rates for logs and reports from the summed ``batch["stats"]`` counts of :meth:`decorate`
         (``{}`` for families whose pipeline keeps none)."""
@@ -212,6 +222,7 @@ class Task:
             "mean_bytes_per_global_step": self.mean_bytes_per_global_step(),
             "inference_flops_per_byte": self.inference_flops_per_byte(),
             "entropy_inference_flops_per_byte": self.entropy_inference_flops_per_byte(),
+            "ledger": self.ledger().record(),
         }
 
     @classmethod
@@ -257,7 +268,7 @@ class ByteTask(Task):
 
 
 class MegaByteTask(ByteTask):
-    """MegaByte: the same byte windows and segments as the byte LM (its pads replace the BOS input)."""
+    """MegaByte: the same byte windows and segments as the byte LM, the BOS in its first patch."""
 
     family = "megabyte"
     description = "a MegaByte model"
@@ -271,9 +282,9 @@ class MegaByteTask(ByteTask):
             raise UserError(f"the size rule's width {trunk.d_model} is not divisible by model.patch_size {P} (embed_dim = width / P)")
         return [*trunk.stack("global_"), f"model.embed_dim={trunk.d_model // P}", *trunk.stack("local_", local=True)]
 
-    def __init__(self, cfg, corpus, run_dir=None, *, modules=None):
-        super().__init__(cfg, corpus, run_dir, modules=modules)
-        cfg.model.padded_length(cfg.train.seq_len, what="train.seq_len")
+    def __init__(self, cfg, corpus, run_dir=None, *, modules=None, records=None):
+        super().__init__(cfg, corpus, run_dir, modules=modules, records=records)
+        cfg.model.padded_length(cfg.train.seq_len + 1, what="a window (the BOS and train.seq_len bytes) of")
 
     def build_model(self, rngs: nnx.Rngs) -> nnx.Module:
         return MegaByte(self.cfg.model, rngs=rngs)
@@ -307,8 +318,8 @@ class TokenTask(Task):
         return ByteTask.sized(model_cfg, trunk)  # the byte LM's transformer over token ids
     uses_nbytes = True
 
-    def __init__(self, cfg, corpus, run_dir=None, *, modules=None):
-        super().__init__(cfg, corpus, run_dir, modules=modules)
+    def __init__(self, cfg, corpus, run_dir=None, *, modules=None, records=None):
+        super().__init__(cfg, corpus, run_dir, modules=modules, records=records)
         if not cfg.model.tokenizer:
             raise UserError(
                 "model.tokenizer is empty: point it at a tokenizer directory (bytelm tokenizer train --out DIR)"
@@ -426,8 +437,8 @@ class BLTTask(ByteTask):
     def artefacts_of(cls, model_cfg) -> Mapping[str, str]:
         return {} if model_cfg.patching == "space" else cls.artefacts
 
-    def __init__(self, cfg, corpus, run_dir=None, *, modules=None):
-        super().__init__(cfg, corpus, run_dir, modules=modules)
+    def __init__(self, cfg, corpus, run_dir=None, *, modules=None, records=None):
+        super().__init__(cfg, corpus, run_dir, modules=modules, records=records)
         self.max_patches = cfg.model.patches_for(cfg.train.seq_len)
         self.space = cfg.model.patching == "space"
         if self.space:
@@ -466,18 +477,23 @@ class BLTTask(ByteTask):
             sample = self._calibration_sample()
             return patcher, mean_patch_length(patcher.starts(sample), real_lengths(sample))
         if recorded.get("threshold") is not None:
-            return EntropyPatcher.from_settings(self.entropy_model, recorded), recorded.get("achieved_mean_patch_len")
-        if m.threshold > 0:
-            return EntropyPatcher(self.entropy_model, m.threshold, mono, m.max_patch_len), None
-        if self.corpus is None:
+            patcher, achieved = EntropyPatcher.from_settings(self.entropy_model, recorded), recorded.get("achieved_mean_patch_len")
+        elif m.threshold > 0:
+            patcher, achieved = EntropyPatcher(self.entropy_model, m.threshold, mono, m.max_patch_len), None
+        elif self.corpus is None:
             raise UserError(
                 f"the BLT run {self.run_dir} records no patching threshold (run.json 'patching') and model.threshold is 0, "
                 "so the threshold would be calibrated on the training corpus, which was not loaded: set model.threshold "
                 "or restore the run with its corpus"
             )
-        return EntropyPatcher.calibrated(
-            self.entropy_model, self._calibration_sample(), m.target_patch_len, monotonic_threshold=mono, max_patch_len=m.max_patch_len
-        )
+        else:
+            return EntropyPatcher.calibrated(
+                self.entropy_model, self._calibration_sample(), m.target_patch_len, monotonic_threshold=mono, max_patch_len=m.max_patch_len
+            )
+        if achieved is None and self.corpus is not None:  # a fixed threshold: its mean length measured as calibration would
+            sample = self._calibration_sample()
+            achieved = mean_patch_length(patcher.starts(sample), real_lengths(sample))
+        return patcher, achieved
 
     @property
     def patcher(self) -> EntropyPatcher | SpacePatcher:
@@ -516,6 +532,22 @@ class BLTTask(ByteTask):
         if self.space:
             return 0.0
         return flops.entropy_inference_flops_per_byte(self.modules["entropy_run"].cfg, self.cfg.train.seq_len)
+
+    def ledger(self) -> Ledger:
+        """Its own training, plus its entropy model's: the training of that model (its run's total), its
+        forward over every id of every training window, and over the calibration sample."""
+        own = super().ledger()
+        if self.space:
+            return own
+        per_window = self.entropy_inference_flops_per_byte() * (self.cfg.train.seq_len + 1)
+        fixed = {"entropy model forward over the calibration sample": per_window * self.calibration_rows}
+        trained = run_total_flops(self.records.get("entropy_run") or {})
+        if trained is not None:
+            fixed = {"entropy model training": trained, **fixed}
+        return Ledger(
+            own.own_per_step, per_window * self.cfg.train.batch_size, fixed, () if trained is not None else ("entropy model training",),
+            per_step_name="entropy model forward over the training bytes",
+        )
 
     def stats_record(self, sums: Mapping[str, int]) -> dict:
         if not sums.get("windows"):

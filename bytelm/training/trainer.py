@@ -38,7 +38,7 @@ from bytelm.config import Config, TrainConfig, config_to_dict, load_config, save
 from bytelm.data import load_corpus_from_config
 from bytelm.errors import UserError
 from bytelm.evaluation.bpb import LN2, score_segments
-from bytelm.models.core import is_lookup_table
+from bytelm.models.core import is_hashed_ngram_table, is_lookup_table
 from bytelm.training.checkpoint import Checkpointer
 from bytelm.training.distributed import barrier, gather_rows, is_primary
 from bytelm.training.flops import measure_matmul_peak
@@ -85,16 +85,18 @@ class TrainResult:
 
 
 def count_params(state: nnx.State) -> dict:
-    """``total``, ``embedding`` and ``non_embedding`` parameter counts. An embedding is a lookup
-    table, told by its logical axes (first axis ``vocab``: byte/token embeddings, BLT's n-gram hash
+    """``total``, ``embedding`` and ``non_embedding`` parameter counts, and ``ngram``: the hashed
+    n-gram tables among the embeddings (lookup capacity beyond one row per id). An embedding is a lookup
+    table, told by its logical axes (first axis ``vocab``: byte/token embeddings, n-gram hash
     tables), not by its name; an output head (``embed, vocab``) is a non-embedding matrix."""
-    total = embedding = 0
+    total = embedding = ngram = 0
     for v in jax.tree.leaves(state, is_leaf=lambda x: isinstance(x, nnx.Variable)):
         n = int(np.prod(v.shape))
         total += n
         if is_lookup_table(v):
             embedding += n
-    return {"total": total, "embedding": embedding, "non_embedding": total - embedding}
+            ngram += n if is_hashed_ngram_table(v) else 0
+    return {"total": total, "embedding": embedding, "non_embedding": total - embedding, "ngram": ngram}
 
 
 def check_run_config(run_dir: Path, cfg: Config) -> None:
@@ -489,15 +491,16 @@ def make_task(cfg: Config, corpus, run_dir: Path | None = None) -> Task:
     if cfg.model is None:
         raise UserError("the config has no [model] section: set model.family (e.g. --set model.family=byte)")
     cls = task_class(cfg.model.family)
-    modules = {}
+    modules, records = {}, {}
     for field, kind_name in cls.artefacts_of(cfg.model).items():
         kind = ARTEFACT_KINDS[kind_name]
         if kind.run_family is not None:
-            modules[field] = _restore_artefact_run(getattr(cfg.model, field), field, kind)
-    return cls(cfg, corpus, run_dir, modules=modules)
+            modules[field], records[field] = _restore_artefact_run(getattr(cfg.model, field), field, kind)
+    return cls(cfg, corpus, run_dir, modules=modules, records=records)
 
 
-def _restore_artefact_run(value: str, field: str, kind) -> nnx.Module:
+def _restore_artefact_run(value: str, field: str, kind) -> tuple[nnx.Module, dict]:
+    """The artefact run's model and its ``run.json`` record."""
     if not value:
         raise UserError(
             f"model.{field} is empty: point it at the run directory of the {kind.noun} (train one with '{kind.made_by}')"
@@ -506,13 +509,14 @@ def _restore_artefact_run(value: str, field: str, kind) -> nnx.Module:
     run_json = run_dir / "run.json"
     if not run_json.is_file():
         raise UserError(f"model.{field} {run_dir} is not a finished run directory (no run.json); train the {kind.noun} first")
-    family = json.loads(run_json.read_text()).get("family")
+    record = json.loads(run_json.read_text())
+    family = record.get("family")
     if family != kind.run_family:
         raise UserError(
             f"model.{field} {run_dir} is a {family!r} run; the {kind.noun} must be {FAMILIES[kind.run_family].description} "
             f"(family {kind.run_family!r})"
         )
-    return restore_model(run_dir)
+    return restore_model(run_dir), record
 
 
 def restore_trainer(run_dir: str | Path, *, corpus=None, step: int | None = None, load_corpus: bool = True) -> Trainer:
@@ -690,6 +694,7 @@ class _Run:
         trainer.horizon = self.clock.horizon if self.clock.horizon is not None else _Clock.UNPLANNED
         self.peak_total = self._peak_flops()
         self.flops_per_step = self.task.train_flops_per_position() * self.task.positions_per_step()
+        self.ledger = self.task.ledger()  # own + auxiliary FLOPs (bytelm/training/ledger.py)
         self.info = self._run_info(corpus)
         self.metrics: _Metrics | None = None
         self.segments = eval_slice(corpus, cfg.eval.eval_bytes) if cfg.eval.every else []
@@ -776,6 +781,7 @@ class _Run:
             "tokens_s": float(m["positions"]) / step_s,
             "mfu": self.flops_per_step / step_s / self.peak_total,
             "flops": self.flops_per_step * trainer.step,
+            "flops_total": self.ledger.total(trainer.step),
             "bytes_seen": self.bytes_seen(),
             "train_s": self.clock.spent(),
             **self.task.stats_record(self.stats_log),
@@ -796,6 +802,7 @@ class _Run:
                 "nats": scores.total_nats,
                 "bytes": scores.total_bytes,
                 "flops": self.flops_per_step * self.trainer.step,
+                "flops_total": self.ledger.total(self.trainer.step),
                 "bytes_seen": self.bytes_seen(),
             }
         )
