@@ -37,13 +37,16 @@ from bytelm.baselines.bpe import train_bpe
 from bytelm.config import load_config, resolve_config_path
 from bytelm.constants import EOS_ID
 from bytelm.data import WindowBatches, load_corpus
-from bytelm.models.blt import BLT
-from bytelm.models.byte_lm import ByteLM
-from bytelm.models.megabyte import MegaByte
-from bytelm.models.token_lm import TokenLM
+from bytelm.families.blt.model import BLT
+from bytelm.families.byte.model import ByteLM
+from bytelm.families.megabyte.model import MegaByte
+from bytelm.families.bpe.model import TokenLM
 from bytelm.patching import EntropyModel, EntropyPatcher
-from bytelm.sampling.decoders import BLTDecoder, MegaByteDecoder, byte_decoder, token_decoder
-from bytelm.sampling.generate import generate
+from bytelm.families.blt.decoder import BLTDecoder
+from bytelm.families.bpe import token_decoder
+from bytelm.families.byte import byte_decoder
+from bytelm.families.megabyte.decoder import MegaByteDecoder
+from bytelm.generate import generate
 from bytelm.sampling.sampler import SamplingOptions, choose
 from bytelm.training.trainer import count_params
 from train_step import cpu_model  # (benchmarks/ is on sys.path when this script runs)
@@ -86,7 +89,7 @@ def build(context: int, corpus, only: list[str]) -> dict:
 
 
 def recompute_generate(decoder, prompt: bytes, max_bytes: int, options: SamplingOptions) -> bytes:
-    """What :func:`bytelm.sampling.generate.generate` does, with :meth:`Decoder.recompute` for every unit."""
+    """What :func:`bytelm.generate.generate` does, with :meth:`Decoder.recompute` for every unit."""
     rng = np.random.default_rng(options.seed)
     units, out = [], b""
     while len(out) < max_bytes:

@@ -9,7 +9,7 @@ step (the one ``bytelm train`` runs: same optimizer, sharding over every local d
 data-parallel). The step is timed ``--steps`` times after 2 warm-up steps (compilation), each to
 ``block_until_ready``; the median is reported.
 
-MFU = the step's analytic training FLOPs (``bytelm.training.flops``: 6 x the multiply-adds the
+MFU = the step's analytic training FLOPs (``bytelm.models.flops`` and each family's formula: 6 x the multiply-adds the
 model needs per position, attention counted over the keys a position may see) / step time /
 (devices x peak). The peak is printed two ways and the MFU against each:
 
@@ -59,7 +59,7 @@ def measured_peak(dtype: str) -> float:
     import jax
     import jax.numpy as jnp
 
-    from bytelm.training.flops import measure_matmul_peak
+    from bytelm.training.peak import measure_matmul_peak
 
     n = 4096 if jax.default_backend() != "cpu" else 1024
     return measure_matmul_peak(n, repeats=5, dtype=jnp.dtype(dtype))
@@ -72,13 +72,15 @@ def family_step(size: str, family: str, overrides: list[str], batch: int | None,
 
     from bytelm.config import load_config
     from bytelm.constants import BYTE_OFFSET
-    from bytelm.models.blt import BLT
-    from bytelm.models.token_lm import TokenLM
+    from bytelm.families.blt.model import BLT
+    from bytelm.families.bpe.model import TokenLM
     from bytelm.patching.lengths import starts_to_lengths
     from bytelm.patching.patchers import real_lengths, static_starts
-    from bytelm.training import flops
+    from bytelm.families.blt import flops as blt_flops
+    from bytelm.models import flops
     from bytelm.training.optim import schedule_plan
-    from bytelm.training.tasks import ByteTask, MegaByteTask
+    from bytelm.families.byte import ByteTask
+    from bytelm.families.megabyte import MegaByteTask
     from bytelm.training.trainer import Trainer
 
     sets = [*(["train.batch_size=%d" % batch] if batch else []), *(["train.seq_len=%d" % seq_len] if seq_len else [])]
@@ -102,7 +104,7 @@ def family_step(size: str, family: str, overrides: list[str], batch: int | None,
             if family == "bpe":
                 return flops.decoder_lm_forward_flops_per_position(m, N_TOKEN_IDS + BYTE_OFFSET, T)
             if family == "blt":
-                return flops.blt_forward_flops_per_byte(m, T, float(round(m.target_patch_len)))
+                return blt_flops.forward_flops_per_byte(m, T, float(round(m.target_patch_len)))
             return super().forward_flops_per_position()
 
     task = Bench()

@@ -20,7 +20,7 @@ of the shared machine therefore lands on both sides of a round, and the verdict 
 the per-round ratios, printed with their min and max. Throughput and MFU come from each side's
 median step time.
 
-MFU = analytic training FLOPs of the step (``bytelm.training.flops``) / step time / matmul peak.
+MFU = analytic training FLOPs of the step (``bytelm.models.flops`` and each family's formula) / step time / matmul peak.
 JAX runs as ``bytelm train`` does on a CPU host: one virtual device per core, data-parallel
 (``bytelm.training.host``), and ``malloc`` backing large blocks with huge pages
 (``GLIBC_TUNABLES=glibc.malloc.hugetlb=1``, which ``bytelm`` sets for itself); the PyTorch peer
@@ -96,11 +96,11 @@ def blt_setup(model_overrides: list[str], entropy_overrides: list[str], batch: i
 
     from bytelm.config import load_config
     from bytelm.data import WindowBatches, load_corpus
-    from bytelm.models.byte_lm import ByteLM
+    from bytelm.families.byte.model import ByteLM
     from bytelm.patching import EntropyModel, EntropyPatcher
-    from bytelm.training import flops
+    from bytelm.families.blt import flops as blt_flops
     from bytelm.training.optim import schedule_plan
-    from bytelm.training.tasks import ByteTask
+    from bytelm.families.byte import ByteTask
     from bytelm.training.trainer import Trainer
 
     cfg = load_config(None, [*model_overrides, f"train.batch_size={batch}", f"train.seq_len={seq_len}", "train.steps=1000", "train.warmup_steps=10"])
@@ -117,12 +117,12 @@ def blt_setup(model_overrides: list[str], entropy_overrides: list[str], batch: i
         family = "blt"
 
         def build_model(self, rngs):
-            from bytelm.models.blt import BLT
+            from bytelm.families.blt.model import BLT
 
             return BLT(self.cfg.model, rngs=rngs)
 
         def forward_flops_per_position(self):
-            return flops.blt_forward_flops_per_byte(self.cfg.model, seq_len, achieved)
+            return blt_flops.forward_flops_per_byte(self.cfg.model, seq_len, achieved)
 
     task = Task(cfg, corpus)
     trainer = Trainer(cfg, task)
@@ -228,7 +228,7 @@ def torch_setup(d: int, layers: int, heads: int, mlp: int, vocab: int, batch: in
 
 
 def matmul_peak_setup():
-    from bytelm.training.flops import measure_matmul_peak
+    from bytelm.training.peak import measure_matmul_peak
 
     peak = measure_matmul_peak()
     return (lambda: {}), {"peak": peak}

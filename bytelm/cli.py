@@ -3,8 +3,7 @@
 Every command is a pair: ``add_<command>(subparsers)`` declares its arguments and
 ``cmd_<command>(args)`` calls an importable library function and prints the result. Bad input
 raises :class:`~bytelm.errors.UserError`, printed here as one line on stderr with exit status 2.
-The ``bytelm`` executable enters through :func:`bytelm.__main__.entry` (also importable here, as
-``bytelm.cli:entry``, for console scripts installed before it moved).
+The ``bytelm`` executable enters through :func:`bytelm.__main__.entry`.
 """
 
 from __future__ import annotations
@@ -21,7 +20,6 @@ from pathlib import Path
 
 import jax
 
-from bytelm.__main__ import entry  # noqa: F401  (the console script's old home)
 from bytelm.atomic import atomic_write_text
 from bytelm.baselines import KINDS, load_tokenizer
 from bytelm.baselines.bpe import tokenizer_stats, train_bpe
@@ -38,7 +36,7 @@ from bytelm.experiments.compare import StageStopped, compare
 from bytelm.patching import EntropyModel, format_patches, patch_text, read_patch_source
 from bytelm.patching.plot import plot_entropies
 from bytelm.progress import ProgressBar
-from bytelm.sampling.generate import load_decoder, stream, text_pieces
+from bytelm.generate import load_decoder, stream, text_pieces
 from bytelm.sampling.sampler import SamplingOptions
 from bytelm.training import distributed
 from bytelm.training.host import configure_cpu_devices

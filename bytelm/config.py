@@ -7,8 +7,7 @@ includes resolved first), then the including file, then ``--set`` overrides in c
 Tables merge key by key; any other value replaces the inherited one.
 
 The ``[model]`` table picks its dataclass by ``family`` (``byte``, ``megabyte``, ``blt``, ``bpe``,
-...) among the model configs of :mod:`bytelm.models.configs` (the same classes the task registry,
-:data:`bytelm.training.tasks.FAMILIES`, names). Every key is checked: an unknown key fails with the
+...) from the family registry (:mod:`bytelm.families`). Every key is checked: an unknown key fails with the
 closest valid key, a value of the wrong type names the key, the value and the expected type.
 """
 
@@ -26,7 +25,8 @@ from typing import Any
 
 from bytelm.atomic import atomic_write_text
 from bytelm.errors import UserError
-from bytelm.models.configs import config_classes
+from bytelm.families import config_class
+from bytelm.models.configs import ModelConfig
 
 
 @dataclasses.dataclass(frozen=True)
@@ -137,7 +137,7 @@ class EvalConfig:
 @dataclasses.dataclass(frozen=True)
 class Config:
     data: DataConfig = dataclasses.field(default_factory=DataConfig)
-    model: Any = None
+    model: ModelConfig | None = None
     train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
     eval: EvalConfig = dataclasses.field(default_factory=EvalConfig)
 
@@ -351,6 +351,35 @@ def _build_section(section: str, cls: type, raw: Any) -> Any:
         raise UserError(f"invalid [{section}] config: {e}") from None
 
 
+def typed_fields(cls: type, values: dict, *, section: str = "model") -> dict:
+    """``values`` (field -> a TOML value or a ``--set`` string) converted to the types of ``cls``'s
+    fields, with the loader's errors (an unknown field names the closest; a bad value names its type)."""
+    hints = typing.get_type_hints(cls)
+    fields = [f.name for f in dataclasses.fields(cls)]
+    out = {}
+    for key, value in values.items():
+        if key not in fields:
+            raise _unknown_key(f"{section}.{key}", fields)
+        out[key] = _convert(f"{section}.{key}", _Override(value) if isinstance(value, str) else value, hints[key])
+    return out
+
+
+def override_text(value: Any) -> str:
+    """A typed value as the text of ``--set key=TEXT`` (what :func:`load_config` reads back to it)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (list, tuple)):
+        return _toml_value(list(value)) if any(isinstance(v, str) for v in value) else ",".join(override_text(v) for v in value)
+    return repr(value) if isinstance(value, float) else str(value)
+
+
+def section_overrides(section: str, new: Any, base: Any) -> list[str]:
+    """``--set`` strings turning the dataclass ``base`` into ``new`` (same class): one per changed field,
+    for a command a person or a scheduler runs (inside the library configs stay typed)."""
+    return [f"{section}.{f.name}={override_text(getattr(new, f.name))}"
+            for f in dataclasses.fields(new) if getattr(new, f.name) != getattr(base, f.name)]
+
+
 def build_config(raw: dict) -> Config:
     """Validate a merged dict into a :class:`Config` (raises ``UserError`` on any bad key/value)."""
     raw = dict(raw)
@@ -365,15 +394,7 @@ def build_config(raw: dict) -> Config:
         model_raw = raw["model"]
         if not isinstance(model_raw, dict):
             raise UserError(f"'model' must be a table ([model]), got {model_raw!r}")
-        family = str(model_raw.get("family", ""))
-        families = config_classes()
-        if family not in families:
-            close = difflib.get_close_matches(family, list(families), n=1)
-            hint = f"; did you mean '{close[0]}'?" if close else ""
-            raise UserError(
-                f"model.family = {family!r} is not a known family ({', '.join(sorted(families))}){hint}"
-            )
-        model = _build_section("model", families[family], model_raw)
+        model = _build_section("model", config_class(str(model_raw.get("family", ""))), model_raw)
     return Config(model=model, **sections)
 
 

@@ -10,8 +10,8 @@ from flax import nnx
 from bytelm.config import load_config
 from bytelm.constants import BOS_ID, BYTE_OFFSET, PAD_ID
 from bytelm.errors import UserError
-from bytelm.models.blt import BLT, ngram_hashes, patch_ids_from_lengths
-from bytelm.models.byte_lm import ByteLM
+from bytelm.families.blt.model import BLT, ngram_hashes, patch_ids_from_lengths
+from bytelm.families.byte.model import ByteLM
 from bytelm.patching import EntropyModel, EntropyPatcher
 
 jax.config.update("jax_numpy_rank_promotion", "raise")
@@ -159,7 +159,7 @@ def test_gathered_cross_attention_equals_dense_masks(side):
     """Encoder: each patch's k queries over the bytes of its own patch (gathered, at most
     max_patch_len); decoder: each byte over the k slots of its source patch. Values and gradients
     against dense masks over every source row, on random patch lengths (empty patches included)."""
-    from bytelm.models.blt import PatchCrossAttention
+    from bytelm.families.blt.model import PatchCrossAttention
 
     rng = np.random.default_rng(7)
     B, T, D, k, S_max = 2, 23, 16, 2, 5
@@ -295,7 +295,7 @@ def test_a_fixed_threshold_measures_its_mean_patch_length_for_the_flops(corpus_d
     threshold gives on the calibration sample (the same measurement calibration makes), not the target."""
     from bytelm.data import load_corpus
     from bytelm.patching import mean_patch_length, real_lengths
-    from bytelm.training import flops
+    from bytelm.families.blt import flops as blt_flops
     from bytelm.training.trainer import make_task
 
     cfg = blt_train_cfg(corpus_dir, entropy_run, **{"model.threshold": 1.5, "model.target_patch_len": 9.0})
@@ -303,5 +303,5 @@ def test_a_fixed_threshold_measures_its_mean_patch_length_for_the_flops(corpus_d
     sample = task._calibration_sample()
     measured = mean_patch_length(task.patcher.starts(sample), real_lengths(sample))
     assert task.patcher.threshold == 1.5 and task.achieved == measured and abs(measured - 9.0) > 0.5
-    assert task.forward_flops_per_position() == flops.blt_forward_flops_per_byte(cfg.model, cfg.train.seq_len, measured)
+    assert task.forward_flops_per_position() == blt_flops.forward_flops_per_byte(cfg.model, cfg.train.seq_len, measured)
     assert task.run_info()["patching"]["achieved_mean_patch_len"] == measured

@@ -119,13 +119,16 @@ def test_repo_configs_load():
         load_config(path)
 
 
-def test_config_classes_agree_with_the_family_registry():
-    """The loader reads [model] tables into the ModelConfig subclasses of bytelm/models/configs.py;
-    the task registry names the same class for every family, and no family is missing on either side."""
-    from bytelm.models.configs import config_classes
-    from bytelm.training.tasks import FAMILIES
+def test_the_loader_reads_model_tables_through_the_family_registry():
+    """A [model] table is read into the config class its family registered, for every built-in
+    family; an unknown family names the known ones and the closest."""
+    from bytelm.families import FAMILIES
 
-    assert {name: task.config_class for name, task in FAMILIES.items()} == config_classes()
+    assert set(FAMILIES) >= {"byte", "bpe", "megabyte", "blt"}
+    for name, task in FAMILIES.items():
+        assert type(load_config(None, [f"model.family={name}"]).model) is task.config_class
+    with pytest.raises(UserError, match=r"model.family = 'megabite' is not a known family .*did you mean 'megabyte'"):
+        load_config(None, ["model.family=megabite"])
 
 
 def test_cpu_recipes_cover_every_family_and_score_inside_their_context():
@@ -133,7 +136,7 @@ def test_cpu_recipes_cover_every_family_and_score_inside_their_context():
     loadable by its short name; the recipes are run with a time budget, so their step count is only
     a ceiling that a budget of minutes never reaches, and every held-out segment lies inside the
     training context."""
-    from bytelm.training.tasks import FAMILIES
+    from bytelm.families import FAMILIES
 
     for name in [*FAMILIES, "entropy", "byte_10min", "bpe_10min", "blt_10min"]:
         cfg = load_config(f"cpu/{name}")
@@ -150,10 +153,10 @@ def test_small_and_base_presets_have_the_sizes_they_promise():
     n-grams, the subword vocabulary) are lookups and are not counted."""
     from flax import nnx
 
-    from bytelm.models.blt import BLT
-    from bytelm.models.byte_lm import ByteLM
-    from bytelm.models.megabyte import MegaByte
-    from bytelm.models.token_lm import TokenLM
+    from bytelm.families.blt.model import BLT
+    from bytelm.families.byte.model import ByteLM
+    from bytelm.families.megabyte.model import MegaByte
+    from bytelm.families.bpe.model import TokenLM
     from bytelm.training.trainer import count_params
 
     builders = {"byte": ByteLM, "megabyte": MegaByte, "blt": BLT, "bpe": lambda m, rngs: TokenLM(m, 32768, rngs=rngs)}

@@ -10,7 +10,7 @@ from flax import nnx
 from bytelm.config import load_config
 from bytelm.constants import BOS_ID, BYTE_OFFSET, EOS_ID
 from bytelm.models.attention import attend
-from bytelm.models.byte_lm import ByteLM
+from bytelm.families.byte.model import ByteLM
 from bytelm.models.core import document_spans, ngram_hashes
 
 # As in the other model tests: an implicit rank promotion is a bug (and, set by any module, the

@@ -27,10 +27,10 @@ import pytest
 from flax import nnx
 
 from bytelm.config import load_config
-from bytelm.models.blt import BLT, REFERENCE_PRIMES, reference_ngram_hashes
-from bytelm.models.byte_lm import ByteLM
+from bytelm.families.blt.model import BLT, REFERENCE_PRIMES, reference_ngram_hashes
+from bytelm.families.byte.model import ByteLM
 from bytelm.models.core import Dropout, dropout_bits, ngram_hashes
-from bytelm.models.megabyte import MegaByte
+from bytelm.families.megabyte.model import MegaByte
 from bytelm.training.trainer import dropout_key, restore_trainer, train
 
 from test_blt import blt_cfg, random_lengths

@@ -15,10 +15,10 @@ import pytest
 from flax import nnx
 
 from bytelm.config import load_config
-from bytelm.models.blt import BLT
-from bytelm.models.byte_lm import ByteLM
-from bytelm.models.megabyte import MegaByte
-from bytelm.models.token_lm import TokenLM
+from bytelm.families.blt.model import BLT
+from bytelm.families.byte.model import ByteLM
+from bytelm.families.megabyte.model import MegaByte
+from bytelm.families.bpe.model import TokenLM
 
 FAMILIES = {
     "byte": (ByteLM, dict(family="byte", d_model=64, n_layers=2, n_heads=2, mlp_dim=128)),

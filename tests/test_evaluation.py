@@ -13,7 +13,7 @@ from bytelm import cli
 from bytelm.baselines.bpe import load_tokenizer, train_bpe_on_corpus
 from bytelm.config import load_config
 from bytelm.data import load_corpus
-from bytelm.evaluation.bpb import LN2, SegmentScores, UnigramByteModel, breakdown, byte_counts, top_directory
+from bytelm.bpb import LN2, SegmentScores, UnigramByteModel, breakdown, byte_counts, top_directory
 from bytelm.evaluation.evaluator import EvalSet, evaluate_run, evaluate_runs, unigram_baselines
 from bytelm.evaluation.external import read_heldout, write_scores
 from bytelm.evaluation.report import REPORT_SCHEMA, schema_errors, validate

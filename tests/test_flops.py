@@ -1,4 +1,4 @@
-"""The FLOP convention (bytelm/training/flops.py) against XLA's own count of the compiled step.
+"""The FLOP convention (bytelm/models/flops.py) against XLA's own count of the compiled step.
 
 For every family, the analytic count in its ``dense`` form (what a dense program computes: every
 self-attention over its whole context, every patch slot, every gathered row) is compared with
@@ -17,11 +17,13 @@ from flax import nnx
 
 from bytelm.config import load_config
 from bytelm.constants import NUM_BYTE_IDS
-from bytelm.models.blt import BLT
-from bytelm.models.byte_lm import ByteLM
-from bytelm.models.megabyte import MegaByte
-from bytelm.models.token_lm import TokenLM
-from bytelm.training import flops
+from bytelm.families.blt.model import BLT
+from bytelm.families.byte.model import ByteLM
+from bytelm.families.megabyte.model import MegaByte
+from bytelm.families.bpe.model import TokenLM
+from bytelm.families.blt import flops as blt_flops
+from bytelm.families.megabyte import flops as megabyte_flops
+from bytelm.models import flops
 
 B, T = 2, 64
 IDS = jnp.asarray(np.random.default_rng(0).integers(4, 260, size=(B, T + 1)), jnp.int32)
@@ -73,14 +75,14 @@ CASES = {
             "model.global_layers=2", "model.global_heads=2", "model.global_mlp_dim=176", "model.local_d_model=64",
             "model.local_layers=2", "model.local_heads=2", "model.local_mlp_dim=176",
         ),
-        MegaByte(c, rngs=nnx.Rngs(0)), {"ids": IDS}, flops.megabyte_forward_flops_per_byte(c, T, dense=True),
+        MegaByte(c, rngs=nnx.Rngs(0)), {"ids": IDS}, megabyte_flops.forward_flops_per_byte(c, T, dense=True),
     ),
     **{
         f"blt_{name}": (
             lambda extra=extra: (
                 c := cfg(*BLT_BASE, *extra),
                 BLT(c, rngs=nnx.Rngs(0)), {"ids": IDS, "patch_lengths": blt_lengths(20)},
-                flops.blt_forward_flops_per_byte(c, T, (T + 1) / 20, dense=True),
+                blt_flops.forward_flops_per_byte(c, T, (T + 1) / 20, dense=True),
             )
         )
         for name, extra in {
@@ -111,4 +113,4 @@ def test_semantic_counts_charge_the_needed_work_only():
     slots = b.patches_for(T)
     assert slots == int(np.ceil(2.0 * (T + 1) / 4))  # patch slots sized from the target length, not one per byte
     # at the target length the semantic count charges the real patches: less than every slot
-    assert flops.blt_forward_flops_per_byte(b, T, 4.0) < flops.blt_forward_flops_per_byte(b, T, 4.0, dense=True)
+    assert blt_flops.forward_flops_per_byte(b, T, 4.0) < blt_flops.forward_flops_per_byte(b, T, 4.0, dense=True)

@@ -6,9 +6,10 @@ from flax import nnx
 
 from bytelm.config import load_config
 from bytelm.errors import UserError
-from bytelm.models.byte_lm import ByteLM
-from bytelm.training.ledger import Ledger, run_total_flops
-from bytelm.training.tasks import BLTTask, ByteTask
+from bytelm.families.byte.model import ByteLM
+from bytelm.ledger import Ledger, run_total_flops
+from bytelm.families.blt import BLTTask
+from bytelm.families.byte import ByteTask
 
 
 def test_ledger_arithmetic():

@@ -9,8 +9,8 @@ from flax import nnx
 from bytelm.config import load_config
 from bytelm.constants import BOS_ID, BYTE_OFFSET, PAD_ID
 from bytelm.errors import UserError
-from bytelm.models.byte_lm import ByteLM
-from bytelm.models.megabyte import MegaByte
+from bytelm.families.byte.model import ByteLM
+from bytelm.families.megabyte.model import MegaByte
 
 jax.config.update("jax_numpy_rank_promotion", "raise")
 

@@ -8,10 +8,10 @@ from flax import nnx
 
 from bytelm.config import load_config
 from bytelm.constants import BYTE_OFFSET
-from bytelm.models.byte_lm import ByteLM
+from bytelm.families.byte.model import ByteLM
 from bytelm.models.attention import attend, halving_causal_attention
 from bytelm.models.core import Attention, rotary, swiglu_mlp
-from bytelm.training import flops
+from bytelm.models import flops
 
 jax.config.update("jax_numpy_rank_promotion", "raise")
 

@@ -30,7 +30,7 @@ import pytest
 from flax import nnx
 
 from bytelm.config import load_config
-from bytelm.models.byte_lm import ByteLM
+from bytelm.families.byte.model import ByteLM
 from bytelm.models.core import LAYER_AXIS
 from bytelm.training.optim import MUON_RMS, make_optimizer, muon_dimensions, schedule_plan
 from bytelm.training.trainer import restore_trainer, train

@@ -23,16 +23,20 @@ from bytelm.baselines.bpe import train_bpe
 from bytelm.config import load_config
 from bytelm.constants import BOS_ID, BYTE_OFFSET, EOS_ID
 from bytelm.errors import UserError
-from bytelm.models.blt import BLT
-from bytelm.models.byte_lm import ByteLM
-from bytelm.models.megabyte import MegaByte
-from bytelm.models.token_lm import TokenLM
+from bytelm.families.blt.model import BLT
+from bytelm.families.byte.model import ByteLM
+from bytelm.families.megabyte.model import MegaByte
+from bytelm.families.bpe.model import TokenLM
 from bytelm.patching import EntropyModel
 from bytelm.patching.lengths import cap_starts
 from bytelm.patching.online import OnlineStarts
 from bytelm.patching.patchers import entropy_starts
-from bytelm.sampling.decoders import BLTDecoder, MegaByteDecoder, byte_decoder, byte_units, token_decoder
-from bytelm.sampling.generate import generate, stream, text_pieces
+from bytelm.families.blt.decoder import BLTDecoder
+from bytelm.families.bpe import token_decoder
+from bytelm.families.byte import byte_decoder
+from bytelm.families.megabyte.decoder import MegaByteDecoder
+from bytelm.sampling.decoders import byte_units
+from bytelm.generate import generate, stream, text_pieces
 from bytelm.sampling.sampler import SamplingOptions, choose
 
 CONTEXT = 32  # long enough to cross many patches, short enough to recompute at every step

@@ -24,9 +24,9 @@ from flax import nnx
 
 from bytelm.config import load_config
 from bytelm.constants import BOS_ID, BYTE_OFFSET
-from bytelm.models.blt import BLT
-from bytelm.models.byte_lm import ByteLM
-from bytelm.models.megabyte import MegaByte
+from bytelm.families.blt.model import BLT
+from bytelm.families.byte.model import ByteLM
+from bytelm.families.megabyte.model import MegaByte
 from bytelm.training.optim import make_optimizer, schedule_plan
 from bytelm.training.sharding import logical_to_spec
 

@@ -11,7 +11,7 @@ from flax import nnx
 from bytelm.config import load_config
 from bytelm.constants import NUM_BYTE_IDS
 from bytelm.errors import UserError
-from bytelm.models.byte_lm import ByteLM
+from bytelm.families.byte.model import ByteLM
 from bytelm.models.core import head_logits
 
 jax.config.update("jax_numpy_rank_promotion", "raise")

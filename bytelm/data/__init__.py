@@ -4,7 +4,7 @@
 >>> corpus.fingerprint, len(corpus.segments)        # doctest: +SKIP
 """
 
-from bytelm.data.batches import WindowBatches
+from bytelm.data.batches import WindowBatches, segment_rows
 from bytelm.data.corpus import (
     Corpus,
     Segment,
@@ -29,4 +29,5 @@ __all__ = [
     "load_corpus",
     "load_corpus_from_config",
     "parse_source",
+    "segment_rows",
 ]

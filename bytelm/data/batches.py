@@ -1,4 +1,5 @@
-"""Training batches: random windows of a flat id stream, deterministic in ``(seed, step)``.
+"""Batches every family shares: random training windows of a flat id stream, deterministic in
+``(seed, step)``, and evaluation rows of encoded segments at one fixed width.
 
 Batch ``step`` is a pure function of ``(seed, step)``: resuming at step ``k`` is constructing the
 iterator with ``step=k`` (nothing is replayed). Each host draws the same global start offsets and
@@ -8,8 +9,11 @@ The hot path is numpy only: one small RNG draw and one gather per batch.
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
+
 import numpy as np
 
+from bytelm.constants import PAD_ID
 from bytelm.errors import UserError
 
 
@@ -81,3 +85,24 @@ class WindowBatches:
         out = self.batch(self.step)
         self.step += 1
         return out
+
+
+def segment_rows(
+    encoded: Sequence[tuple[np.ndarray, np.ndarray | None]], *, width: int, batch_size: int, with_nbytes: bool
+) -> Iterator[tuple[dict, int]]:
+    """Evaluation batches of encoded segments (``(ids, nbytes)``: ids from BOS; each target's byte
+    length, or None for one byte each): ``(batch, n_real_rows)`` with ``batch["ids"]`` of shape
+    ``(batch_size, width)``, PAD after each segment and in the rows past the last one, and with
+    ``with_nbytes`` the ``(batch_size, width - 1)`` byte lengths of the targets (0 on padding).
+
+    One row width for every batch (the caller's training window), not the longest segment of a
+    call: a segment's program, and so its score, must not depend on the segments it is scored with."""
+    for lo in range(0, len(encoded), batch_size):
+        chunk = encoded[lo : lo + batch_size]
+        ids = np.full((batch_size, width), PAD_ID, np.int32)
+        nbytes = np.zeros((batch_size, width - 1), np.int32)
+        for r, (row_ids, row_nbytes) in enumerate(chunk):
+            ids[r, : len(row_ids)] = row_ids
+            nbytes[r, : len(row_ids) - 1] = 1 if row_nbytes is None else row_nbytes
+        yield ({"ids": ids, "nbytes": nbytes} if with_nbytes else {"ids": ids}), len(chunk)
+

@@ -4,7 +4,7 @@ The protocol is docs/evaluation.md. An :class:`~bytelm.evaluation.results.EvalSe
 corpus's held-out segments with their fingerprint; every
 :class:`~bytelm.evaluation.results.ModelResult` carries per-segment nats, bytes and *global steps*
 (the positions of the model's outermost, most expensive stack, counted by the family's task:
-:meth:`bytelm.training.tasks.Task.global_steps`), so reports can break BPB and bytes per global
+:meth:`bytelm.families.Task.global_steps`), so reports can break BPB and bytes per global
 step down per document group. Results on different fingerprints are never put in one table.
 """
 
@@ -22,12 +22,12 @@ import numpy as np
 from bytelm.config import load_config
 from bytelm.data import load_corpus_from_config
 from bytelm.errors import UserError
-from bytelm.evaluation.bpb import SegmentScores, UnigramByteModel, byte_counts
+from bytelm.bpb import SegmentScores, UnigramByteModel, byte_counts
 from bytelm.evaluation.external import parse_external_arg, read_external_scores
 from bytelm.evaluation.report import build_report, write_report_json
 from bytelm.evaluation.results import EvalSet, ModelResult
-from bytelm.training.ledger import Ledger
-from bytelm.training.tasks import STATS_KEY
+from bytelm.ledger import Ledger
+from bytelm.families import STATS_KEY
 from bytelm.training.trainer import restore_trainer
 
 log = logging.getLogger(__name__)
@@ -150,7 +150,7 @@ def evaluate_run(
     """Restore the latest checkpoint of ``run_dir`` and score it on ``eval_set``.
 
     Training facts come from the run: FLOPs = train FLOPs per position x positions per step x
-    steps (the family's analytic formula, :mod:`bytelm.training.flops`), bytes seen = steps x
+    steps (the family's analytic formula, :mod:`bytelm.models.flops` and each family's formula), bytes seen = steps x
     positions per step x bytes per position. A BPE run whose tokenizer (or a BLT run whose entropy
     model) changed since training is refused with :class:`UserError`.
     """

@@ -48,7 +48,7 @@ import numpy as np
 from bytelm.atomic import atomic_write_text
 from bytelm.data import fingerprint_segments
 from bytelm.errors import UserError
-from bytelm.evaluation.bpb import SegmentScores
+from bytelm.bpb import SegmentScores
 from bytelm.evaluation.results import EvalSet, ModelResult
 
 HELDOUT_FORMAT = "bytelm-heldout"

@@ -17,7 +17,7 @@ from bytelm.atomic import atomic_write_bytes
 
 def eval_curve(run_dir: str | Path) -> list[tuple[float, float]]:
     """``(total training FLOPs, BPB)`` of the periodic evaluations in a run's ``metrics.jsonl``: the
-    compute ledger's total (own + auxiliary, bytelm/training/ledger.py), or a run's own FLOPs when
+    compute ledger's total (own + auxiliary, bytelm/ledger.py), or a run's own FLOPs when
     its metrics predate the ledger."""
     path = Path(run_dir) / "metrics.jsonl"
     if not path.is_file():

@@ -16,11 +16,11 @@ every write. In short::
       "params": {["total"], ["embedding"], ["non_embedding"], ["ngram"]} | null (each key optional;
                  ngram: the hashed n-gram tables, part of embedding),
       "flops": the model's own training FLOPs (analytic) | null, "train_flops_per_byte" | null,
-      "flops_own" (= flops), "flops_auxiliary", "flops_total": the compute ledger (bytelm/training/ledger.py:
+      "flops_own" (= flops), "flops_auxiliary", "flops_total": the compute ledger (bytelm/ledger.py:
       auxiliary = what the model needs besides its own training, BLT's entropy model) | null,
       "auxiliary_flops": {what: FLOPs} | null,
       "inference_flops_per_byte", "entropy_inference_flops_per_byte" (a BLT's entropy model),
-      "total_inference_flops_per_byte": forward FLOPs per byte (bytelm/training/flops.py) | null,
+      "total_inference_flops_per_byte": forward FLOPs per byte (bytelm/models/flops.py) | null,
       "pipeline_stats": {name: rate} from the input pipeline on the eval set (BLT: patch_overflow_*) | null,
       "bytes_seen": training bytes | null,
       "mean_bytes_per_global_step": eval-set bytes per position of the outermost stack | null,

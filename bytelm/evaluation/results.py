@@ -1,6 +1,6 @@
 """What the evaluator produces: the evaluation set and one result row per model.
 
-A leaf module of :mod:`bytelm.evaluation` (it imports only the arithmetic of :mod:`~bytelm.evaluation.bpb` and the segment fingerprint of :mod:`bytelm.data.corpus`), shared by the evaluator,
+A leaf module of :mod:`bytelm.evaluation` (it imports only the arithmetic of :mod:`~bytelm.bpb` and the segment fingerprint of :mod:`bytelm.data.corpus`), shared by the evaluator,
 outside scores (:mod:`bytelm.evaluation.external`) and reports (:mod:`bytelm.evaluation.report`).
 The protocol behind the numbers is docs/evaluation.md.
 """
@@ -14,7 +14,7 @@ import numpy as np
 
 from bytelm.data.corpus import fingerprint_segments
 from bytelm.errors import UserError
-from bytelm.evaluation.bpb import SegmentScores, breakdown, top_directory
+from bytelm.bpb import SegmentScores, breakdown, top_directory
 
 
 @dataclasses.dataclass
@@ -95,7 +95,7 @@ class ModelResult:
     inference_flops_per_byte: float | None = None  # the model's own forward FLOPs per byte
     entropy_inference_flops_per_byte: float | None = None  # an entropy model run in its input pipeline (BLT)
     pipeline_stats: dict | None = None  # rates from its input pipeline on the eval set (BLT: patch-slot overflow)
-    # the compute ledger (bytelm/training/ledger.py): ``flops`` is the model's own training; auxiliary
+    # the compute ledger (bytelm/ledger.py): ``flops`` is the model's own training; auxiliary
     # is what it needs besides (BLT: its entropy model's training and forward passes), named in
     # ``auxiliary``; None when unknown (an outside model, a converted checkpoint)
     flops_auxiliary: float | None = None

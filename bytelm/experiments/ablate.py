@@ -49,7 +49,6 @@ on disk. Results: ``ablation.json``, ``ablation.md``, ``bpb_vs_bytes_per_step.pn
 from __future__ import annotations
 
 import concurrent.futures
-import copy
 import dataclasses
 import itertools
 import json
@@ -67,9 +66,9 @@ import numpy as np
 
 from bytelm.atomic import atomic_directory, atomic_write_text
 from bytelm.baselines import KINDS, is_saved, train_tokenizer
-from bytelm.config import Config, load_config, shipped_configs
+from bytelm.config import Config, load_config, section_overrides, shipped_configs, typed_fields
 from bytelm.errors import UserError
-from bytelm.evaluation.bpb import breakdown
+from bytelm.bpb import breakdown
 from bytelm.evaluation.evaluator import CorpusCache, evaluate_run, evaluate_trained
 from bytelm.evaluation.report import heldout_lines, human, seconds, table
 from bytelm.evaluation.results import EvalSet, ModelResult
@@ -85,8 +84,9 @@ from bytelm.experiments.compare import (
 from bytelm.experiments.plan import derived_schedule, ngram_overrides, planned_ledger
 from bytelm.experiments.rates import RateSearch, rate_label
 from bytelm.training import trainer
-from bytelm.training.ledger import Ledger
-from bytelm.training.tasks import Trunk, task_class
+from bytelm.ledger import Ledger
+from bytelm.families import Trunk, task_class
+from bytelm.models.configs import StackConfig
 
 log = logging.getLogger(__name__)
 
@@ -139,11 +139,12 @@ class SizeRule:
         """The trunk at ``budget`` and its half-width local stacks (half as deep, at least one layer)."""
         d, L = self.trunk(budget)
         local = max(self.width_multiple, self.width_multiple * round(d / 2 / self.width_multiple))
-        return Trunk(d, L, max(1, d // self.head_dim), self._mlp(d), local, max(1, -(-L // 2)), max(1, local // self.head_dim), self._mlp(local))
+        return Trunk(StackConfig(d, L, max(1, d // self.head_dim), self._mlp(d)),
+                     StackConfig(local, max(1, -(-L // 2)), max(1, local // self.head_dim), self._mlp(local)))
 
-    def overrides(self, model_cfg, budget: float) -> list[str]:
-        """The family's overrides for the trunk at ``budget`` (its task's :meth:`~Task.sized`)."""
-        return task_class(model_cfg.family).sized(model_cfg, self.sizes(budget))
+    def sized(self, model_cfg, budget: float, changes: dict):
+        """``model_cfg`` with ``changes`` at the trunk of ``budget`` (its family's :meth:`~Task.sized`)."""
+        return task_class(model_cfg.family).sized(model_cfg, self.sizes(budget), changes)
 
 
 # -- the grid file --------------------------------------------------------------------------------
@@ -188,20 +189,9 @@ def cell_label(cell: dict) -> str:
     return ",".join(f"{k.split('.', 1)[-1]}={v}" for k, v in cell.items()) or "base"
 
 
-def _model_fields(cell: dict, model_cfg) -> dict:
-    """The cell's ``model.*`` values typed like ``model_cfg``'s fields (for sizing; not validated)."""
-    out = {}
-    for key, value in cell.items():
-        if key.startswith("model."):
-            name = key.split(".", 1)[1]
-            if hasattr(model_cfg, name):
-                current = getattr(model_cfg, name)
-                out[name] = type(current)(value) if isinstance(current, int | float | str) and not isinstance(current, bool) else value
-    return out
-
-
 def cell_overrides(cell: dict) -> list[str]:
-    return [f"{k}={v}" for k, v in cell.items() if k not in TOKENIZER_KEYS + TOKENIZER_OPTIONS]
+    """The cell's keys other than its model's (sized with the model) and its tokenizer's (an artefact)."""
+    return [f"{k}={v}" for k, v in cell.items() if k not in TOKENIZER_KEYS + TOKENIZER_OPTIONS and not k.startswith("model.")]
 
 
 def find_grid(name_or_path: str) -> Path:
@@ -293,7 +283,7 @@ class Run:
     config: Path | None = None
     overrides: list[str] = dataclasses.field(default_factory=list)
     steps: int | None = None
-    ledger: Ledger | None = None  # own and auxiliary FLOPs (bytelm/training/ledger.py): the budget matches its total
+    ledger: Ledger | None = None  # own and auxiliary FLOPs (bytelm/ledger.py): the budget matches its total
     error: str | None = None
     result: ModelResult | None = None
     validation_bpb: float | None = None
@@ -403,12 +393,11 @@ class _Ablation:
             if plain.model is None:
                 raise UserError(f"config {fam.config} has no [model] section")
             family = plain.model.family
-            # the cell's model settings decide some sizes (MegaByte's embed_dim = width / P): size
-            # the config with the cell applied to the raw model section, then apply the cell again
-            probe = copy.copy(plain.model)  # not validated: the sizes are not applied yet
-            for name, value in _model_fields(cell, plain.model).items():
-                object.__setattr__(probe, name, value)
-            overrides = [*base, *self.grid.size.overrides(probe, budget), *cell_overrides(cell)]
+            # the cell's model settings decide some sizes (MegaByte's embed_dim = width / P): the family
+            # sizes its config with them, as one config
+            changes = typed_fields(type(plain.model), {k.split(".", 1)[1]: v for k, v in cell.items() if k.startswith("model.")})
+            sized = self.grid.size.sized(plain.model, budget, changes)
+            overrides = [*base, *section_overrides("model", sized, plain.model), *cell_overrides(cell)]
             cfg = load_config(fam.config, overrides)
             overrides += self.artefact_overrides(family, cell, cfg.model)
             overrides += [f"train.learning_rate={lr:g}", f"train.seed={seed}"]
@@ -842,7 +831,7 @@ def write_outputs(out: Path, report: dict, runs: dict[str, Run], eval_set: EvalS
 
 
 def _scores(row: dict):
-    from bytelm.evaluation.bpb import SegmentScores
+    from bytelm.bpb import SegmentScores
 
     return SegmentScores(np.asarray(row["nats"], np.float64), np.asarray(row["nbytes"], np.int64))
 
@@ -862,7 +851,7 @@ def _params(p: dict | None, key: str) -> str:
 def ledger_sentences(report: dict) -> list[str]:
     """Which total the grid matched, and what sharing the one-off auxiliary costs would change."""
     out = ["Every run's budget is matched on its total FLOPs: its own training plus what it needs (BLT: its entropy model's "
-           "training, and its forward over the run's training bytes; bytelm/training/ledger.py). Tokenizer training is not neural "
+           "training, and its forward over the run's training bytes; bytelm/ledger.py). Tokenizer training is not neural "
            "compute and is on no ledger."]
     for name, v in (report.get("shared_auxiliary") or {}).items():
         out.append(f"The grid matched the UNAMORTISED totals: each run that needs it pays the whole {name} ({human(v['flops'])} FLOPs) "
@@ -943,7 +932,7 @@ def markdown(report: dict) -> str:
         "BPB: held-out bits per byte over every segment (docs/evaluation.md). *bytes/global step*: held-out bytes per position of "
         "the outermost stack (the patch size, the mean entropy or space patch length, bytes per token). *inference FLOPs/B*: "
         "the forward cost per byte, entropy model included. *wall*: training time, compilation included. Training FLOPs are "
-        "analytic (bytelm/training/flops.py).",
+        "analytic (bytelm/models/flops.py).",
         "",
     ]
     return "\n".join(lines)

@@ -9,7 +9,7 @@ the same command runs again; an interrupted training resumes from its last check
 3. the entropy model of BLT (``OUT/runs/<name>``, its own small budget);
 4. each compared model (``OUT/runs/<name>``) with ``train.steps = budget / train FLOPs per step``,
    where FLOPs per step is the family's analytic training FLOPs per position x positions per
-   step (:mod:`bytelm.training.flops`), so every family spends the same compute;
+   step (:mod:`bytelm.models.flops` and each family's formula), so every family spends the same compute;
 5. evaluation of every run on every held-out segment (``OUT/evals/<name>.json``);
 6. the report.
 
@@ -65,7 +65,7 @@ from bytelm.atomic import atomic_directory, atomic_write_text
 from bytelm.baselines import KINDS, load_tokenizer, train_tokenizer
 from bytelm.config import Config, load_config, shipped_configs
 from bytelm.errors import UserError
-from bytelm.evaluation.bpb import SegmentScores
+from bytelm.bpb import SegmentScores
 from bytelm.evaluation.evaluator import CorpusCache, check_same_fingerprint, evaluate_run, evaluate_trained, unigram_baselines
 from bytelm.evaluation.plots import eval_curve, plot_bpb_vs_flops
 from bytelm.evaluation.report import (
@@ -75,7 +75,7 @@ from bytelm.evaluation.results import EvalSet, ModelResult
 from bytelm.experiments.plan import ngram_overrides, planned_ledger, schedule_overrides, sweep_steps
 from bytelm.experiments.rates import RateSearch, rate_label
 from bytelm.training import trainer
-from bytelm.training.tasks import ARTEFACT_KINDS, task_class
+from bytelm.families import ARTEFACT_KINDS, task_class
 
 log = logging.getLogger(__name__)
 
@@ -496,7 +496,7 @@ class _Job:
     # 3-4.
     def train_models(self) -> None:
         """Every model at its budget, the artefact makers (the entropy model) first; a compared model
-        once per seed. A FLOP budget is matched on the ledger's total (:mod:`bytelm.training.ledger`)."""
+        once per seed. A FLOP budget is matched on the ledger's total (:mod:`bytelm.ledger`)."""
         for spec in self.ordered:
             cfg = self.configs[spec.name]
             budget = spec.flop_budget or self.preset.flop_budget
@@ -736,7 +736,7 @@ def matched_sentence(c: dict) -> str:
         return (f"{seconds(c['time_budget_s'])} of training time per compared model (compilation included, evaluations "
                 "not; each model's FLOPs follow from its speed)")
     return (f"{c['flop_budget']:.3g} total FLOPs per compared model (analytic training FLOPs, forward + backward: the model's own "
-            "plus the auxiliary models it needs, bytelm/training/ledger.py)")
+            "plus the auxiliary models it needs, bytelm/ledger.py)")
 
 
 def schedule_sentence(c: dict) -> str:
@@ -795,7 +795,7 @@ def markdown_report(report: dict) -> str:
         "model's training and its forward over the training bytes), and their sum, which the budget matches. *n-gram params* are "
         "the hashed n-gram lookup tables among the embedding parameters (lookups cost no FLOPs). "
         "*entropy FLOPs/B* is the forward cost per byte of an entropy model run in the input pipeline (BLT's), "
-        "*inference FLOPs/B* the total forward cost per byte, model and entropy model (bytelm/training/flops.py).",
+        "*inference FLOPs/B* the total forward cost per byte, model and entropy model (bytelm/models/flops.py).",
         "",
         *[f"- {line}" for line in artefact_lines(report)],
         *[f"- {line}" for line in ledger_lines(report)],
@@ -840,7 +840,7 @@ def markdown_report(report: dict) -> str:
         "",
         f"Tokenizer: {c['tokenizer'].get('kind', 'bpe')}, {c['tokenizer']['vocab_size']} ids, pattern {c['tokenizer']['pattern']}, "
         f"encoder {c['tokenizer'].get('encoder') or 'ranks'}. Training FLOPs are "
-        f"analytic (bytelm/training/flops.py); {schedule_sentence(c)} *train time* counts compilation, not evaluations.",
+        f"analytic (bytelm/models/flops.py); {schedule_sentence(c)} *train time* counts compilation, not evaluations.",
         "",
     ]
     return "\n".join(lines)

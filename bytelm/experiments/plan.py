@@ -1,7 +1,7 @@
 """What ``bytelm compare`` and ``bytelm ablate`` share when they plan a run: its compute ledger,
 the steps that spend a budget, the schedule overrides, and n-gram tables borrowed from another model.
 
-A budget is matched on the ledger's **total** (:mod:`bytelm.training.ledger`): a BLT pays for its
+A budget is matched on the ledger's **total** (:mod:`bytelm.ledger`): a BLT pays for its
 entropy model's training and forward passes out of the same budget as every other model's own
 training.
 """
@@ -15,7 +15,7 @@ from pathlib import Path
 from bytelm.config import Config
 from bytelm.errors import UserError
 from bytelm.training import trainer
-from bytelm.training.ledger import Ledger
+from bytelm.ledger import Ledger
 
 NGRAM_FIELDS = ("ngram_sizes", "hash_table_size")  # what ``ngram_from`` copies
 

@@ -38,7 +38,7 @@ from bytelm.constants import NUM_BYTE_IDS
 from bytelm.errors import UserError
 from bytelm.interop.safetensors import SafetensorsFolder, write_safetensors
 from bytelm.training.checkpoint import Checkpointer
-from bytelm.training.tasks import task_class
+from bytelm.families import task_class
 from bytelm.training.trainer import count_params, restore_model
 
 CONFIG_FILE = "config.json"

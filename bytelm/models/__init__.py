@@ -22,10 +22,11 @@ N    flattened leading dimensions (``B * T`` rows of a matmul, ``B * H`` attenti
 1    a broadcast axis of size one
 ==== ==========================================================================================
 
-Layout: :mod:`~bytelm.models.configs` (one frozen dataclass per family, no JAX),
-:mod:`~bytelm.models.kernels` (the kernel choices), :mod:`~bytelm.models.attention` (``attend``),
-:mod:`~bytelm.models.core` (the shared layers and head), :mod:`~bytelm.models.scoring` (the one
-scoring interface), then one module per family: :mod:`~bytelm.models.byte_lm`,
-:mod:`~bytelm.models.token_lm` (both :mod:`~bytelm.models.lm`), :mod:`~bytelm.models.megabyte`,
-:mod:`~bytelm.models.blt`. This package imports nothing from patching, training or evaluation.
+Layout: :mod:`~bytelm.models.configs` (what every family's config shares, and ``StackConfig``; no
+JAX), :mod:`~bytelm.models.kernels` (the kernel choices), :mod:`~bytelm.models.attention`
+(``attend``), :mod:`~bytelm.models.core` (the shared layers and head), :mod:`~bytelm.models.lm`
+(the flat decoder LM the byte and subword families share), :mod:`~bytelm.models.cache` (key/value
+caches), :mod:`~bytelm.models.scoring` (the one scoring interface), :mod:`~bytelm.models.flops`
+(the FLOP convention). Each family's own model lives in its folder, ``bytelm/families/<name>/``.
+This package imports nothing from families, patching, training or evaluation.
 """

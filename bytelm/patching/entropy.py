@@ -1,4 +1,4 @@
-"""The BLT entropy model (a small :class:`~bytelm.models.byte_lm.ByteLM`) and the entropy patcher.
+"""The BLT entropy model (a small :class:`~bytelm.families.byte.model.ByteLM`) and the entropy patcher.
 
 ``H[i]`` is the entropy in nats of the model's distribution over the id *after* position ``i``:
 ``-sum_v p(v | ids[:i+1]) log p(v | ids[:i+1])``, computed in float32 from the logits at

@@ -37,14 +37,14 @@ from bytelm.atomic import atomic_write_text
 from bytelm.config import Config, TrainConfig, config_to_dict, load_config, save_config
 from bytelm.data import load_corpus_from_config
 from bytelm.errors import UserError
-from bytelm.evaluation.bpb import LN2, score_segments
+from bytelm.bpb import LN2, score_segments
 from bytelm.models.core import is_hashed_ngram_table, is_lookup_table
 from bytelm.training.checkpoint import Checkpointer
 from bytelm.training.distributed import barrier, gather_rows, is_primary
-from bytelm.training.flops import measure_matmul_peak
+from bytelm.training.peak import measure_matmul_peak
 from bytelm.training.optim import learning_rate_schedule, make_optimizer, schedule_plan
 from bytelm.training.sharding import batch_sharding, make_mesh, param_shardings
-from bytelm.training.tasks import ARTEFACT_KINDS, FAMILIES, STATS_KEY, Task, task_class
+from bytelm.families import ARTEFACT_KINDS, FAMILIES, STATS_KEY, Task, task_class
 
 log = logging.getLogger(__name__)
 
@@ -694,7 +694,7 @@ class _Run:
         trainer.horizon = self.clock.horizon if self.clock.horizon is not None else _Clock.UNPLANNED
         self.peak_total = self._peak_flops()
         self.flops_per_step = self.task.train_flops_per_position() * self.task.positions_per_step()
-        self.ledger = self.task.ledger()  # own + auxiliary FLOPs (bytelm/training/ledger.py)
+        self.ledger = self.task.ledger()  # own + auxiliary FLOPs (bytelm/ledger.py)
         self.info = self._run_info(corpus)
         self.metrics: _Metrics | None = None
         self.segments = eval_slice(corpus, cfg.eval.eval_bytes) if cfg.eval.every else []

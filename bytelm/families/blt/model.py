@@ -58,7 +58,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from bytelm.constants import NUM_BYTE_IDS, PAD_ID
+from bytelm.constants import NUM_BYTE_IDS
 from bytelm.models.attention import attend
 from bytelm.models.cache import KVCache, block_extend, stack_cache, stack_extend
 from bytelm.models.core import (
@@ -187,9 +187,8 @@ class BLT(nnx.Module):
         self.global_norm = None if self.reference else RMSNorm(dg, eps=cfg.norm_eps)  # the reference has none
         self.from_global = param(rngs, (dg, k * dl), ("embed", "mlp"))
         cross = dict(rngs=rngs, dtype=dt, implementation=kernels.attention, norm_eps=cfg.norm_eps)
-        n_enc = (cfg.encoder_layers if cfg.encoder_cross_all_layers else 1) if cfg.cross_attention else 0
-        n_dec = (max(cfg.decoder_layers, 1) if cfg.decoder_cross_all_layers else 1) if cfg.cross_attention else 0
-        self.encoder_cross = nnx.List([PatchCrossAttention(dl, cfg.cross_heads, **cross) for _ in range(max(n_enc, 1 if cfg.cross_attention else 0))])
+        n_enc, n_dec = cfg.cross_layers()
+        self.encoder_cross = nnx.List([PatchCrossAttention(dl, cfg.cross_heads, **cross) for _ in range(n_enc)])
         self.decoder_cross = nnx.List([PatchCrossAttention(dl, cfg.cross_heads, **cross) for _ in range(n_dec)])
         self.decoder = Transformer(dl, cfg.decoder_layers, cfg.local_heads, cfg.local_mlp_dim, **local)
         self.decoder_norm = RMSNorm(dl, eps=cfg.norm_eps)

@@ -1,6 +1,6 @@
 """The compute ledger of a trained model: what it cost to make it, all of it.
 
-A model's **own** FLOPs are its training (analytic, :mod:`bytelm.training.flops`: FLOPs per step x
+A model's **own** FLOPs are its training (analytic, :mod:`bytelm.models.flops` and each family's formula: FLOPs per step x
 steps). Its **auxiliary** FLOPs are what it could not exist without: for an entropy-patched BLT,
 the training of its entropy model and that model's forward pass over every training byte (the
 patches of each batch) and over the calibration sample. **Total** = own + auxiliary, and a
