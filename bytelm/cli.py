@@ -33,7 +33,8 @@ from bytelm.evaluation.report import seconds, terminal_report
 from bytelm.evaluation.results import EvalSet
 from bytelm.experiments.ablate import ablate
 from bytelm.experiments.compare import StageStopped, compare
-from bytelm.patching import EntropyModel, format_patches, patch_text, read_patch_source
+from bytelm.families.blt.source import read_patch_source
+from bytelm.patching import EntropyModel, format_patches, patch_text
 from bytelm.patching.plot import plot_entropies
 from bytelm.progress import ProgressBar
 from bytelm.generate import load_decoder, stream, text_pieces

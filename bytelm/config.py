@@ -23,7 +23,6 @@ import typing
 from pathlib import Path
 from typing import Any
 
-from bytelm.atomic import atomic_write_text
 from bytelm.errors import UserError
 from bytelm.families import config_class
 from bytelm.models.configs import ModelConfig
@@ -438,10 +437,3 @@ def dump_config(cfg: Config) -> str:
         lines.extend(f"{k} = {_toml_value(v)}" for k, v in table.items())
         lines.append("")
     return "\n".join(lines)
-
-
-def save_config(cfg: Config, run_dir: str | Path) -> Path:
-    """Write the resolved config to ``run_dir/config.toml`` atomically."""
-    path = Path(run_dir) / "config.toml"
-    atomic_write_text(path, dump_config(cfg))
-    return path

@@ -21,7 +21,8 @@ from safetensors.numpy import load_file, save_file
 from transformers import BltConfig, BltForCausalLM, LlamaForCausalLM
 
 from bytelm.cli import main
-from bytelm.config import load_config, save_config
+from bytelm.config import dump_config, load_config
+from bytelm.rundir import RunDir
 from bytelm.constants import BOS_ID, BYTE_OFFSET
 from bytelm.errors import UserError
 from bytelm.evaluation.evaluator import evaluate_runs
@@ -270,14 +271,14 @@ def test_bad_folders_are_refused_naming_the_tensor_or_key(tmp_path, capsys):
 ])
 def test_byte_lm_options_llama_lacks_are_refused_before_anything_is_written(tmp_path, option, phrase):
     run = tmp_path / "run"
-    save_config(load_config(None, ["model.family=byte", option]), run)  # refused from its config, before any checkpoint is read
+    RunDir(run).write_config(dump_config(load_config(None, ["model.family=byte", option])))  # refused from its config, before any checkpoint is read
     with pytest.raises(UserError, match=f"cannot be written as LlamaForCausalLM: {re.escape(phrase)}"):
         export_hf(run, tmp_path / "hf")
     assert not (tmp_path / "hf").exists()
     if option.startswith("model.window"):
         return  # the reference's patcher has a sliding window: a BLT's entropy model may keep one
     blt = tmp_path / "blt"  # the same byte LM as a reference BLT's entropy model (the patcher): refused too
-    save_config(load_config(None, ["model.family=blt", "model.variant=reference", f"model.entropy_run={run}"]), blt)
+    RunDir(blt).write_config(dump_config(load_config(None, ["model.family=blt", "model.variant=reference", f"model.entropy_run={run}"])))
     with pytest.raises(UserError, match=f"cannot be written as BltForCausalLM: its entropy model .* has {re.escape(phrase)}"):
         export_hf(blt, tmp_path / "hf")
     assert not (tmp_path / "hf").exists()

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from bytelm import cli
 from bytelm.constants import BOS_ID, BYTE_OFFSET, EOS_ID, PAD_ID
 from bytelm.errors import UserError
+from bytelm.families.blt.source import read_patch_source
 from bytelm.patching import (
     EntropyModel,
     EntropyPatcher,
@@ -25,7 +26,6 @@ from bytelm.patching import (
     format_patches,
     lengths_to_patch_ids,
     mean_patch_length,
-    read_patch_source,
     real_lengths,
     space_starts,
     starts_to_lengths,

@@ -11,7 +11,6 @@ step down per document group. Results on different fingerprints are never put in
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import math
 from collections.abc import Callable, Sequence
@@ -27,6 +26,7 @@ from bytelm.evaluation.external import parse_external_arg, read_external_scores
 from bytelm.evaluation.report import build_report, write_report_json
 from bytelm.evaluation.results import EvalSet, ModelResult
 from bytelm.ledger import Ledger
+from bytelm.rundir import RunDir
 from bytelm.families import STATS_KEY
 from bytelm.training.trainer import restore_trainer
 
@@ -37,23 +37,13 @@ Progress = Callable[[int, int], None]
 
 # -- corpora ---------------------------------------------------------------------------------
 def read_run_json(run_dir: str | Path) -> dict:
-    path = Path(run_dir) / "run.json"
-    if not path.is_file():
-        raise UserError(
-            f"{run_dir} is not a trained run directory (no run.json); train one with 'bytelm train CONFIG --out {run_dir}'"
-        )
-    try:
-        return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise UserError(f"cannot read {path}: {e}; the run directory is damaged, retrain it") from None
+    """A run's record (:class:`~bytelm.rundir.RunDir`); :class:`UserError` when missing or damaged."""
+    return RunDir(run_dir).info()
 
 
 def run_config(run_dir: str | Path, data_spec: str | None = None):
     """The resolved config of a run, with ``data.source`` replaced by ``data_spec`` if given."""
-    path = Path(run_dir) / "config.toml"
-    if not path.is_file():
-        raise UserError(f"{run_dir} is not a run directory (no config.toml); train one with 'bytelm train CONFIG --out {run_dir}'")
-    return load_config(path, [f"data.source={data_spec}"] if data_spec else [])
+    return load_config(RunDir(run_dir).require_config(), [f"data.source={data_spec}"] if data_spec else [])
 
 
 class CorpusCache:

@@ -5,7 +5,6 @@ canvas: no pyplot, no display needed)."""
 from __future__ import annotations
 
 import io
-import json
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -13,20 +12,15 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from bytelm.atomic import atomic_write_bytes
+from bytelm.rundir import RunDir
 
 
 def eval_curve(run_dir: str | Path) -> list[tuple[float, float]]:
     """``(total training FLOPs, BPB)`` of the periodic evaluations in a run's ``metrics.jsonl``: the
     compute ledger's total (own + auxiliary, bytelm/ledger.py), or a run's own FLOPs when
     its metrics predate the ledger."""
-    path = Path(run_dir) / "metrics.jsonl"
-    if not path.is_file():
-        return []
     points = []
-    for line in path.read_text().splitlines():
-        if not line.strip():
-            continue
-        rec = json.loads(line)
+    for rec in RunDir(run_dir).metrics():
         flops = rec.get("flops_total", rec.get("flops"))
         if rec.get("kind") == "eval" and flops and rec.get("bpb") is not None:
             points.append((float(flops), float(rec["bpb"])))

@@ -83,6 +83,7 @@ from bytelm.experiments.compare import (
 )
 from bytelm.experiments.plan import derived_schedule, ngram_overrides, planned_ledger
 from bytelm.experiments.rates import RateSearch, rate_label
+from bytelm.rundir import RunDir
 from bytelm.training import trainer
 from bytelm.ledger import Ledger
 from bytelm.families import Trunk, task_class
@@ -304,11 +305,7 @@ class Run:
         return self.run_dir / "failed.txt"
 
     def finished(self) -> bool:
-        path = self.run_dir / "run.json"
-        if not path.is_file():
-            return False
-        info = json.loads(path.read_text())
-        return info.get("status") == "finished" and info.get("step") == self.steps
+        return RunDir(self.run_dir).finished(self.steps)
 
 
 class AblationStopped(StageStopped):
@@ -720,7 +717,7 @@ class _Ablation:
                 "error": r.error, "validation_bpb": r.validation_bpb, "in_grid": r.in_grid,
             }
             if res is not None:
-                info = _read_json(r.run_dir / "run.json")
+                info = RunDir(r.run_dir).info_or_empty()
                 amortised = None
                 if res.flops_total is not None:
                     parts = res.auxiliary or {}
@@ -749,10 +746,6 @@ class _Ablation:
         report["seed_spread"] = seed_spread(rows)
         report["sentences"] = budget_sentences(report)
         return report
-
-
-def _read_json(path: Path) -> dict:
-    return json.loads(path.read_text()) if path.is_file() else {}
 
 
 def seed_spread(rows: list[dict]) -> dict:

@@ -74,6 +74,7 @@ from bytelm.evaluation.report import (
 from bytelm.evaluation.results import EvalSet, ModelResult
 from bytelm.experiments.plan import ngram_overrides, planned_ledger, schedule_overrides, sweep_steps
 from bytelm.experiments.rates import RateSearch, rate_label
+from bytelm.rundir import RunDir
 from bytelm.training import trainer
 from bytelm.families import ARTEFACT_KINDS, task_class
 
@@ -327,14 +328,12 @@ def model_config(spec: ModelSpec, preset: Preset, *, data_spec: str | None, arte
 
 
 def _run_info(run_dir: Path) -> dict:
-    path = run_dir / "run.json"
-    return json.loads(path.read_text()) if path.is_file() else {}
+    return RunDir(run_dir).info_or_empty()
 
 
 def _run_finished(run_dir: Path, steps: int | None) -> bool:
     """Finished at ``steps`` (None: a time-budgeted run, whose config check already matched the budget)."""
-    info = _run_info(run_dir)
-    return info.get("status") == "finished" and (steps is None or info.get("step") == steps)
+    return RunDir(run_dir).finished(steps)
 
 
 @dataclasses.dataclass(frozen=True)

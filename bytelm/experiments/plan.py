@@ -8,7 +8,6 @@ training.
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
@@ -16,18 +15,17 @@ from bytelm.config import Config
 from bytelm.errors import UserError
 from bytelm.training import trainer
 from bytelm.ledger import Ledger
+from bytelm.rundir import RunDir
 
 NGRAM_FIELDS = ("ngram_sizes", "hash_table_size")  # what ``ngram_from`` copies
 
 
 def planned_ledger(cfg: Config, corpus, run_dir: Path) -> Ledger:
-    """The ledger a run recorded in its ``run.json`` when it started, else its task's (building a
+    """The ledger a run recorded when it started, else its task's (building a
     BLT task restores the entropy model and calibrates, so a re-run reads the record)."""
-    path = run_dir / "run.json"
-    if path.is_file():
-        info = json.loads(path.read_text())
-        if info.get("ledger"):
-            return Ledger.from_record(info["ledger"])
+    info = RunDir(run_dir).info_or_empty()
+    if info.get("ledger"):
+        return Ledger.from_record(info["ledger"])
     return trainer.make_task(cfg, corpus, run_dir).ledger()
 
 

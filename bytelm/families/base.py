@@ -86,13 +86,14 @@ class Task:
 
     def __init__(
         self, cfg, corpus: Corpus | None, run_dir: Path | None = None, *, modules: Mapping[str, nnx.Module] | None = None,
-        records: Mapping[str, dict] | None = None,
+        records: Mapping[str, dict] | None = None, record: Mapping | None = None,
     ):
         self.cfg = cfg
         self.corpus = corpus
         self.run_dir = run_dir
+        self.record = dict(record or {})  # the run's own record when it exists (a resumed or restored run)
         self.modules = dict(modules or {})  # restored run artefacts, by config field
-        self.records = dict(records or {})  # their run.json records (what making them cost), by config field
+        self.records = dict(records or {})  # their run records (what making them cost), by config field
 
     # model
     def build_model(self, rngs: nnx.Rngs) -> nnx.Module:

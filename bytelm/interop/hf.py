@@ -33,10 +33,11 @@ import numpy as np
 from flax import nnx
 
 from bytelm.atomic import atomic_write_text
-from bytelm.config import Config, load_config, save_config
+from bytelm.config import Config, dump_config, load_config
 from bytelm.constants import NUM_BYTE_IDS
 from bytelm.errors import UserError
 from bytelm.interop.safetensors import SafetensorsFolder, write_safetensors
+from bytelm.rundir import RunDir
 from bytelm.training.checkpoint import Checkpointer
 from bytelm.families import task_class
 from bytelm.training.trainer import count_params, restore_model
@@ -441,13 +442,14 @@ def write_run(out: str | os.PathLike, cfg: Config, model: nnx.Module, info: dict
     entropy model), instead of restored from their run directories. Refuses a directory that
     already holds a run."""
     out = Path(out).absolute()
-    if (out / "config.toml").exists() or (out / "checkpoints").exists():
+    files = RunDir(out)
+    if files.started():
         raise UserError(f"{out} already holds a run: choose a new --out (conversion never overwrites a run)")
     task = task_class(cfg.model.family)(cfg, None, None, modules=modules or {})
     params = nnx.state(model, nnx.Param)
     out.mkdir(parents=True, exist_ok=True)
-    save_config(cfg, out)
-    ckpt = Checkpointer(out / "checkpoints", keep=cfg.train.keep_checkpoints)
+    files.write_config(dump_config(cfg))
+    ckpt = Checkpointer(files.checkpoints_path, keep=cfg.train.keep_checkpoints)
     try:
         meta = {"step": 0, "wall_s": 0.0, "train_s": 0.0, "data": {"step": 0, "seed": cfg.train.seed}, "parameters_only": True}
         ckpt.save(0, {"params": params}, meta)
@@ -458,7 +460,7 @@ def write_run(out: str | os.PathLike, cfg: Config, model: nnx.Module, info: dict
         "train_flops_per_position": task.train_flops_per_position(), "bytes_per_position": task.bytes_per_position(),
         "positions_per_step": task.positions_per_step(), **task.run_info(), **info,
     }
-    atomic_write_text(out / "run.json", json.dumps(record, indent=1))
+    files.write_info(record)
     return out
 
 
@@ -482,7 +484,7 @@ def convert_hf_blt(hf_dir: str | os.PathLike, out: str | os.PathLike, *, entropy
     hf_dir, out = Path(hf_dir), Path(out).absolute()
     entropy_out = Path(entropy_out).absolute() if entropy_out else out / "entropy"
     for d in (out, entropy_out):
-        if (d / "config.toml").exists() or (d / "checkpoints").exists():
+        if RunDir(d).started():
             raise UserError(f"{d} already holds a run: choose a new --out (conversion never overwrites a run)")
     config = read_config_json(hf_dir)
     tensors = SafetensorsFolder(hf_dir)
@@ -556,13 +558,6 @@ def _llama_config_json(m) -> dict:
     }
 
 
-def _run_json(run_dir: Path) -> dict:
-    path = run_dir / "run.json"
-    if not path.is_file():
-        raise UserError(f"{run_dir} is not a finished run directory (no run.json)")
-    return json.loads(path.read_text())
-
-
 def _not_in_llama(m, *, sliding_window: bool = False) -> list[str]:
     """What a byte LM's ``[model]`` table holds that a Llama-style decoder (``LlamaForCausalLM``; the
     BLT reference's patcher, which also has a ``sliding_window``) has no equivalent of, one phrase
@@ -585,9 +580,9 @@ def export_hf(run_dir: str | os.PathLike, out: str | os.PathLike, progress: Call
     run_dir, out = Path(run_dir), Path(out)
     if (out / CONFIG_FILE).exists():
         raise UserError(f"{out} already holds a {CONFIG_FILE}: choose a new --out")
-    cfg = load_config(run_dir / "config.toml") if (run_dir / "config.toml").is_file() else None
-    if cfg is None or cfg.model is None:
-        raise UserError(f"{run_dir} is not a run directory (no config.toml with a [model] table)")
+    cfg = load_config(RunDir(run_dir).require_config())
+    if cfg.model is None:
+        raise UserError(f"{run_dir} is not a run directory (its config has no [model] table)")
     m = cfg.model
     meta = {"format": "pt", "bytelm_run": str(run_dir.absolute())}
     if m.family == "byte":
@@ -606,14 +601,14 @@ def export_hf(run_dir: str | os.PathLike, out: str | os.PathLike, progress: Call
         if problems:
             raise UserError(f"{run_dir} cannot be written as BltForCausalLM: " + "; ".join(problems))
         entropy_dir = Path(m.entropy_run)
-        entropy_cfg = load_config(entropy_dir / "config.toml").model
+        entropy_cfg = load_config(RunDir(entropy_dir).require_config()).model
         if unmatched := _not_in_llama(entropy_cfg, sliding_window=True):  # (from the configs, before any checkpoint is read)
             raise UserError(
                 f"{run_dir} cannot be written as BltForCausalLM: its entropy model {entropy_dir} has " + "; ".join(unmatched)
                 + ", which the reference's patcher (a Llama-style byte LM) has not"
             )
         model = restore_model(run_dir)
-        info = _run_json(run_dir)
+        info = RunDir(run_dir).info(what="a finished run directory")
         threshold = (info.get("patching") or {}).get("threshold") or m.threshold
         tensors = export_entries(model, blt_entries(m), _stage(progress, "gather the BLT"))
         patcher = decoder_lm_entries(entropy_cfg, "model.patcher.", PATCHER_HEAD, rope_perm=True)

@@ -30,14 +30,13 @@ from bytelm.patching.patchers import (
     static_starts,
     valid_mask,
 )
-from bytelm.patching.show import PatchedText, PatchSource, format_patches, patch_text, read_patch_source, text_ids
+from bytelm.patching.show import PatchedText, format_patches, patch_text, text_ids
 
 __all__ = [
     "EntropyModel",
     "EntropyPatcher",
     "PatchLayout",
     "PatchOverflowError",
-    "PatchSource",
     "SpacePatcher",
     "PatchedText",
     "apply_max_len",
@@ -50,7 +49,6 @@ __all__ = [
     "params_fingerprint",
     "patch_counts",
     "patch_text",
-    "read_patch_source",
     "real_lengths",
     "space_like",
     "space_starts",

@@ -34,11 +34,12 @@ import numpy as np
 from flax import nnx
 
 from bytelm.atomic import atomic_write_text
-from bytelm.config import Config, TrainConfig, config_to_dict, load_config, save_config
+from bytelm.config import Config, TrainConfig, config_to_dict, dump_config, load_config
 from bytelm.data import load_corpus_from_config
 from bytelm.errors import UserError
 from bytelm.bpb import LN2, score_segments
 from bytelm.models.core import is_hashed_ngram_table, is_lookup_table
+from bytelm.rundir import RunDir
 from bytelm.training.checkpoint import Checkpointer
 from bytelm.training.distributed import barrier, gather_rows, is_primary
 from bytelm.training.peak import measure_matmul_peak
@@ -101,13 +102,13 @@ def count_params(state: nnx.State) -> dict:
 
 def check_run_config(run_dir: Path, cfg: Config) -> None:
     """Refuse to resume a run directory whose recorded config disagrees with ``cfg``."""
-    path = run_dir / "config.toml"
-    if not path.is_file():
+    rd = RunDir(run_dir)
+    if not rd.has_config():
         return
     try:
-        old = config_to_dict(load_config(path))
+        old = config_to_dict(load_config(rd.config_path))
     except UserError as e:
-        raise UserError(f"the run directory {run_dir} has an unreadable config.toml ({e}); use a new --out") from None
+        raise UserError(f"the run directory {run_dir} has an unreadable config ({e}); use a new --out") from None
     new = config_to_dict(cfg)
     diffs = []
     for section in sorted(set(old) | set(new)):
@@ -140,10 +141,7 @@ def default_mesh(cfg: Config):
 
 def check_fingerprints(run_dir: Path, task: Task) -> None:
     """The artefacts a run depends on (tokenizer, entropy model) must be the ones it was trained with."""
-    path = run_dir / "run.json"
-    if not path.is_file():
-        return
-    recorded = json.loads(path.read_text())
+    recorded = RunDir(run_dir).info_or_empty()
     for what, (value, where) in task.fingerprints().items():
         key = f"{what}_fingerprint"
         if key in recorded and recorded[key] != value:
@@ -175,17 +173,17 @@ class _SignalFlag:
 
 
 class _Metrics:
-    """Appends JSON lines to ``metrics.jsonl``; on resume, drops lines past the restored step.
-    Only the primary process writes (the others' records are the same numbers)."""
+    """Appends JSON lines to the run's ``metrics.jsonl``; on resume, drops records past the restored
+    step (and a torn last line). Only the primary process writes (the others' records are the same numbers)."""
 
-    def __init__(self, path: Path, resume_step: int):
-        self.path = path
+    def __init__(self, files: RunDir, resume_step: int):
         self.file = None
         if not is_primary():
             return
+        path = files.metrics_path
         if path.exists():
-            kept = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line)["step"] <= resume_step]
-            atomic_write_text(path, "".join(k + "\n" for k in kept))
+            kept = [r for r in files.metrics() if r.get("step", 0) <= resume_step]
+            atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in kept))
         self.file = open(path, "a")
 
     def write(self, record: dict) -> None:
@@ -476,10 +474,9 @@ class Trainer:
 
 
 def _finished_result(run_dir: Path, cfg: Config) -> TrainResult | None:
-    path = run_dir / "run.json"
-    if not path.is_file():
+    run = RunDir(run_dir).info_or_empty()
+    if not run:
         return None
-    run = json.loads(path.read_text())
     if run.get("status") != "finished" or (run.get("step") != cfg.train.steps and not cfg.train.time_budget_s):
         return None  # (a time-budgeted run's config matches the finished one: check_run_config)
     return TrainResult(run_dir, run["step"], run.get("final_loss", float("nan")), run.get("final_eval_bpb"), train_s=run.get("train_s"))
@@ -496,7 +493,8 @@ def make_task(cfg: Config, corpus, run_dir: Path | None = None) -> Task:
         kind = ARTEFACT_KINDS[kind_name]
         if kind.run_family is not None:
             modules[field], records[field] = _restore_artefact_run(getattr(cfg.model, field), field, kind)
-    return cls(cfg, corpus, run_dir, modules=modules, records=records)
+    record = RunDir(run_dir).info_or_empty() if run_dir is not None else {}
+    return cls(cfg, corpus, run_dir, modules=modules, records=records, record=record)
 
 
 def _restore_artefact_run(value: str, field: str, kind) -> tuple[nnx.Module, dict]:
@@ -506,10 +504,7 @@ def _restore_artefact_run(value: str, field: str, kind) -> tuple[nnx.Module, dic
             f"model.{field} is empty: point it at the run directory of the {kind.noun} (train one with '{kind.made_by}')"
         )
     run_dir = Path(value)
-    run_json = run_dir / "run.json"
-    if not run_json.is_file():
-        raise UserError(f"model.{field} {run_dir} is not a finished run directory (no run.json); train the {kind.noun} first")
-    record = json.loads(run_json.read_text())
+    record = RunDir(run_dir).info(what="a finished run directory", how=f"train the {kind.noun} first ({kind.made_by})")
     family = record.get("family")
     if family != kind.run_family:
         raise UserError(
@@ -539,9 +534,7 @@ def restore_model(run_dir: str | Path, *, step: int | None = None) -> nnx.Module
 
 
 def _run_config(run_dir: str | Path) -> Config:
-    if not (Path(run_dir) / "config.toml").is_file():
-        raise UserError(f"{run_dir} is not a run directory (no config.toml); train one with 'bytelm train CONFIG --out {run_dir}'")
-    return load_config(Path(run_dir) / "config.toml")
+    return load_config(RunDir(run_dir).require_config())
 
 
 def _restore(run_dir: Path, cfg: Config, corpus, step: int | None) -> Trainer:
@@ -549,7 +542,7 @@ def _restore(run_dir: Path, cfg: Config, corpus, step: int | None) -> Trainer:
     check_fingerprints(run_dir, task)
     trainer = Trainer(cfg, task, mesh=_restore_mesh(cfg, run_dir), init=False)
     trainer.ema = None  # the average, if any, is read into params: it is the model
-    ckpt = Checkpointer(run_dir / "checkpoints", keep=cfg.train.keep_checkpoints)
+    ckpt = Checkpointer(RunDir(run_dir).checkpoints_path, keep=cfg.train.keep_checkpoints)
     try:
         step = ckpt.latest_step() if step is None else step
         if step is None:
@@ -682,7 +675,8 @@ class _Run:
 
     def __init__(self, cfg: Config, run_dir: Path, trainer: Trainer, corpus):
         self.cfg, self.run_dir, self.trainer, self.task = cfg, run_dir, trainer, trainer.task
-        self.ckpt = Checkpointer(run_dir / "checkpoints", keep=cfg.train.keep_checkpoints)
+        self.files = RunDir(run_dir)
+        self.ckpt = Checkpointer(self.files.checkpoints_path, keep=cfg.train.keep_checkpoints)
         self.wall0, self.train_s0, self.horizon0 = 0.0, 0.0, None
         self.stats_run: dict[str, int] = {}  # the batches' host-side counts over the whole run (kept in checkpoints)
         self.last_good_step = self.ckpt.latest_step()
@@ -749,7 +743,7 @@ class _Run:
         if not is_primary():
             return
         record = {**self.info, "status": status, "step": self.trainer.step, **self.task.stats_record(self.stats_run), **extra}
-        atomic_write_text(self.run_dir / "run.json", json.dumps(record, indent=1))
+        self.files.write_info(record)
 
     def save(self, step: int) -> None:
         meta = {
@@ -814,7 +808,7 @@ class _Run:
         this invocation), logging, evaluating and checkpointing on their schedules."""
         cfg, trainer, tcfg, clock = self.cfg, self.trainer, self.cfg.train, self.clock
         self.write_status("running")
-        self.metrics = _Metrics(self.run_dir / "metrics.jsonl", trainer.step)
+        self.metrics = _Metrics(self.files, trainer.step)
         batches = self.task.train_batches(trainer.step, jax.process_index(), jax.process_count())
         t_log, steps_since_log, steps_this_run = time.perf_counter(), 0, 0
         pending: tuple[int, dict] | None = None  # the step whose loss has not been read yet, and its metrics
@@ -829,7 +823,7 @@ class _Run:
                 self.write_status("diverged", diverged_at_step=step, last_good_checkpoint=self.last_good_step)
                 raise TrainingDiverged(
                     f"loss became {loss} at step {step}; the last good checkpoint "
-                    f"(step {self.last_good_step}) is kept in {self.run_dir / 'checkpoints'}. Lower train.learning_rate or "
+                    f"(step {self.last_good_step}) is kept in {self.files.checkpoints_path}. Lower train.learning_rate or "
                     "raise train.warmup_steps, then resume or start a new run."
                 )
             self.last_loss = loss
@@ -920,7 +914,7 @@ def train(
             "with gcsfuse, and give the mounted path: every host must see the same directory)"
         )
     run_dir = Path(run_dir)
-    if (run_dir / "run.json").is_file() and "converted_from" in json.loads((run_dir / "run.json").read_text()):
+    if RunDir(run_dir).converted():
         raise UserError(
             f"{run_dir} holds a converted checkpoint (parameters only, no optimizer state): training does not resume "
             "from it; train into a new --out"
@@ -931,7 +925,7 @@ def train(
     if finished is not None:  # nothing left to do: leave the run as it is
         return finished
     if is_primary():
-        save_config(cfg, run_dir)
+        RunDir(run_dir).write_config(dump_config(cfg))
     corpus = corpus if corpus is not None else load_corpus_from_config(cfg.data)
     task = make_task(cfg, corpus, run_dir)
     check_fingerprints(run_dir, task)

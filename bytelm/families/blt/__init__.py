@@ -7,7 +7,6 @@ a calibrated threshold; its compute ledger carries its entropy model."""
 from __future__ import annotations
 
 import functools
-import json
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -48,8 +47,8 @@ class BLTTask(ByteTask):
     def artefacts_of(cls, model_cfg) -> Mapping[str, str]:
         return {} if model_cfg.patching == "space" else cls.artefacts
 
-    def __init__(self, cfg, corpus, run_dir=None, *, modules=None, records=None):
-        super().__init__(cfg, corpus, run_dir, modules=modules, records=records)
+    def __init__(self, cfg, corpus, run_dir=None, *, modules=None, records=None, record=None):
+        super().__init__(cfg, corpus, run_dir, modules=modules, records=records, record=record)
         self.max_patches = cfg.model.patches_for(cfg.train.seq_len)
         self.space = cfg.model.patching == "space"
         if self.space:
@@ -78,9 +77,7 @@ class BLTTask(ByteTask):
         Space patching has no threshold; its mean length is measured on the same training windows."""
         m = self.cfg.model
         mono = m.monotonic_threshold or None
-        recorded = {}
-        if self.run_dir is not None and (Path(self.run_dir) / "run.json").is_file():
-            recorded = json.loads((Path(self.run_dir) / "run.json").read_text()).get("patching") or {}
+        recorded = self.record.get("patching") or {}
         if self.space:
             patcher = SpacePatcher(m.max_patch_len)
             if recorded.get("achieved_mean_patch_len") or self.corpus is None:
@@ -93,7 +90,7 @@ class BLTTask(ByteTask):
             patcher, achieved = EntropyPatcher(self.entropy_model, m.threshold, mono, m.max_patch_len), None
         elif self.corpus is None:
             raise UserError(
-                f"the BLT run {self.run_dir} records no patching threshold (run.json 'patching') and model.threshold is 0, "
+                f"the BLT run {self.run_dir} records no patching threshold (its run record's 'patching') and model.threshold is 0, "
                 "so the threshold would be calibrated on the training corpus, which was not loaded: set model.threshold "
                 "or restore the run with its corpus"
             )

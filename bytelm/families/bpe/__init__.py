@@ -40,8 +40,8 @@ class TokenTask(Task):
     def sized(cls, model_cfg, trunk: Trunk, changes):
         return ByteTask.sized(model_cfg, trunk, changes)  # the byte LM's transformer over token ids
 
-    def __init__(self, cfg, corpus, run_dir=None, *, modules=None, records=None):
-        super().__init__(cfg, corpus, run_dir, modules=modules, records=records)
+    def __init__(self, cfg, corpus, run_dir=None, *, modules=None, records=None, record=None):
+        super().__init__(cfg, corpus, run_dir, modules=modules, records=records, record=record)
         if not cfg.model.tokenizer:
             raise UserError(
                 "model.tokenizer is empty: point it at a tokenizer directory (bytelm tokenizer train --out DIR)"

@@ -33,8 +33,8 @@ class MegaByteTask(ByteTask):
             raise UserError(f"the size rule's width {trunk.main.d_model} is not divisible by model.patch_size {P} (embed_dim = width / P)")
         return with_stacks(model_cfg, {"global_": trunk.main, "local_": trunk.local}, **{"embed_dim": trunk.main.d_model // P, **changes})
 
-    def __init__(self, cfg, corpus, run_dir=None, *, modules=None, records=None):
-        super().__init__(cfg, corpus, run_dir, modules=modules, records=records)
+    def __init__(self, cfg, corpus, run_dir=None, *, modules=None, records=None, record=None):
+        super().__init__(cfg, corpus, run_dir, modules=modules, records=records, record=record)
         cfg.model.padded_length(cfg.train.seq_len + 1, what="a window (the BOS and train.seq_len bytes) of")
 
     def build_model(self, rngs: nnx.Rngs) -> nnx.Module:
