@@ -23,7 +23,7 @@ import shutil
 from pathlib import Path
 
 from bytelm.evaluation.evaluator import evaluate_runs
-from bytelm.experiments.compare import ModelSpec, compare, load_preset
+from bytelm.experiments.compare import compare, load_preset
 from bytelm.training.host import configure_cpu_devices
 
 VARIANTS = {"blt_no_ngrams": ("model.ngram_sizes=",), "blt_p6": ("model.target_patch_len=6.0",)}
@@ -42,9 +42,9 @@ def main() -> None:
     preset = dataclasses.replace(preset, overrides=(*preset.overrides, *args.overrides))
     compare(preset, out, data_spec=args.data, note=print)
 
-    blt = next(m for m in preset.models if m.name == "blt")
-    extra = tuple(ModelSpec(name, blt.config, blt.role, blt.flop_budget, (*blt.overrides, *sets)) for name, sets in VARIANTS.items())
-    report = compare(dataclasses.replace(preset, models=(*preset.models, *extra)), out, data_spec=args.data, note=print).report
+    blt = next(m for m in preset.members if m.name == "blt")
+    extra = tuple(dataclasses.replace(blt, name=name, overrides=(*blt.overrides, *sets)) for name, sets in VARIANTS.items())
+    report = compare(dataclasses.replace(preset, members=(*preset.members, *extra)), out, data_spec=args.data, note=print).report
 
     zeroed = out / "runs" / "blt_global_zeroed"
     if zeroed.exists():

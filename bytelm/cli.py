@@ -32,7 +32,8 @@ from bytelm.interop.hf import convert_hf_blt, export_hf
 from bytelm.evaluation.report import seconds, terminal_report
 from bytelm.evaluation.results import EvalSet
 from bytelm.experiments.ablate import ablate
-from bytelm.experiments.compare import StageStopped, compare
+from bytelm.experiments.compare import compare
+from bytelm.experiments.runner import StageStopped
 from bytelm.families.blt.source import read_patch_source
 from bytelm.patching import EntropyModel, format_patches, patch_text
 from bytelm.patching.plot import plot_entropies

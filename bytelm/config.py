@@ -334,7 +334,12 @@ def _unknown_key(key: str, valid: list[str]) -> UserError:
     return UserError(f"unknown key '{key}'{hint}")
 
 
-def _build_section(section: str, cls: type, raw: Any) -> Any:
+def build_section(section: str, cls: type, raw: Any) -> Any:
+    """The frozen dataclass ``cls`` from a TOML table ``raw`` (or ``--set`` strings in it): every key
+    checked (an unknown one names the closest valid key), every value typed by the field's annotation
+    (a field typed ``Any`` takes the value as it is), required fields (no default) demanded, and the
+    class's own invariants (``__post_init__``'s ``ValueError``) reported as :class:`UserError`. Config
+    files, compare presets and ablation grids are all read through it."""
     if not isinstance(raw, dict):
         raise UserError(f"'{section}' must be a table ([{section}]), got {raw!r}")
     hints = typing.get_type_hints(cls)
@@ -343,11 +348,38 @@ def _build_section(section: str, cls: type, raw: Any) -> Any:
     for key, value in raw.items():
         if key not in fields:
             raise _unknown_key(f"{section}.{key}", list(fields))
-        kwargs[key] = _convert(f"{section}.{key}", value, hints[key])
+        kwargs[key] = value if hints[key] is Any else _convert(f"{section}.{key}", value, hints[key])
+    missing = [name for name, f in fields.items() if name not in kwargs and f.default is dataclasses.MISSING
+               and f.default_factory is dataclasses.MISSING]
+    if missing:
+        raise UserError(f"[{section}] needs {', '.join(missing)}")
     try:
         return cls(**kwargs)
     except ValueError as e:
         raise UserError(f"invalid [{section}] config: {e}") from None
+
+
+def with_values(cfg: Config, values: dict) -> Config:
+    """``cfg`` with ``{"section.key": value}`` set (values typed like the fields; each section rebuilt
+    with ``dataclasses.replace``, so its invariants are checked): how the library changes a config,
+    where a person would type ``--set``."""
+    by_section: dict[str, dict] = {}
+    for key, value in values.items():
+        section, _, name = key.partition(".")
+        if section not in ("data", "model", "train", "eval") or not name:
+            raise UserError(f"{key!r} is not a config key (section.key, section one of data, model, train, eval)")
+        by_section.setdefault(section, {})[name] = value
+    changes = {}
+    for section, fields in by_section.items():
+        current = getattr(cfg, section)
+        if current is None:
+            raise UserError(f"the config has no [{section}] table to set {', '.join(f'{section}.{k}' for k in fields)} in")
+        typed = typed_fields(type(current), {k: (str(v) if isinstance(v, Path) else v) for k, v in fields.items()}, section=section)
+        try:
+            changes[section] = dataclasses.replace(current, **typed)
+        except ValueError as e:
+            raise UserError(f"invalid [{section}] config: {e}") from None
+    return dataclasses.replace(cfg, **changes)
 
 
 def typed_fields(cls: type, values: dict, *, section: str = "model") -> dict:
@@ -387,13 +419,13 @@ def build_config(raw: dict) -> Config:
     for key in raw:
         if key not in valid_sections:
             raise _unknown_key(key, valid_sections)
-    sections = {name: _build_section(name, cls, raw.get(name, {})) for name, cls in _SECTIONS.items()}
+    sections = {name: build_section(name, cls, raw.get(name, {})) for name, cls in _SECTIONS.items()}
     model = None
     if "model" in raw:
         model_raw = raw["model"]
         if not isinstance(model_raw, dict):
             raise UserError(f"'model' must be a table ([model]), got {model_raw!r}")
-        model = _build_section("model", config_class(str(model_raw.get("family", ""))), model_raw)
+        model = build_section("model", config_class(str(model_raw.get("family", ""))), model_raw)
     return Config(model=model, **sections)
 
 

@@ -11,7 +11,9 @@ import pytest
 from bytelm import cli
 from bytelm.config import load_config, shipped_configs
 from bytelm.errors import UserError
-from bytelm.experiments.ablate import GRID_DIR, SizeRule, load_grid
+from bytelm.experiments.ablate import GRID_DIR, load_grid
+from bytelm.experiments.runner import StageStopped
+from bytelm.experiments.spec import SizeRule
 
 from conftest import word_corpus
 
@@ -84,7 +86,7 @@ def check_outputs_and_the_broken_cell(grid_run):
     assert len(report["budgets"]) == 2 and report["budgets"][1] == 4 * report["budgets"][0]
     for b in range(2):
         rows = cells(report, b)
-        expected = sum(len(f.cells()) for f in grid.families)
+        expected = sum(len(f.cells()) for f in grid.members)
         assert len(rows) == expected
         broken = [r for r in rows if r["family"] == "broken"]
         assert [r["status"] for r in broken] == ["failed"] and "patch_size 3" in broken[0]["error"]
@@ -209,8 +211,8 @@ def test_shipped_grids_load_and_their_sizes_follow_the_rule():
     for name in ("micro", "tiny", "small", "base"):
         grid = load_grid(name)
         assert len(grid.budgets) >= 2 and grid.budgets[-1] >= 4 * grid.budgets[0]
-        assert {load_config(f.config).model.family for f in grid.families} == {"byte", "megabyte", "blt", "bpe"}
-        assert any(f.ngram_from == "blt" for f in grid.families)  # a byte LM with BLT's n-gram tables
+        assert {load_config(f.config).model.family for f in grid.members} == {"byte", "megabyte", "blt", "bpe"}
+        assert any(f.ngram_from == "blt" for f in grid.members)  # a byte LM with BLT's n-gram tables
         assert grid.entropy_budget <= 0.25 * grid.budgets[0]  # every BLT cell can pay for its entropy model
         d_prev = 0
         for b in grid.budgets:
@@ -264,7 +266,7 @@ def test_an_interrupted_run_resumes_and_a_failed_one_is_not_retried(tmp_path, mo
 
     monkeypatch.setattr(trainer_mod, "train", interrupted)
     data = f"files:{word_corpus(tmp_path / 'corpus', words_per_doc=200, two_dirs=True)}"
-    with pytest.raises(ab.AblationStopped, match="stopped at step 6"):
+    with pytest.raises(StageStopped, match="stopped at step 6"):
         ab.ablate(str(grid), out, data_spec=data)
     report = ab.ablate(str(grid), out, data_spec=data).report
     first = calls[0]

@@ -1,5 +1,6 @@
 """`bytelm compare`: the micro preset end to end, matched budgets, resumption, presets."""
 
+import dataclasses
 import json
 import math
 
@@ -9,6 +10,7 @@ import pytest
 from bytelm import cli
 from bytelm.errors import UserError
 from bytelm.experiments.compare import load_preset
+from bytelm.experiments.runner import StageStopped
 from bytelm.evaluation.report import REPORT_SCHEMA, schema_errors
 
 from conftest import word_corpus
@@ -37,7 +39,7 @@ def test_compare_test_preset_end_to_end_and_resume(corpus_dir, tmp_path, capsys)
         assert m["bpb"] is not None and math.isfinite(m["bpb"]) and 0 < m["bpb"] < 9, m
         assert m["fingerprint"] == report["fingerprint"] and m["bytes"] == report["data"]["eval_bytes"]
         plan = report["compare"]["models"][m["name"]]
-        budget = preset.flop_budget if m["name"] != "entropy" else 1.0e9
+        budget = preset.budgets[0] if m["name"] != "entropy" else 1.0e9
         # matched budget: the run's total FLOPs (own + auxiliary) are the budget, up to rounding to whole steps
         per_step = plan["flops_per_step"] + plan["auxiliary_flops_per_step"]
         assert abs(m["flops_total"] - budget) <= per_step / 2 + 1e-6 * budget, (m["name"], m["flops_total"])
@@ -50,7 +52,7 @@ def test_compare_test_preset_end_to_end_and_resume(corpus_dir, tmp_path, capsys)
     per_window = blt["entropy_inference_flops_per_byte"] * 65  # the entropy model over a BLT window
     assert aux["entropy model forward over the training bytes"] == pytest.approx(per_window * 8 * blt["step"])
     assert aux["entropy model forward over the calibration sample"] == pytest.approx(per_window * 64)
-    assert blt["flops_auxiliary"] == pytest.approx(sum(aux.values())) and blt["flops"] < 0.9 * preset.flop_budget
+    assert blt["flops_auxiliary"] == pytest.approx(sum(aux.values())) and blt["flops"] < 0.9 * preset.budgets[0]
     assert all(not models[n]["flops_auxiliary"] for n in ("bpe", "byte", "byte+ngram", "megabyte", "entropy"))
     # the byte LM with BLT's n-gram tables: 3 tables (n = 3, 4, 5) of 512 rows at its width 32 (BLT's: local width 32)
     assert models["byte+ngram"]["params"]["ngram"] == 3 * 512 * 32 == blt["params"]["ngram"]
@@ -104,7 +106,7 @@ def test_compare_resumes_an_interrupted_training(corpus_dir, tmp_path, monkeypat
     from bytelm.training import trainer as trainer_mod  # noqa: PLC0415
 
     preset = load_preset("test")
-    preset = cmp.Preset(**{**preset.__dict__, "models": tuple(m for m in preset.models if m.name == "byte")})
+    preset = dataclasses.replace(preset, members=tuple(m for m in preset.members if m.name == "byte"))
     out = tmp_path / "cmp"
     real_train = trainer_mod.train
     calls = []
@@ -114,7 +116,7 @@ def test_compare_resumes_an_interrupted_training(corpus_dir, tmp_path, monkeypat
         return real_train(cfg, run_dir, stop_after=3 if len(calls) == 1 else None, **kw)
 
     monkeypatch.setattr(trainer_mod, "train", interrupted)
-    with pytest.raises(cmp.CompareStopped, match="stopped at step 3"):
+    with pytest.raises(StageStopped, match="stopped at step 3"):
         cmp.compare(preset, out, data_spec=f"files:{corpus_dir}")
     assert not (out / "report.json").exists()
     result = cmp.compare(preset, out, data_spec=f"files:{corpus_dir}")
@@ -128,9 +130,10 @@ def test_compare_resumes_an_interrupted_training(corpus_dir, tmp_path, monkeypat
 
 def test_presets_load_and_bad_presets_fail(tmp_path):
     tiny = load_preset("tiny")
-    assert {m.name for m in tiny.models} == {"entropy", "bpe", "byte", "byte+ngram", "megabyte", "blt"}
-    assert next(m for m in tiny.models if m.name == "byte+ngram").ngram_from == "blt"
-    assert tiny.entropy_model.name == "entropy" and tiny.flop_budget > 0
+    assert {m.name for m in tiny.members} == {"bpe", "byte", "byte+ngram", "megabyte", "blt"}
+    assert next(m for m in tiny.members if m.name == "byte+ngram").ngram_from == "blt"
+    assert tiny.entropy_model.name == "entropy" and tiny.budgets[0] > 0 and tiny.budgets == (2.5e12,)
+    assert tiny.entropy_budget == 1e12 and tiny.extra_seeds == 0 and tiny.sweep_fraction == 0.25 and tiny.size is None
     with pytest.raises(UserError, match="no compare preset"):
         load_preset("nope")
     bad = tmp_path / "bad.toml"
@@ -157,14 +160,15 @@ def test_compare_with_a_unigram_tokenizer_records_its_kind_and_rule(corpus_dir, 
     from bytelm.experiments import compare as cmp  # noqa: PLC0415
 
     preset = load_preset("test")
-    preset = cmp.Preset(**{**preset.__dict__, "models": tuple(m for m in preset.models if m.name == "bpe"), "tokenizer_kind": "unigram"})
+    preset = dataclasses.replace(preset, members=tuple(m for m in preset.members if m.name == "bpe"),
+                                 tokenizer={**preset.tokenizer, "tokenizer.kind": "unigram"})
     out = tmp_path / "cmp"
     result = cmp.compare(preset, out, data_spec=f"files:{corpus_dir}")
     assert result.report["compare"]["tokenizer"]["kind"] == "unigram" and result.report["compare"]["tokenizer"]["encoder"] == "viterbi"
     info = json.loads((out / "runs" / "bpe" / "run.json").read_text())
     assert (info["tokenizer_kind"], info["tokenizer_encoder"]) == ("unigram", "viterbi")
     assert "Tokenizer: unigram" in result.report_md.read_text()
-    other = cmp.Preset(**{**preset.__dict__, "tokenizer_kind": "bpe"})
+    other = dataclasses.replace(preset, tokenizer={**preset.tokenizer, "tokenizer.kind": "bpe"})
     with pytest.raises(UserError, match="holds a unigram tokenizer"):
         cmp.compare(other, out, data_spec=f"files:{corpus_dir}")
 
@@ -175,10 +179,10 @@ def test_compare_chooses_each_models_learning_rate_on_the_validation_split(corpu
     from bytelm.experiments import compare as cmp  # noqa: PLC0415
 
     preset = load_preset("test")
-    preset = cmp.Preset(**{
-        **preset.__dict__, "models": tuple(m for m in preset.models if m.name == "byte"),
-        "overrides": (*preset.overrides, "data.validation_fraction=0.1"), "learning_rates": (1e-3, 1e-2), "sweep_fraction": 0.5,
-    })
+    preset = dataclasses.replace(
+        preset, members=tuple(m for m in preset.members if m.name == "byte"),
+        overrides=(*preset.overrides, "data.validation_fraction=0.1"), learning_rates=(1e-3, 1e-2), sweep_fraction=0.5,
+    )
     out = tmp_path / "cmp"
     result = cmp.compare(preset, out, data_spec=f"files:{corpus_dir}")
     for name in ("byte",):
@@ -201,7 +205,7 @@ def test_compare_chooses_each_models_learning_rate_on_the_validation_split(corpu
         row = next(m for m in result.report["models"] if m["name"] == name)
         assert row["bpb"] not in scores.values()  # the held-out score is not the validation one
     assert "validation BPB" in result.report_md.read_text() or "validation split" in result.report_md.read_text()
-    bad = cmp.Preset(**{**preset.__dict__, "overrides": tuple(o for o in preset.overrides if "validation" not in o)})
+    bad = dataclasses.replace(preset, overrides=tuple(o for o in preset.overrides if "validation" not in o))
     with pytest.raises(UserError, match="validation_fraction"):
         cmp.compare(bad, tmp_path / "bad", data_spec=f"files:{corpus_dir}")
 
@@ -213,7 +217,7 @@ def test_compare_seeds_give_each_model_a_mean_and_a_spread(corpus_dir, tmp_path,
     from bytelm.experiments import compare as cmp  # noqa: PLC0415
 
     preset = load_preset("test")
-    preset = cmp.Preset(**{**preset.__dict__, "models": tuple(m for m in preset.models if m.name in ("byte", "megabyte"))})
+    preset = dataclasses.replace(preset, members=tuple(m for m in preset.members if m.name in ("byte", "megabyte")))
     out = tmp_path / "cmp"
     result = cmp.compare(preset, out, data_spec=f"files:{corpus_dir}", seeds=2)
     seeds = result.report["compare"]["seeds"]
