@@ -35,7 +35,7 @@ from transformers import BltConfig, BltForCausalLM
 
 from bytelm.constants import BOS_ID, BYTE_OFFSET
 from bytelm.interop.hf import convert_hf_blt
-from bytelm.training.trainer import restore_trainer
+from bytelm.training.restore import restore_trainer
 
 
 def build_reference(folder: Path, ids: np.ndarray, layers: int, width: int, seed: int) -> BltForCausalLM:

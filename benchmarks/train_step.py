@@ -64,7 +64,7 @@ def jax_setup(model_overrides: list[str], batch: int, seq_len: int):
 
     from bytelm.config import load_config
     from bytelm.training.optim import schedule_plan
-    from bytelm.training.trainer import make_task
+    from bytelm.training.restore import make_task
     from bytelm.training.trainer import Trainer
 
     cfg = load_config(

@@ -42,7 +42,9 @@ from bytelm.generate import load_decoder, stream, text_pieces
 from bytelm.sampling.sampler import SamplingOptions
 from bytelm.training import distributed
 from bytelm.training.host import configure_cpu_devices
-from bytelm.training.trainer import TrainingDiverged, restore_model, train
+from bytelm.training.loop import train
+from bytelm.training.restore import restore_model
+from bytelm.training.trainer import TrainingDiverged
 
 EXIT_USER_ERROR = 2
 

@@ -20,7 +20,7 @@ from bytelm.constants import EOS_ID
 from bytelm.errors import UserError
 from bytelm.sampling.decoders import Decoder
 from bytelm.sampling.sampler import SamplingOptions, choose
-from bytelm.training.trainer import restore_trainer
+from bytelm.training.restore import restore_trainer
 
 
 def load_decoder(run_dir: str | Path, *, step: int | None = None) -> Decoder:

@@ -249,7 +249,7 @@ def test_an_interrupted_run_resumes_and_a_failed_one_is_not_retried(tmp_path, mo
     """A run stopped mid-way (Ctrl-C) stops the grid with its checkpoint saved; the same command
     continues it from there. A run whose training failed is recorded and reported, not retried."""
     from bytelm.experiments import ablate as ab  # noqa: PLC0415
-    from bytelm.training import trainer as trainer_mod  # noqa: PLC0415
+    from bytelm.training import loop as trainer_mod  # noqa: PLC0415
 
     grid = micro_grid(tmp_path, families={"byte"})
     out = tmp_path / "out"

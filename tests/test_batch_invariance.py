@@ -16,8 +16,9 @@ import pytest
 from bytelm.baselines.bpe import train_bpe_on_corpus
 from bytelm.config import load_config
 from bytelm.data import load_corpus_from_config
-from bytelm.training.trainer import make_task
-from bytelm.training.trainer import Trainer, train
+from bytelm.training.restore import make_task
+from bytelm.training.loop import train
+from bytelm.training.trainer import Trainer
 
 from conftest import word_corpus
 

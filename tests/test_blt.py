@@ -225,7 +225,7 @@ def test_bad_config():
 # -- training task ------------------------------------------------------------------------
 from test_training import corpus_dir, metrics, tiny_overrides  # noqa: E402, F401  (module fixture)
 
-from bytelm.training.trainer import train  # noqa: E402
+from bytelm.training.loop import train  # noqa: E402
 
 _LM_KEYS = ("model.d_model", "model.n_layers", "model.n_heads", "model.mlp_dim", "model.window")
 
@@ -265,7 +265,7 @@ GOLDEN_BLT_LOSSES = [5.95986, 5.22011]
 
 def test_missing_and_mismatched_entropy_run(corpus_dir, entropy_run, tmp_path):  # noqa: F811
     from bytelm.data import load_corpus
-    from bytelm.training.trainer import make_task
+    from bytelm.training.restore import make_task
 
     corpus = load_corpus(f"files:{corpus_dir}")
     with pytest.raises(UserError, match="model.entropy_run is empty"):
@@ -296,7 +296,7 @@ def test_a_fixed_threshold_measures_its_mean_patch_length_for_the_flops(corpus_d
     from bytelm.data import load_corpus
     from bytelm.patching import mean_patch_length, real_lengths
     from bytelm.families.blt import flops as blt_flops
-    from bytelm.training.trainer import make_task
+    from bytelm.training.restore import make_task
 
     cfg = blt_train_cfg(corpus_dir, entropy_run, **{"model.threshold": 1.5, "model.target_patch_len": 9.0})
     task = make_task(cfg, load_corpus(f"files:{corpus_dir}"))

@@ -103,7 +103,7 @@ def test_compare_minutes_gives_every_compared_model_the_same_training_time(corpu
 def test_compare_resumes_an_interrupted_training(corpus_dir, tmp_path, monkeypatch):
     """A run stopped mid-way (as by Ctrl-C) is continued from its checkpoint by the next compare."""
     from bytelm.experiments import compare as cmp  # noqa: PLC0415
-    from bytelm.training import trainer as trainer_mod  # noqa: PLC0415
+    from bytelm.training import loop as trainer_mod  # noqa: PLC0415
 
     preset = load_preset("test")
     preset = dataclasses.replace(preset, members=tuple(m for m in preset.members if m.name == "byte"))

@@ -31,7 +31,9 @@ from bytelm.families.blt.model import BLT, REFERENCE_PRIMES, reference_ngram_has
 from bytelm.families.byte.model import ByteLM
 from bytelm.models.core import Dropout, dropout_bits, ngram_hashes
 from bytelm.families.megabyte.model import MegaByte
-from bytelm.training.trainer import dropout_key, restore_trainer, train
+from bytelm.training.loop import train
+from bytelm.training.programs import dropout_key
+from bytelm.training.restore import restore_trainer
 
 from test_blt import blt_cfg, random_lengths
 from test_scan import LM, MEGABYTE, _byte_batch

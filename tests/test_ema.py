@@ -6,7 +6,9 @@ import pytest
 
 from bytelm.config import load_config
 from bytelm.data import load_corpus_from_config
-from bytelm.training.trainer import Trainer, eval_slice, make_task, restore_model, restore_trainer, train
+from bytelm.training.loop import eval_slice, train
+from bytelm.training.restore import make_task, restore_model, restore_trainer
+from bytelm.training.trainer import Trainer
 
 from test_training import corpus_dir, metrics, tiny_overrides  # noqa: F401  (corpus_dir: a fixture)
 

@@ -17,7 +17,7 @@ from bytelm.bpb import LN2, SegmentScores, UnigramByteModel, breakdown, byte_cou
 from bytelm.evaluation.evaluator import EvalSet, evaluate_run, evaluate_runs, unigram_baselines
 from bytelm.evaluation.external import read_heldout, write_scores
 from bytelm.evaluation.report import REPORT_SCHEMA, schema_errors, validate
-from bytelm.training.trainer import train
+from bytelm.training.loop import train
 
 from conftest import write_files
 

@@ -30,7 +30,8 @@ from bytelm.interop.hf import export_hf, write_run
 from bytelm.interop.safetensors import SafetensorsFolder, write_safetensors
 from bytelm.families.blt.model import REFERENCE_PRIMES, reference_ngram_hashes
 from bytelm.families import task_class
-from bytelm.training.trainer import restore_model, restore_trainer, train
+from bytelm.training.loop import train
+from bytelm.training.restore import restore_model, restore_trainer
 
 TEXT = "Byte-level models read raw bytes: naïve café, 東京, and numbers like 3.14159 need no tokenizer.".encode()
 

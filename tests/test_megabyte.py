@@ -131,7 +131,7 @@ def test_bad_configs_are_clear():
 
 
 def test_task_rejects_indivisible_context_without_padding(tmp_path):
-    from bytelm.training.trainer import make_task
+    from bytelm.training.restore import make_task
 
     from conftest import write_files
 
@@ -148,7 +148,7 @@ def test_golden_one_step_loss(tmp_path):
     a change is *meant* to alter initialisation, the data order or the numerics (say so in the commit)."""
     import json
 
-    from bytelm.training.trainer import train
+    from bytelm.training.loop import train
     from test_training import tiny_overrides
 
     from conftest import word_corpus

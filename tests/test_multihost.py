@@ -26,7 +26,8 @@ import pytest
 from flax import nnx
 
 from bytelm.config import load_config
-from bytelm.training.trainer import restore_model, train
+from bytelm.training.loop import train
+from bytelm.training.restore import restore_model
 
 from conftest import subprocess_env, word_corpus
 
@@ -38,7 +39,7 @@ WORKER = textwrap.dedent(
     distributed.initialize(coordinator=f"127.0.0.1:{port}", num_processes=2, process_id=pid)
     import jax
     from bytelm.config import load_config
-    from bytelm.training.trainer import train
+    from bytelm.training.loop import train
     assert jax.process_count() == 2 and jax.device_count() == 4, (jax.process_count(), jax.device_count())
     for out, overrides, stop_after in jobs:
         r = train(load_config(None, overrides), out, stop_after=stop_after)

@@ -33,7 +33,8 @@ from bytelm.config import load_config
 from bytelm.families.byte.model import ByteLM
 from bytelm.models.core import LAYER_AXIS
 from bytelm.training.optim import MUON_RMS, make_optimizer, muon_dimensions, schedule_plan
-from bytelm.training.trainer import restore_trainer, train
+from bytelm.training.loop import train
+from bytelm.training.restore import restore_trainer
 
 from conftest import subprocess_env
 from test_scan import LM
@@ -188,7 +189,8 @@ def test_data_parallel_devices_share_the_newton_schulz_work(corpus_dir):  # noqa
         from bytelm.data import load_corpus
         from bytelm.training.optim import schedule_plan
         from bytelm.training.sharding import make_mesh
-        from bytelm.training.trainer import Trainer, make_task
+        from bytelm.training.restore import make_task
+        from bytelm.training.trainer import Trainer
         assert jax.device_count() == 2
         corpus = load_corpus("files:{corpus_dir}", segment_bytes=64, max_eval_bytes=4096)
 

@@ -307,7 +307,7 @@ def test_calibration_errors():
 @pytest.fixture(scope="module")
 def entropy_run(corpus_dir, tmp_path_factory):  # noqa: F811
     from bytelm.config import load_config  # noqa: PLC0415
-    from bytelm.training.trainer import train  # noqa: PLC0415
+    from bytelm.training.loop import train  # noqa: PLC0415
 
     run = tmp_path_factory.mktemp("entropy") / "run"
     overrides = tiny_overrides(corpus_dir, **{"train.steps": 4, "train.checkpoint_every": 4, "eval.every": 0, "model.window": 16})
@@ -318,7 +318,7 @@ def entropy_run(corpus_dir, tmp_path_factory):  # noqa: F811
 @pytest.fixture(scope="module")
 def tiny_byte_lm(entropy_run):
     """The trained tiny entropy model (a ByteLM with a 16-position sliding window) as a module."""
-    from bytelm.training.trainer import restore_trainer  # noqa: PLC0415
+    from bytelm.training.restore import restore_trainer  # noqa: PLC0415
 
     trainer = restore_trainer(entropy_run)
     return nnx.merge(trainer.graphdef, trainer.params)

@@ -270,7 +270,7 @@ def test_a_token_that_would_overshoot_max_bytes_is_cut():
 
 from test_training import corpus_dir, tiny_overrides  # noqa: E402, F401  (module fixture)
 
-from bytelm.training.trainer import train  # noqa: E402
+from bytelm.training.loop import train  # noqa: E402
 
 
 @pytest.fixture(scope="module")

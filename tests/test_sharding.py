@@ -20,7 +20,7 @@ import pytest
 from bytelm.baselines.bpe import train_bpe
 from bytelm.config import load_config
 from bytelm.data import load_corpus
-from bytelm.training.trainer import train
+from bytelm.training.loop import train
 
 from conftest import TESTS_DIR, subprocess_env, word_corpus
 
@@ -82,7 +82,8 @@ def test_every_family_sharded_equals_one_device(setup):
         from bytelm.config import load_config
         from bytelm.data import load_corpus
         from bytelm.training.sharding import logical_to_spec, make_mesh
-        from bytelm.training.trainer import Trainer, make_task
+        from bytelm.training.restore import make_task
+        from bytelm.training.trainer import Trainer
 
         import sys; sys.path.insert(0, {TESTS_DIR!r})
         from conftest import param_gap  # parity on the update's relative norm: see its docstring

@@ -9,8 +9,9 @@ from bytelm.baselines.bpe import train_bpe
 from bytelm.config import load_config
 from bytelm.data import load_corpus
 from bytelm.errors import UserError
-from bytelm.training.trainer import make_task
-from bytelm.training.trainer import restore_trainer, train
+from bytelm.training.restore import make_task
+from bytelm.training.loop import train
+from bytelm.training.restore import restore_trainer
 
 from test_training import corpus_dir, tiny_overrides  # noqa: F401  (module fixture)
 

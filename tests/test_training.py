@@ -15,7 +15,10 @@ import pytest
 from bytelm.config import load_config
 from bytelm.errors import UserError
 from bytelm.training.optim import learning_rate_schedule
-from bytelm.training.trainer import TrainingDiverged, _Clock, restore_trainer, train
+from bytelm.training.clock import Clock
+from bytelm.training.loop import train
+from bytelm.training.restore import restore_trainer
+from bytelm.training.trainer import TrainingDiverged
 
 from conftest import TESTS_DIR, WORDS, subprocess_env, word_corpus  # noqa: F401  (WORDS: imported by other test modules)
 
@@ -145,7 +148,7 @@ def test_data_parallel_step_equals_single_device(corpus_dir, tmp_path):
         from bytelm.config import load_config
         from bytelm.data import load_corpus
         from bytelm.training.sharding import make_mesh
-        from bytelm.training.trainer import make_task
+        from bytelm.training.restore import make_task
         from bytelm.training.trainer import Trainer
         import sys; sys.path.insert(0, {TESTS_DIR!r})
         from conftest import param_gap
@@ -213,7 +216,7 @@ def test_batch_not_divisible_by_data_axis(corpus_dir, tmp_path):
         f"""
         from bytelm.config import load_config
         from bytelm.errors import UserError
-        from bytelm.training.trainer import train
+        from bytelm.training.loop import train
         cfg = load_config(None, {tiny_overrides(corpus_dir, **{"train.batch_size": 6, "train.mesh_data": 4})!r})
         try:
             train(cfg, {str(tmp_path / "run")!r})
@@ -260,7 +263,7 @@ def test_resume_on_two_devices_and_finished_run_is_left_alone(corpus_dir, tmp_pa
         f"""
         import json, jax
         from bytelm.config import load_config
-        from bytelm.training.trainer import train
+        from bytelm.training.loop import train
         assert jax.device_count() == 2
         cfg = load_config(None, {tiny_overrides(corpus_dir, **{"train.steps": 4, "eval.every": 0})!r})
         run = {str(tmp_path / "run")!r}
@@ -299,7 +302,7 @@ def _lr_matches_the_planned_schedule(cfg, run_dir, planned):
     schedule = learning_rate_schedule(cfg.train)
     plans = metrics(run_dir, "plan")
     assert plans[-1]["planned_steps"] == planned
-    recs = [r for r in metrics(run_dir) if r["step"] > 1 + _Clock.PROBE_STEPS]  # the first plan is made after the probe
+    recs = [r for r in metrics(run_dir) if r["step"] > 1 + Clock.PROBE_STEPS]  # the first plan is made after the probe
     assert recs
     for r in recs:
         horizon = [p["planned_steps"] for p in plans if p["step"] < r["step"]][-1]
@@ -320,12 +323,12 @@ def test_time_budget_stops_the_run_with_a_checkpoint_and_a_final_eval(corpus_dir
     # planned after the probe, then again at doublings of the steps: inside the warmup or the first
     # fifth of the decay of the plan before, or later to correct a plan that would miss the budget
     steps_planned = [p["step"] for p in plans]
-    assert steps_planned[0] == 1 + _Clock.PROBE_STEPS and all(s & (s - 1) == 0 for s in steps_planned[1:]), steps_planned
+    assert steps_planned[0] == 1 + Clock.PROBE_STEPS and all(s & (s - 1) == 0 for s in steps_planned[1:]), steps_planned
     warmup = BUDGET_OVERRIDES["train.warmup_steps"]
     for before, p in zip(plans, plans[1:]):
-        early = p["step"] < warmup or p["step"] - warmup <= _Clock.REPLAN_DECAY * (before["planned_steps"] - warmup)
+        early = p["step"] < warmup or p["step"] - warmup <= Clock.REPLAN_DECAY * (before["planned_steps"] - warmup)
         missed = p["train_s"] + (before["planned_steps"] - p["step"]) * p["step_s"]
-        assert early or abs(missed - BUDGET_S) > _Clock.LATE_MISS * BUDGET_S, (before, p)
+        assert early or abs(missed - BUDGET_S) > Clock.LATE_MISS * BUDGET_S, (before, p)
     steps = metrics(tmp_path / "run")
     longest = max(r["step_s"] for r in steps[1:])  # (the first includes the compilation)
     assert info["status"] == "finished" and result.step == info["step"] == steps[-1]["step"]
@@ -344,7 +347,7 @@ def _clock_plans(monkeypatch, step_times, *, budget=100.0, warmup=60):
     step and the steps at which it was (re)planned."""
     now = [0.0]
     monkeypatch.setattr(time, "perf_counter", lambda: now[0])
-    clock = _Clock(budget, 0.0, None, warmup)
+    clock = Clock(budget, 0.0, None, warmup)
     clock.start()
     horizons, planned_at = [], []
     for n, dt in enumerate(step_times, start=1):
@@ -399,7 +402,7 @@ def test_time_budget_resume_continues_the_schedule_and_the_budget(corpus_dir, tm
     """Interrupted twice (``stop_after``) long before its budget: the second and third invocations
     keep the first one's plan and add to its clock. (A budget of minutes is never spent here.)"""
     cfg = budget_cfg(corpus_dir, **{"train.checkpoint_every": 1, "train.time_budget_s": 600.0})
-    first = train(cfg, tmp_path / "run", stop_after=1 + _Clock.PROBE_STEPS + 2)  # interrupted after the plan
+    first = train(cfg, tmp_path / "run", stop_after=1 + Clock.PROBE_STEPS + 2)  # interrupted after the plan
     planned = metrics(tmp_path / "run", "plan")[0]["planned_steps"]
     info = json.loads((tmp_path / "run" / "run.json").read_text())
     assert info["status"] == "stopped" and info["planned_steps"] == planned > first.step

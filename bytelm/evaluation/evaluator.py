@@ -28,7 +28,7 @@ from bytelm.evaluation.results import EvalSet, ModelResult
 from bytelm.ledger import Ledger
 from bytelm.rundir import RunDir
 from bytelm.families import STATS_KEY
-from bytelm.training.trainer import restore_trainer
+from bytelm.training.restore import restore_trainer
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ from bytelm.config import Config
 from bytelm.errors import UserError
 from bytelm.ledger import Ledger
 from bytelm.rundir import RunDir
-from bytelm.training import trainer
+from bytelm.training.restore import make_task
 
 NGRAM_FIELDS = ("ngram_sizes", "hash_table_size")  # what ``ngram_from`` copies
 
@@ -25,7 +25,7 @@ def planned_ledger(cfg: Config, corpus, run_dir: Path) -> Ledger:
     info = RunDir(run_dir).info_or_empty()
     if info.get("ledger"):
         return Ledger.from_record(info["ledger"])
-    return trainer.make_task(cfg, corpus, run_dir).ledger()
+    return make_task(cfg, corpus, run_dir).ledger()
 
 
 def schedule_values(cfg: Config, steps: int, eval_points: int) -> dict:

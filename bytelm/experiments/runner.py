@@ -49,7 +49,7 @@ from bytelm.experiments.spec import TOKENIZER_KEYS, TOKENIZER_OPTIONS, Experimen
 from bytelm.families import ARTEFACT_KINDS, task_class
 from bytelm.ledger import Ledger
 from bytelm.rundir import RunDir
-from bytelm.training import trainer
+from bytelm.training import loop, trainer
 
 log = logging.getLogger(__name__)
 
@@ -417,7 +417,7 @@ class Runner:
                 self.say(f"train {run.id} ({run.cfg.model.family}): {steps} steps x {ledger.own_per_step:.3g} FLOPs = {ledger.own(steps):.3g}{aux} FLOPs")
             t0 = time.perf_counter()
             try:
-                result = trainer.train(run.cfg, run.run_dir, corpus=self.corpus, progress=self.bar(f"train {run.id}"))
+                result = loop.train(run.cfg, run.run_dir, corpus=self.corpus, progress=self.bar(f"train {run.id}"))
             except Exception as e:  # one broken run never stops the others
                 log.debug("run %s failed", run.id, exc_info=True)
                 run.error = str(e) if isinstance(e, UserError) else f"{type(e).__name__}: {e}"

@@ -10,7 +10,7 @@ below it (data, models, patching, sampling's decoders) never name a family; the 
 
 A family that needs artefacts besides its config (a tokenizer, an entropy model) names them in
 :attr:`Task.artefacts`: config field -> artefact kind (:data:`ARTEFACT_KINDS`). Artefacts that are
-run directories are restored by :func:`bytelm.training.trainer.make_task` and handed to the task
+run directories are restored by :func:`bytelm.training.restore.make_task` and handed to the task
 as modules, with their ``run.json`` records (by config field); this module never loads another
 run itself.
 """

@@ -40,7 +40,8 @@ from bytelm.interop.safetensors import SafetensorsFolder, write_safetensors
 from bytelm.rundir import RunDir
 from bytelm.training.checkpoint import Checkpointer
 from bytelm.families import task_class
-from bytelm.training.trainer import count_params, restore_model
+from bytelm.training.restore import restore_model
+from bytelm.training.trainer import count_params
 
 CONFIG_FILE = "config.json"
 PATCHER_HEAD = "model.patcher.lm_head.weight"

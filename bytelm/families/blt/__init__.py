@@ -56,7 +56,7 @@ class BLTTask(ByteTask):
             return
         if "entropy_run" not in self.modules:
             raise UserError(
-                "a BLT task needs its entropy model: build it with bytelm.training.trainer.make_task, which "
+                "a BLT task needs its entropy model: build it with bytelm.training.restore.make_task, which "
                 "restores the run that model.entropy_run names"
             )
         # one fixed row width (the training window) for training and evaluation rows alike, so a

@@ -1,0 +1,372 @@
+"""The one training loop: :func:`train` runs (or resumes) a run directory, around a
+:class:`~bytelm.training.trainer.Trainer`: checkpoints (periodic, on SIGTERM/SIGINT, keep last N),
+``metrics.jsonl``, periodic held-out BPB, ``run.json``, the time budget. Batches are a pure function
+of ``(seed, step)`` and the state is restored bit for bit, so a resumed run reproduces the
+uninterrupted one on the same machine.
+
+The files of a run directory are :class:`~bytelm.rundir.RunDir`'s.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import re
+import signal
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import jax
+
+from bytelm.atomic import atomic_write_text
+from bytelm.config import Config, dump_config
+from bytelm.data import load_corpus_from_config
+from bytelm.errors import UserError
+from bytelm.families import STATS_KEY
+from bytelm.rundir import RunDir
+from bytelm.training.checkpoint import Checkpointer
+from bytelm.training.clock import Clock
+from bytelm.training.distributed import barrier, is_primary
+from bytelm.training.peak import measure_matmul_peak
+from bytelm.training.restore import make_task
+from bytelm.training.trainer import Trainer, TrainingDiverged, TrainResult, check_fingerprints, check_run_config
+
+log = logging.getLogger(__name__)
+
+
+class _SignalFlag:
+    """Set by SIGTERM/SIGINT; the loop saves a checkpoint and stops at the end of the step."""
+
+    def __init__(self):
+        self.signum: int | None = None
+        self._old = {}
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                self._old[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum, frame):
+        self.signum = signum
+
+    def __exit__(self, *exc):
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
+
+
+class _Metrics:
+    """Appends JSON lines to the run's ``metrics.jsonl``; on resume, drops records past the restored
+    step (and a torn last line). Only the primary process writes (the others' records are the same numbers)."""
+
+    def __init__(self, files: RunDir, resume_step: int):
+        self.file = None
+        if not is_primary():
+            return
+        path = files.metrics_path
+        if path.exists():
+            kept = [r for r in files.metrics() if r.get("step", 0) <= resume_step]
+            atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in kept))
+        self.file = open(path, "a")
+
+    def write(self, record: dict) -> None:
+        if self.file is not None:
+            self.file.write(json.dumps(record) + "\n")
+            self.file.flush()
+
+    def close(self) -> None:
+        if self.file is not None:
+            self.file.close()
+
+
+def eval_slice(corpus, eval_bytes: int) -> list[bytes]:
+    """The first segments of the evaluation set, up to ``eval_bytes`` bytes (periodic evals)."""
+    out, total = [], 0
+    for seg in corpus.segments:
+        if total >= eval_bytes:
+            break
+        out.append(corpus.segment_bytes_of(seg))
+        total += seg.length
+    return out
+
+
+def _finished_result(run_dir: Path, cfg: Config) -> TrainResult | None:
+    run = RunDir(run_dir).info_or_empty()
+    if not run:
+        return None
+    if run.get("status") != "finished" or (run.get("step") != cfg.train.steps and not cfg.train.time_budget_s):
+        return None  # (a time-budgeted run's config matches the finished one: check_run_config)
+    return TrainResult(run_dir, run["step"], run.get("final_loss", float("nan")), run.get("final_eval_bpb"), train_s=run.get("train_s"))
+
+
+class _Run:
+    """One invocation of :func:`train` on a run directory: its checkpoints, metrics, periodic
+    evaluations and ``run.json``, around the trainer's steps."""
+
+    def __init__(self, cfg: Config, run_dir: Path, trainer: Trainer, corpus):
+        self.cfg, self.run_dir, self.trainer, self.task = cfg, run_dir, trainer, trainer.task
+        self.files = RunDir(run_dir)
+        self.ckpt = Checkpointer(self.files.checkpoints_path, keep=cfg.train.keep_checkpoints)
+        self.wall0, self.train_s0, self.horizon0 = 0.0, 0.0, None
+        self.stats_run: dict[str, int] = {}  # the batches' host-side counts over the whole run (kept in checkpoints)
+        self.last_good_step = self.ckpt.latest_step()
+        if self.last_good_step is not None:
+            self._resume(self.last_good_step)
+        self.budgeted = cfg.train.time_budget_s > 0
+        self.clock = Clock(cfg.train.time_budget_s, self.train_s0, self.horizon0 if self.budgeted else cfg.train.steps,
+                            cfg.train.warmup_steps)
+        trainer.horizon = self.clock.horizon if self.clock.horizon is not None else Clock.UNPLANNED
+        self.peak_total = self._peak_flops()
+        self.flops_per_step = self.task.train_flops_per_position() * self.task.positions_per_step()
+        self.ledger = self.task.ledger()  # own + auxiliary FLOPs (bytelm/ledger.py)
+        self.info = self._run_info(corpus)
+        self.metrics: _Metrics | None = None
+        self.segments = eval_slice(corpus, cfg.eval.eval_bytes) if cfg.eval.every else []
+        self.t_start = time.perf_counter()
+        self.last_loss, self.last_eval, self.stopped_by_signal = float("nan"), None, False
+        self.stats_log: dict[str, int] = {}  # the batches' host-side counts since the last log line
+
+    # -- setup ----------------------------------------------------------------------------
+    def _resume(self, step: int) -> None:
+        tree, meta = self.ckpt.restore(step, self.trainer.state_tree())
+        self.stats_run = dict(meta.get("stats", {}))
+        self.trainer.load_state_tree(tree)
+        self.trainer.step = int(meta["step"])
+        if meta["data"]["seed"] != self.cfg.train.seed or meta["data"]["step"] != self.trainer.step:
+            raise UserError(f"checkpoint {step} in {self.run_dir} has an inconsistent data-iterator state {meta['data']}")
+        self.wall0 = float(meta.get("wall_s", 0.0))
+        self.train_s0 = float(meta.get("train_s", self.wall0))
+        self.horizon0 = meta.get("horizon")
+        log.info("resumed %s at step %d", self.run_dir, self.trainer.step)
+
+    def _peak_flops(self) -> float:
+        """The MFU denominator: the configured per-device peak, or a measured matmul peak (on CPU
+        all virtual devices share one set of cores, so the peak is the machine's)."""
+        n_devices = self.trainer.mesh.devices.size
+        if self.cfg.train.peak_flops > 0:
+            return self.cfg.train.peak_flops * n_devices
+        peak = measure_matmul_peak()
+        return peak if jax.default_backend() == "cpu" else peak * n_devices
+
+    def _run_info(self, corpus) -> dict:
+        task, trainer = self.task, self.trainer
+        return {
+            "family": self.cfg.model.family,
+            "fingerprint": corpus.fingerprint,
+            "data": corpus.summary(),
+            "params": trainer.param_counts,
+            "train_flops_per_byte": task.train_flops_per_byte(),
+            "train_flops_per_position": task.train_flops_per_position(),
+            "bytes_per_position": task.bytes_per_position(),
+            "positions_per_step": task.positions_per_step(),
+            "peak_flops": self.peak_total,
+            "devices": trainer.mesh.devices.size,
+            "backend": jax.default_backend(),
+            **task.run_info(),
+        }
+
+    # -- records ----------------------------------------------------------------------------
+    def wall_s(self) -> float:
+        return self.wall0 + time.perf_counter() - self.t_start
+
+    def write_status(self, status: str, **extra) -> None:
+        if not is_primary():
+            return
+        record = {**self.info, "status": status, "step": self.trainer.step, **self.task.stats_record(self.stats_run), **extra}
+        self.files.write_info(record)
+
+    def save(self, step: int) -> None:
+        meta = {
+            "step": step, "wall_s": self.wall_s(), "train_s": self.clock.spent(), "horizon": self.clock.horizon,
+            "data": {"step": step, "seed": self.cfg.train.seed}, "stats": self.stats_run,
+        }
+        self.ckpt.save(step, self.trainer.state_tree(), meta)
+        self.last_good_step = step
+
+    def bytes_seen(self) -> float:
+        return self.trainer.step * self.task.positions_per_step() * self.task.bytes_per_position()
+
+    def finished(self) -> bool:
+        """The run has trained for ``train.steps``, or spent its time budget (or reached its planned horizon)."""
+        return self.clock.exhausted(self.trainer.step) if self.budgeted else self.trainer.step >= self.cfg.train.steps
+
+    def log_train(self, m: dict, loss: float, step_s: float, progress) -> None:
+        trainer, steps = self.trainer, self.clock.horizon
+        nbytes = float(m["bytes"])
+        rec = {
+            "kind": "train",
+            "step": trainer.step,
+            "loss": loss,
+            "bpb": float(m["bpb"]),
+            "grad_norm": float(m["grad_norm"]),
+            "lr": float(trainer._lr(trainer.step - 1, trainer.last_plan)),  # the schedule the step ran with
+            "step_s": step_s,
+            "bytes_s": nbytes / step_s,
+            "tokens_s": float(m["positions"]) / step_s,
+            "mfu": self.flops_per_step / step_s / self.peak_total,
+            "flops": self.flops_per_step * trainer.step,
+            "flops_total": self.ledger.total(trainer.step),
+            "bytes_seen": self.bytes_seen(),
+            "train_s": self.clock.spent(),
+            **self.task.stats_record(self.stats_log),
+        }
+        self.stats_log = {}
+        self.metrics.write(rec)
+        if progress:
+            progress(trainer.step, steps, f"loss {loss:.3f} bpb {rec['bpb']:.3f} {rec['bytes_s']:,.0f} B/s mfu {rec['mfu']:.2f}")
+
+    def evaluate(self) -> None:
+        with self.clock.paused():  # evaluations do not count as training time
+            scores = self.trainer.evaluate(self.segments)
+        self.metrics.write(
+            {
+                "kind": "eval",
+                "step": self.trainer.step,
+                "bpb": scores.bpb,
+                "nats": scores.total_nats,
+                "bytes": scores.total_bytes,
+                "flops": self.flops_per_step * self.trainer.step,
+                "flops_total": self.ledger.total(self.trainer.step),
+                "bytes_seen": self.bytes_seen(),
+            }
+        )
+        self.last_eval = scores.bpb
+
+    # -- the loop ---------------------------------------------------------------------------
+    def loop(self, progress, stop_after: int | None) -> None:
+        """Train until ``train.steps`` or the time budget (or a signal, or ``stop_after`` steps of
+        this invocation), logging, evaluating and checkpointing on their schedules."""
+        cfg, trainer, tcfg, clock = self.cfg, self.trainer, self.cfg.train, self.clock
+        self.write_status("running")
+        self.metrics = _Metrics(self.files, trainer.step)
+        batches = self.task.train_batches(trainer.step, jax.process_index(), jax.process_count())
+        t_log, steps_since_log, steps_this_run = time.perf_counter(), 0, 0
+        pending: tuple[int, dict] | None = None  # the step whose loss has not been read yet, and its metrics
+
+        def settle() -> None:
+            """Read the pending step's loss (the host waits for that step only); stop on a non-finite one."""
+            nonlocal pending
+            step, m = pending
+            pending = None
+            loss = float(m["loss"])
+            if not math.isfinite(loss):
+                self.write_status("diverged", diverged_at_step=step, last_good_checkpoint=self.last_good_step)
+                raise TrainingDiverged(
+                    f"loss became {loss} at step {step}; the last good checkpoint "
+                    f"(step {self.last_good_step}) is kept in {self.files.checkpoints_path}. Lower train.learning_rate or "
+                    "raise train.warmup_steps, then resume or start a new run."
+                )
+            self.last_loss = loss
+
+        clock.start()
+        with _SignalFlag() as flag:
+            # one finished() decision per step (a time budget can run out between two looks)
+            while not (steps_this_run == 0 and self.finished()):
+                batch = next(batches)
+                for key, n in batch.pop(STATS_KEY, {}).items():
+                    self.stats_log[key] = self.stats_log.get(key, 0) + n
+                    self.stats_run[key] = self.stats_run.get(key, 0) + n
+                m = trainer.train_step(batch)  # dispatched: the device runs it while the host goes on
+                steps_since_log += 1
+                steps_this_run += 1
+                if pending is not None:
+                    settle()  # the previous step's loss, read one step late so the device queue never empties
+                pending = (trainer.step, m)
+                if clock.plan(trainer.step, steps_this_run):
+                    trainer.horizon = clock.horizon
+                    self.metrics.write(
+                        {"kind": "plan", "step": trainer.step, "planned_steps": clock.horizon, "step_s": clock.step_s,
+                         "train_s": clock.spent(), "time_budget_s": tcfg.time_budget_s}
+                    )
+                    log.info("time budget %.0fs: %.3fs per step, horizon planned at step %d", tcfg.time_budget_s, clock.step_s, clock.horizon)
+                last = self.finished()
+                log_now = trainer.step % tcfg.log_every == 0 or last
+                eval_now = bool(cfg.eval.every) and (trainer.step % cfg.eval.every == 0 or last)
+                save_now = trainer.step % tcfg.checkpoint_every == 0
+                stop_now = flag.signum is not None or (stop_after is not None and steps_this_run >= stop_after)
+                if log_now or eval_now or save_now or stop_now or last:
+                    settle()  # this step's loss is needed (or its state is about to be kept)
+                if log_now:
+                    now = time.perf_counter()
+                    self.log_train(m, self.last_loss, (now - t_log) / steps_since_log, progress)
+                    t_log, steps_since_log = now, 0
+                if eval_now:
+                    self.evaluate()
+                if save_now:
+                    self.save(trainer.step)
+                if flag.signum is not None:
+                    self.save(trainer.step)
+                    self.stopped_by_signal = True
+                    log.warning("signal %d: saved checkpoint at step %d and stopped", flag.signum, trainer.step)
+                    break
+                if stop_after is not None and steps_this_run >= stop_after:
+                    break
+                if last:
+                    break
+            if pending is not None:
+                settle()
+            clock.stop()
+            if self.finished() and self.last_good_step != trainer.step:
+                self.save(trainer.step)
+
+    def close(self) -> None:
+        self.ckpt.close()
+        if self.metrics is not None:
+            self.metrics.close()
+
+    def result(self) -> TrainResult:
+        """Record the final status in ``run.json`` and return the result."""
+        done = self.finished() and not self.stopped_by_signal
+        budget = {}
+        if self.budgeted:
+            budget = {"time_budget_s": self.cfg.train.time_budget_s, "planned_steps": self.clock.horizon}
+        self.write_status(
+            "finished" if done else "stopped", wall_s=self.wall_s(), train_s=self.clock.spent(), final_loss=self.last_loss,
+            final_eval_bpb=self.last_eval, **budget,
+        )
+        return TrainResult(self.run_dir, self.trainer.step, self.last_loss, self.last_eval, self.stopped_by_signal, self.clock.spent(),
+                           trainer=self.trainer)
+
+
+def train(
+    cfg: Config,
+    run_dir: str | Path,
+    *,
+    progress: Callable[[int, int, str], None] | None = None,
+    corpus=None,
+    stop_after: int | None = None,
+) -> TrainResult:
+    """Train (or resume) the run in ``run_dir``. ``stop_after`` ends early after that many steps
+    of this invocation (tests use it to simulate an interruption)."""
+    if re.match(r"[A-Za-z][A-Za-z0-9+.-]+:/", str(run_dir)):  # gs://..., s3://... (a Path keeps one slash)
+        raise UserError(
+            f"the run directory {run_dir} is a URL; bytelm writes runs to a file system (for a bucket, mount it, e.g. "
+            "with gcsfuse, and give the mounted path: every host must see the same directory)"
+        )
+    run_dir = Path(run_dir)
+    if RunDir(run_dir).converted():
+        raise UserError(
+            f"{run_dir} holds a converted checkpoint (parameters only, no optimizer state): training does not resume "
+            "from it; train into a new --out"
+        )
+    run_dir.mkdir(parents=True, exist_ok=True)
+    check_run_config(run_dir, cfg)
+    finished = _finished_result(run_dir, cfg)
+    if finished is not None:  # nothing left to do: leave the run as it is
+        return finished
+    if is_primary():
+        RunDir(run_dir).write_config(dump_config(cfg))
+    corpus = corpus if corpus is not None else load_corpus_from_config(cfg.data)
+    task = make_task(cfg, corpus, run_dir)
+    check_fingerprints(run_dir, task)
+    run = _Run(cfg, run_dir, Trainer(cfg, task), corpus)
+    try:
+        run.loop(progress, stop_after)
+    finally:
+        run.close()
+    result = run.result()
+    barrier("bytelm: train returns")  # every process returns after process 0 has written the records
+    return result

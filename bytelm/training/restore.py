@@ -1,0 +1,106 @@
+"""Runs brought back: a task with the artefact runs its family names (an entropy model) restored,
+and a trainer or a model restored from a run directory's checkpoint, to score, sample or export."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from pathlib import Path
+
+import jax
+from flax import nnx
+
+from bytelm.config import Config, load_config
+from bytelm.data import load_corpus_from_config
+from bytelm.errors import UserError
+from bytelm.families import ARTEFACT_KINDS, FAMILIES, Task, task_class
+from bytelm.rundir import RunDir
+from bytelm.training.checkpoint import Checkpointer
+from bytelm.training.trainer import Trainer, check_fingerprints, default_mesh
+
+log = logging.getLogger(__name__)
+
+
+def make_task(cfg: Config, corpus, run_dir: Path | None = None) -> Task:
+    """The family's task for ``cfg``, with the run directories it names as artefacts (an entropy
+    model) restored and handed over as modules."""
+    if cfg.model is None:
+        raise UserError("the config has no [model] section: set model.family (e.g. --set model.family=byte)")
+    cls = task_class(cfg.model.family)
+    modules, records = {}, {}
+    for field, kind_name in cls.artefacts_of(cfg.model).items():
+        kind = ARTEFACT_KINDS[kind_name]
+        if kind.run_family is not None:
+            modules[field], records[field] = _restore_artefact_run(getattr(cfg.model, field), field, kind)
+    record = RunDir(run_dir).info_or_empty() if run_dir is not None else {}
+    return cls(cfg, corpus, run_dir, modules=modules, records=records, record=record)
+
+
+def _restore_artefact_run(value: str, field: str, kind) -> tuple[nnx.Module, dict]:
+    """The artefact run's model and its ``run.json`` record."""
+    if not value:
+        raise UserError(
+            f"model.{field} is empty: point it at the run directory of the {kind.noun} (train one with '{kind.made_by}')"
+        )
+    run_dir = Path(value)
+    record = RunDir(run_dir).info(what="a finished run directory", how=f"train the {kind.noun} first ({kind.made_by})")
+    family = record.get("family")
+    if family != kind.run_family:
+        raise UserError(
+            f"model.{field} {run_dir} is a {family!r} run; the {kind.noun} must be {FAMILIES[kind.run_family].description} "
+            f"(family {kind.run_family!r})"
+        )
+    return restore_model(run_dir), record
+
+
+def restore_trainer(run_dir: str | Path, *, corpus=None, step: int | None = None, load_corpus: bool = True) -> Trainer:
+    """Rebuild the trainer of ``run_dir`` from its config and load the model's weights of its latest
+    (or ``step``) checkpoint, to score and sample with: the parameters, or with ``train.ema_decay``
+    their average, as ``params`` (its optimizer state stays abstract: training resumes through
+    :func:`train`). ``load_corpus=False`` (with no ``corpus``): a
+    trainer for the model alone, whose task cannot make batches (sampling, conversion)."""
+    cfg = _run_config(run_dir)
+    if corpus is None and load_corpus:
+        corpus = load_corpus_from_config(cfg.data)
+    return _restore(Path(run_dir), cfg, corpus, step)
+
+
+def restore_model(run_dir: str | Path, *, step: int | None = None) -> nnx.Module:
+    """The model of ``run_dir`` with its latest (or ``step``) weights (their average with
+    ``train.ema_decay``), its corpus not loaded."""
+    trainer = _restore(Path(run_dir), _run_config(run_dir), None, step)
+    return nnx.merge(trainer.graphdef, trainer.params)
+
+
+def _run_config(run_dir: str | Path) -> Config:
+    return load_config(RunDir(run_dir).require_config())
+
+
+def _restore(run_dir: Path, cfg: Config, corpus, step: int | None) -> Trainer:
+    task = make_task(cfg, corpus, run_dir)
+    check_fingerprints(run_dir, task)
+    trainer = Trainer(cfg, task, mesh=_restore_mesh(cfg, run_dir), init=False)
+    trainer.ema = None  # the average, if any, is read into params: it is the model
+    ckpt = Checkpointer(RunDir(run_dir).checkpoints_path, keep=cfg.train.keep_checkpoints)
+    try:
+        step = ckpt.latest_step() if step is None else step
+        if step is None:
+            raise UserError(f"the run directory {run_dir} has no checkpoint yet")
+        trainer.params, meta = ckpt.restore_params(step, trainer.params, key="ema" if cfg.train.ema_decay > 0 else "params")
+    finally:
+        ckpt.close()
+    trainer.step = int(meta["step"])
+    return trainer
+
+
+def _restore_mesh(cfg: Config, run_dir: Path):
+    """The run's own mesh where this process's devices can hold it; otherwise (a run trained on more
+    devices or hosts than are here) the default layout: the checkpoint is resharded on restore."""
+    t = cfg.train
+    try:
+        return default_mesh(cfg)
+    except UserError:
+        fallback = dataclasses.replace(cfg, train=dataclasses.replace(t, mesh_data=-1, mesh_fsdp=1, mesh_tensor=1))
+        log.info("%s was trained on a mesh (data=%d, fsdp=%d, tensor=%d) that %d devices cannot hold: restoring data-parallel",
+                 run_dir, t.mesh_data, t.mesh_fsdp, t.mesh_tensor, jax.device_count())
+        return default_mesh(fallback)
