@@ -77,7 +77,7 @@ def test_causality_by_gradient_across_patches(kw, slots, entropy_patcher):
     if slots == 5:  # the slot rule merged the rest of the window into the last patch, past max_patch_len
         assert layout.overflow_B[0] > 0 and int(lengths[0, -1]) > model.cfg.max_patch_len
     inputs = jnp.asarray(ids[:, :T])
-    emb = model.embed(inputs)  # byte + hashed n-gram embeddings of every position
+    emb = model.encoder.embed(inputs)  # byte + hashed n-gram embeddings of every position
     targets = ids[0, 1:]
 
     def nll(e):
@@ -121,11 +121,11 @@ def test_one_byte_per_patch_reduces_to_flat_byte_transformer():
     lm = ByteLM(load_config(None, ["model.family=byte", f"model.d_model={d}", "model.n_layers=2", "model.n_heads=2", "model.mlp_dim=64"]).model, rngs=nnx.Rngs(0))
     cfg = blt_cfg(cross_attention=False, encoder_layers=0, decoder_layers=0, global_layers=2, global_d_model=d, local_d_model=d, global_mlp_dim=64, queries_per_patch=1, ngram_sizes="")
     blt = BLT(cfg, rngs=nnx.Rngs(1))
-    blt.byte_embed = lm.embed
-    blt.global_stack = lm.stack
-    blt.head = lm.head
-    for name in ("to_queries", "to_global", "from_global"):
-        getattr(blt, name).set_value(jnp.eye(d))
+    blt.encoder.byte_embed = lm.embed
+    blt.latent.stack = lm.stack
+    blt.decoder.head = lm.head
+    for part in (blt.encoder.to_queries, blt.encoder.to_global, blt.latent.from_global):
+        part.set_value(jnp.eye(d))
     T = 12
     ids = jnp.asarray(np.random.default_rng(3).integers(BYTE_OFFSET, 260, size=(2, T))).at[:, 0].set(BOS_ID)
     lengths = jnp.ones((2, T + 1), jnp.int32)
@@ -197,7 +197,7 @@ def test_embeddings_start_at_the_reference_scale():
     """Byte and hash n-gram tables: a normal of std local_d_model ** -0.5 cut at 3 std (the
     reference's init_weights), not N(0, 1) tables that would drown the byte embedding."""
     model = BLT(blt_cfg(local_d_model=64, hash_table_size=4093), rngs=nnx.Rngs(0))
-    for table in [model.byte_embed.table, *(e.table for e in model.ngram_embeds)]:
+    for table in [model.encoder.byte_embed.table, *(e.table for e in model.encoder.ngram_embeds)]:
         t = np.asarray(table[...])
         assert abs(t.std() / 64**-0.5 - 0.986) < 0.02 and np.abs(t).max() <= 3 * 64**-0.5 + 1e-6
 

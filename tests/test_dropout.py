@@ -135,9 +135,9 @@ def _ngram_models(rate: float):
             lambda ids, m=byte: [t(ngram_hashes(ids, n, 97)) for n, t in zip((2, 3), m.ngrams.tables)])]
     for variant in ("bytelm", "reference"):
         blt = BLT(blt_cfg(ngram_sizes="2,3", hash_table_size=97, ngram_dropout=rate, variant=variant), rngs=nnx.Rngs(0))
-        rows = (lambda ids, m=blt: [t(ngram_hashes(ids, n, 97)) for n, t in zip((2, 3), m.ngram_embeds)]) if variant == "bytelm" else (
-            lambda ids, m=blt: [t(reference_ngram_hashes(ids, n, 97, REFERENCE_PRIMES[0])) for n, t in zip((2, 3), m.ngram_embeds)])
-        out.append((f"blt-{variant}", blt, lambda ids, drop, m=blt: m.embed(ids, drop) - m.byte_embed(ids), rows))
+        rows = (lambda ids, m=blt: [t(ngram_hashes(ids, n, 97)) for n, t in zip((2, 3), m.encoder.ngram_embeds)]) if variant == "bytelm" else (
+            lambda ids, m=blt: [t(reference_ngram_hashes(ids, n, 97, REFERENCE_PRIMES[0])) for n, t in zip((2, 3), m.encoder.ngram_embeds)])
+        out.append((f"blt-{variant}", blt, lambda ids, drop, m=blt: m.encoder.embed(ids, drop) - m.encoder.byte_embed(ids), rows))
     return out
 
 

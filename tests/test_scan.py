@@ -53,18 +53,21 @@ def _flat(model) -> dict:
     return _flat_state(nnx.state(model, nnx.Param))
 
 
-def _as_stacked(unrolled: dict, path: tuple[str, ...], n_layers: int) -> np.ndarray:
-    """The unrolled model's weights that a scanned model holds at ``path`` (``stack, layers, ...``), stacked."""
-    return np.stack([unrolled[(path[0], "blocks", str(i), *path[2:])] for i in range(n_layers)])
+def _as_stacked(unrolled: dict, path: tuple[str, ...], n_layers: int, depth: int = 1) -> np.ndarray:
+    """The unrolled model's weights that a scanned model holds at ``path`` (``<stack path>, layers, ...``,
+    the stack's path ``depth`` long), stacked."""
+    return np.stack([unrolled[(*path[:depth], "blocks", str(i), *path[depth + 1 :])] for i in range(n_layers)])
 
 
 def _stacked_equals_unrolled(unrolled, scanned, stacks: list[str]) -> None:
     """Every weight of the scanned model equals the unrolled one (stacked over the layers of ``stacks``)."""
     a, b = _flat(unrolled), _flat(scanned)
+    prefixes = [tuple(s.split(".")) for s in stacks]
     for path, value in b.items():
-        if path[0] in stacks:
-            assert path[1] == "layers"
-            np.testing.assert_array_equal(value, _as_stacked(a, path, value.shape[0]))
+        prefix = next((p for p in prefixes if path[: len(p)] == p), None)
+        if prefix is not None:
+            assert path[len(prefix)] == "layers"
+            np.testing.assert_array_equal(value, _as_stacked(a, path, value.shape[0], len(prefix)))
         else:
             np.testing.assert_array_equal(value, a[path])
     assert sum(v.size for v in a.values()) == sum(v.size for v in b.values())
@@ -128,7 +131,7 @@ def test_scanned_megabyte_and_blt_are_the_unrolled_ones():
     _same_scores(unrolled, scanned, _byte_batch(T=23))  # (gradients through the scan: the byte LM's test)
 
     unrolled, scanned = _pair(BLT, lambda scan: blt_cfg(global_layers=3, scan_layers=str(scan).lower()))
-    _stacked_equals_unrolled(unrolled, scanned, ["global_stack"])
+    _stacked_equals_unrolled(unrolled, scanned, ["latent.stack"])
     rng = np.random.default_rng(3)
     batch = _byte_batch(T=15)
     batch["patch_lengths"] = jnp.asarray([random_lengths(rng, 16, 10), random_lengths(rng, 16, 10)])

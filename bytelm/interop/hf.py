@@ -110,26 +110,26 @@ def decoder_lm_entries(cfg, prefix: str, head: str, *, rope_perm: bool) -> list[
 def blt_entries(cfg) -> list[Entry]:
     """A bytelm BLT in the ``reference`` variant (``cfg`` a ``BLTConfig``) against ``BltForCausalLM``."""
     e, d = "model.local_encoder", "model.local_decoder"
-    out = [Entry(("byte_embed", "table"), f"{e}.embed_tokens.weight", "rows")]
+    out = [Entry(("encoder", "byte_embed", "table"), f"{e}.embed_tokens.weight", "rows")]
     n = cfg.hash_table_size
     for t in range(len(cfg.ngram_sizes) * cfg.hash_functions):  # the reference fuses the tables, function-major
-        out.append(Entry(("ngram_embeds", t, "table"), "model.encoder_hash_tok_embedding.weight", "rows_slice", rows=(t * n, (t + 1) * n)))
+        out.append(Entry(("encoder", "ngram_embeds", t, "table"), "model.encoder_hash_tok_embedding.weight", "rows_slice", rows=(t * n, (t + 1) * n)))
     for i in range(cfg.encoder_layers):
-        out += _block_entries(("encoder", "blocks", i), f"{e}.layers.{i}", True)
-    out.append(Entry(("to_queries",), f"{e}.patch_embedding_projection.weight", "linear"))
-    out += _cross_entries(("encoder_cross", 0), f"{e}.cross_attn_layers.0")
+        out += _block_entries(("encoder", "stack", "blocks", i), f"{e}.layers.{i}", True)
+    out.append(Entry(("encoder", "to_queries"), f"{e}.patch_embedding_projection.weight", "linear"))
+    out += _cross_entries(("encoder", "cross", 0), f"{e}.cross_attn_layers.0")
     if cfg.queries_per_patch * cfg.local_d_model != cfg.global_d_model:
-        out.append(Entry(("to_global",), "model.global_transformer.token_embedding_projection.weight", "linear"))
+        out.append(Entry(("encoder", "to_global"), "model.global_transformer.token_embedding_projection.weight", "linear"))
     else:  # the reference has no projection at these widths (nn.Identity)
-        out.append(Entry(("to_global",), "", "identity"))
+        out.append(Entry(("encoder", "to_global"), "", "identity"))
     for i in range(cfg.global_layers):
-        out += _block_entries(("global_stack", "blocks", i), f"model.global_transformer.layers.{i}", True)
-    out.append(Entry(("from_global",), f"{d}.patch_embedding_projection.weight", "linear"))
+        out += _block_entries(("latent", "stack", "blocks", i), f"model.global_transformer.layers.{i}", True)
+    out.append(Entry(("latent", "from_global"), f"{d}.patch_embedding_projection.weight", "linear"))
     for j in range(max(cfg.decoder_layers, 1) if cfg.decoder_cross_all_layers else 1):
-        out += _cross_entries(("decoder_cross", j), f"{d}.cross_attn_layers.{j}")
+        out += _cross_entries(("decoder", "cross", j), f"{d}.cross_attn_layers.{j}")
     for i in range(cfg.decoder_layers):
-        out += _block_entries(("decoder", "blocks", i), f"{d}.layers.{i}", True)
-    out += [Entry(("decoder_norm", "scale"), f"{d}.norm.weight", "copy"), Entry(("head",), "lm_head.weight", "head")]
+        out += _block_entries(("decoder", "stack", "blocks", i), f"{d}.layers.{i}", True)
+    out += [Entry(("decoder", "norm", "scale"), f"{d}.norm.weight", "copy"), Entry(("decoder", "head"), "lm_head.weight", "head")]
     return out
 
 

@@ -53,6 +53,8 @@ its caller adds ``q`` again), and no norm after the global stack.
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -163,59 +165,226 @@ class PatchCrossAttention(nnx.Module):
         return jnp.where(jnp.any(valid_BxMxJ, axis=-1)[:, :, None, None], out_BxMxQxD, 0.0)
 
 
+@dataclasses.dataclass(frozen=True)
+class Variant:
+    """What Meta's released BLT does differently from bytelm's own (``model.variant``), in one place:
+    the reference's int64 n-gram hash with one table per (hash function, n), cross-attention residuals
+    that add their queries twice, and no norm after the global stack."""
+
+    name: str
+    reference_hash: bool
+    double_residual: bool
+    global_norm: bool
+
+    @classmethod
+    def of(cls, cfg) -> Variant:
+        if cfg.variant == "reference":
+            return cls("reference", reference_hash=True, double_residual=True, global_norm=False)
+        return cls("bytelm", reference_hash=False, double_residual=False, global_norm=True)
+
+    def residual(self, x: jax.Array, cross_out: jax.Array) -> jax.Array:
+        """A cross-attention's residual: ``x + out``; the reference adds its queries twice (its
+        cross-attention returns ``x + out`` and the caller adds ``x`` again)."""
+        return x + x + cross_out if self.double_residual else x + cross_out
+
+    def hashes(self, cfg, inputs_BxT: jax.Array) -> list[jax.Array]:
+        """The rows of the n-grams ending at each position, one array per table."""
+        if self.reference_hash:  # one table per (hash function, n), function-major, as the reference fuses them
+            sizes = [(REFERENCE_PRIMES[f % len(REFERENCE_PRIMES)], n) for f in range(cfg.hash_functions) for n in cfg.ngram_sizes]
+            return [reference_ngram_hashes(inputs_BxT, n, cfg.hash_table_size, prime) for prime, n in sizes]
+        return [ngram_hashes(inputs_BxT, n, cfg.hash_table_size) for n in cfg.ngram_sizes]
+
+
+def _own_bytes(lengths_BxP: jax.Array, n_rows: int, max_patch_len: int) -> tuple[jax.Array, jax.Array]:
+    """Each patch's byte rows among ``n_rows`` byte states: ``(index_BxPxJ, valid_BxPxJ)``, row ``j`` of
+    patch ``p`` being byte ``s_p + j`` (``J = max_patch_len``: a patch's queries see its first ``J``
+    bytes); bytes past the ``n_rows`` given (the window's final target) are not valid."""
+    starts_BxP = jnp.cumsum(lengths_BxP, axis=1) - lengths_BxP
+    own_BxPxJ = starts_BxP[:, :, None] + jnp.arange(max_patch_len)[None, None, :]
+    valid_BxPxJ = (jnp.arange(max_patch_len)[None, None, :] < lengths_BxP[:, :, None]) & (own_BxPxJ < n_rows)
+    return jnp.minimum(own_BxPxJ, n_rows - 1), valid_BxPxJ
+
+
+class LocalEncoder(nnx.Module):
+    """Steps 1-2: bytes to byte states (embeddings, hashed n-grams, the windowed layers), and
+    patches of byte states to global-width patch vectors (max-pooled queries cross-attending to
+    their own bytes). One code path for a whole window and for the new ids of a cached step."""
+
+    def __init__(self, cfg, variant: Variant, byte_embed: Embed, ngram_embeds: nnx.List, stack: Transformer, to_queries: nnx.Param,
+                 to_global: nnx.Param, cross: nnx.List, dtype):
+        self.cfg, self.variant, self.dtype = cfg, variant, dtype
+        self.byte_embed, self.ngram_embeds, self.stack = byte_embed, ngram_embeds, stack
+        self.to_queries, self.to_global, self.cross = to_queries, to_global, cross
+
+    def embed(self, inputs_BxT: jax.Array, ngram_drop: Dropout | None = None) -> jax.Array:
+        """Byte embedding + hashed n-gram embeddings of the n-grams ending at each position
+        (``ngram_drop``, training's ``model.ngram_dropout``: table ``i`` drops each position's row
+        through ``ngram_drop.at(i)``)."""
+        e = self.byte_embed(inputs_BxT)
+        for i, (rows, table) in enumerate(zip(self.variant.hashes(self.cfg, inputs_BxT), self.ngram_embeds)):
+            e = e + drop_rows(table(rows), drop_at(ngram_drop, i))
+        return e.astype(self.dtype)
+
+    def __call__(
+        self, ids_BxN: jax.Array, *, context_BxC: jax.Array | None = None, cache: list[KVCache] | None = None, pos0=0,
+        embeddings_BxNxD: jax.Array | None = None, drop: Dropout | None = None, ngram_drop: Dropout | None = None,
+    ) -> tuple[list[jax.Array], list[KVCache] | None]:
+        """Each encoder layer's states of the ids (the embeddings when there is no layer), and the
+        caches. A whole window: ``cache`` None. A cached step: the ``N`` new ids at positions
+        ``pos0 ..``, ``context_BxC`` the ids just before them (PAD before the start) as many as the
+        longest n-gram needs. ``embeddings_BxNxD`` replaces :meth:`embed` (causality tests
+        differentiate through it); ``drop``: dropout on the embeddings (site 0) and in the layers (1)."""
+        N = ids_BxN.shape[1]
+        if embeddings_BxNxD is not None:
+            h_BxNxD = embeddings_BxNxD.astype(self.dtype)
+        elif context_BxC is not None:
+            h_BxNxD = self.embed(jnp.concatenate([context_BxC, ids_BxN], axis=1), ngram_drop)[:, -N:]
+        else:
+            h_BxNxD = self.embed(ids_BxN, ngram_drop)
+        h_BxNxD = apply_dropout(h_BxNxD, drop_at(drop, 0))
+        states, new = [], []
+        for i, block in enumerate(self.stack.blocks):
+            if cache is None:
+                h_BxNxD = block(h_BxNxD, window=self.stack.window, drop=drop_at(drop_at(drop, 1), i))
+            else:
+                h_BxNxD, layer_cache = block_extend(block, h_BxNxD, cache[i], pos0, self.stack.window)
+                new.append(layer_cache)
+            states.append(h_BxNxD)
+        return states or [h_BxNxD], (None if cache is None else new)
+
+    def pooled_queries(self, h_BxMxD: jax.Array, own_BxPxJ: jax.Array, own_valid_BxPxJ: jax.Array) -> jax.Array:
+        """``k`` queries per patch from the max over its own bytes (zero for a patch without bytes)."""
+        B, P, J = own_BxPxJ.shape
+        k, dl, dt = self.cfg.queries_per_patch, self.cfg.local_d_model, self.dtype
+        rows_BxPxJxD = jnp.take_along_axis(h_BxMxD, own_BxPxJ.reshape(B, P * J)[:, :, None], axis=1).reshape(B, P, J, dl)
+        neg = jnp.asarray(jnp.finfo(rows_BxPxJxD.dtype).min, rows_BxPxJxD.dtype)
+        pooled_BxPxD = jnp.max(jnp.where(own_valid_BxPxJ[..., None], rows_BxPxJxD, neg), axis=2)
+        pooled_BxPxD = jnp.where(own_valid_BxPxJ[:, :, :1], pooled_BxPxD, 0.0).astype(dt)
+        return (pooled_BxPxD @ self.to_queries[...].astype(dt)).reshape(B, P, k, dl)
+
+    def patches(self, states: list[jax.Array], lengths_BxP: jax.Array) -> jax.Array:
+        """The global-width vectors of the ``P`` patches whose bytes' states (one ``B x M x D`` array per
+        encoder layer, from :meth:`__call__`) are given in order; zero for an empty slot or a patch
+        holding only the window's final target."""
+        cfg, dt = self.cfg, self.dtype
+        B, P = lengths_BxP.shape
+        own_BxPxJ, own_valid_BxPxJ = _own_bytes(lengths_BxP, states[0].shape[1], cfg.max_patch_len)
+        if not cfg.cross_attention:
+            queries = self.pooled_queries(states[-1], own_BxPxJ, own_valid_BxPxJ)
+        elif not self.stack.blocks:  # no encoder layers: the pooled queries attend to the embeddings
+            queries = self.pooled_queries(states[0], own_BxPxJ, own_valid_BxPxJ)
+            queries = self.variant.residual(queries, self.cross[0](queries, states[0], own_BxPxJ, own_valid_BxPxJ))
+        else:  # after the last layer, or after every one (pooled at the first)
+            cross_after = len(self.stack.blocks) - 1 if not cfg.encoder_cross_all_layers else 0
+            queries = None
+            for i, layer_states in enumerate(states[cross_after:]):
+                if queries is None:
+                    queries = self.pooled_queries(layer_states, own_BxPxJ, own_valid_BxPxJ)
+                queries = self.variant.residual(queries, self.cross[i](queries, layer_states, own_BxPxJ, own_valid_BxPxJ))
+        patches_BxPxG = queries.reshape(B, P, cfg.queries_per_patch * cfg.local_d_model) @ self.to_global[...].astype(dt)
+        return jnp.where(((lengths_BxP > 0) & own_valid_BxPxJ[:, :, 0])[..., None], patches_BxPxG, 0.0)
+
+
+class GlobalModel(nnx.Module):
+    """Step 3: the latent transformer, causal over patch vectors, and its outputs as the ``k``
+    key/value slots per patch that the decoder reads. A whole window (``cache`` None) or new patches."""
+
+    def __init__(self, cfg, stack: Transformer, norm: RMSNorm | None, from_global: nnx.Param, dtype):
+        self.cfg, self.stack, self.norm, self.from_global, self.dtype = cfg, stack, norm, from_global, dtype
+
+    def __call__(self, patches_BxPxG: jax.Array, *, cache: list[KVCache] | None = None, pos0=0,
+                 drop: Dropout | None = None) -> tuple[jax.Array, list[KVCache] | None]:
+        """``(slots_BxPxkxD, caches)``; ``drop``: dropout on the patch inputs (site 2) and in the stack (3)."""
+        B, P, _ = patches_BxPxG.shape
+        x_BxPxG = apply_dropout(patches_BxPxG, drop_at(drop, 2))
+        if cache is None:
+            out_BxPxG, new = self.stack(x_BxPxG, drop=drop_at(drop, 3)), None
+        else:
+            out_BxPxG, new = stack_extend(self.stack, x_BxPxG, cache, pos0)
+        if self.norm is not None:  # (the reference has none)
+            out_BxPxG = self.norm(out_BxPxG)
+        slots = out_BxPxG @ self.from_global[...].astype(self.dtype)
+        return slots.reshape(B, P, self.cfg.queries_per_patch, self.cfg.local_d_model), new
+
+
+class LocalDecoder(nnx.Module):
+    """Step 4: each byte state reads the ``k`` slots of its source patch (the patch before its
+    target's), before every decoder layer or the first, then the layers and the head. A whole
+    window (``cache`` None) or the new positions of a cached step."""
+
+    def __init__(self, cfg, variant: Variant, cross: nnx.List, stack: Transformer, norm: RMSNorm, head: nnx.Param, dtype):
+        self.cfg, self.variant, self.cross, self.stack, self.norm, self.head, self.dtype = cfg, variant, cross, stack, norm, head, dtype
+
+    def __call__(
+        self, h_BxTxD: jax.Array, slots_BxSxD: jax.Array, index_BxTxk: jax.Array, valid_BxT: jax.Array, *,
+        cache: list[KVCache] | None = None, pos0=0, drop: Dropout | None = None,
+    ) -> tuple[jax.Array, list[KVCache] | None]:
+        """Logits ``(B, T, V)`` and the caches. Byte ``t`` reads the slot rows ``index[t]`` of
+        ``slots_BxSxD`` when ``valid[t]`` (a byte of the first patch has no source);
+        ``drop``: dropout in the decoder's layers (site 4)."""
+        cfg, dt = self.cfg, self.dtype
+        B, T, k = index_BxTxk.shape
+        valid_BxT = valid_BxT & cfg.global_path  # global_path = False: what the global model is worth
+        blocks = list(self.stack.blocks)
+        new = None if cache is None else list(cache)
+        if not cfg.cross_attention:  # the projected global state of the source patch, summed over its k slots
+            rows_BxTxkxD = jnp.take_along_axis(slots_BxSxD, index_BxTxk.reshape(B, T * k)[:, :, None], axis=1).reshape(B, T, k, -1)
+            h_BxTxD = h_BxTxD + jnp.where(valid_BxT[..., None], rows_BxTxkxD.sum(axis=2), 0.0)
+            if cache is None:
+                h_BxTxD = self.stack(h_BxTxD, drop=drop_at(drop, 4))
+            else:
+                h_BxTxD, new = stack_extend(self.stack, h_BxTxD, cache, pos0)
+            return head_logits(self.norm(h_BxTxD), self.head[...], NUM_BYTE_IDS, dt), new
+        valid_BxTxk = jnp.broadcast_to(valid_BxT[:, :, None], index_BxTxk.shape)
+        for i in range(max(len(blocks), 1)):
+            if i < len(self.cross):
+                ctx = self.cross[i](h_BxTxD[:, :, None, :], slots_BxSxD, index_BxTxk, valid_BxTxk)
+                h_BxTxD = self.variant.residual(h_BxTxD, ctx[:, :, 0, :])
+            if i < len(blocks):
+                if cache is None:
+                    h_BxTxD = blocks[i](h_BxTxD, window=self.stack.window, drop=drop_at(drop_at(drop, 4), i))
+                else:
+                    h_BxTxD, new[i] = block_extend(blocks[i], h_BxTxD, cache[i], pos0, self.stack.window)
+        return head_logits(self.norm(h_BxTxD), self.head[...], NUM_BYTE_IDS, dt), new
+
+
 class BLT(nnx.Module):
+    """The model: :class:`LocalEncoder`, :class:`GlobalModel`, :class:`LocalDecoder` (the module
+    docstring's steps), one code path for training, scoring and cached sampling."""
+
     def __init__(self, cfg, *, rngs: nnx.Rngs):
         self.cfg = cfg
         self.vocab_rows = pad_vocab(NUM_BYTE_IDS, cfg.vocab_multiple)
         dt = COMPUTE_DTYPES[cfg.dtype]
         kernels = resolve_kernels(cfg.attention, cfg.mlp, dtype=cfg.dtype, remat=cfg.remat)
         self.dtype = dt
+        self.variant = Variant.of(cfg)
         dl, dg, k = cfg.local_d_model, cfg.global_d_model, cfg.queries_per_patch
+        # the parameters in one fixed order (it decides the initialisation), then the three modules
         std = dl**-0.5  # the reference's init of the byte and hash embeddings (truncated at 3 std)
-        self.byte_embed = Embed(self.vocab_rows, dl, rngs=rngs, std=std, truncated=True)
+        byte_embed = Embed(self.vocab_rows, dl, rngs=rngs, std=std, truncated=True)
         n_tables = len(cfg.ngram_sizes) * cfg.hash_functions
-        self.ngram_embeds = nnx.List([Embed(cfg.hash_table_size, dl, rngs=rngs, std=std, truncated=True, hashed=True) for _ in range(n_tables)])
-        self.reference = cfg.variant == "reference"
+        ngram_embeds = nnx.List([Embed(cfg.hash_table_size, dl, rngs=rngs, std=std, truncated=True, hashed=True) for _ in range(n_tables)])
         local = dict(rngs=rngs, kernels=kernels, window=cfg.local_window, rope_base=cfg.rope_base, dtype=dt, norm_eps=cfg.norm_eps)
-        self.encoder = Transformer(dl, cfg.encoder_layers, cfg.local_heads, cfg.local_mlp_dim, **local)
-        self.to_queries = param(rngs, (dl, k * dl), ("embed", "mlp"))
-        self.to_global = param(rngs, (k * dl, dg), ("mlp", "embed"))
-        self.global_stack = Transformer(
+        encoder_stack = Transformer(dl, cfg.encoder_layers, cfg.local_heads, cfg.local_mlp_dim, **local)
+        to_queries = param(rngs, (dl, k * dl), ("embed", "mlp"))
+        to_global = param(rngs, (k * dl, dg), ("mlp", "embed"))
+        global_stack = Transformer(
             dg, cfg.global_layers, cfg.global_heads, cfg.global_mlp_dim, rngs=rngs, kernels=kernels, rope_base=cfg.rope_base, dtype=dt,
             scan=cfg.scan_layers, norm_eps=cfg.norm_eps,
         )
-        self.global_norm = None if self.reference else RMSNorm(dg, eps=cfg.norm_eps)  # the reference has none
-        self.from_global = param(rngs, (dg, k * dl), ("embed", "mlp"))
+        global_norm = RMSNorm(dg, eps=cfg.norm_eps) if self.variant.global_norm else None
+        from_global = param(rngs, (dg, k * dl), ("embed", "mlp"))
         cross = dict(rngs=rngs, dtype=dt, implementation=kernels.attention, norm_eps=cfg.norm_eps)
         n_enc, n_dec = cfg.cross_layers()
-        self.encoder_cross = nnx.List([PatchCrossAttention(dl, cfg.cross_heads, **cross) for _ in range(n_enc)])
-        self.decoder_cross = nnx.List([PatchCrossAttention(dl, cfg.cross_heads, **cross) for _ in range(n_dec)])
-        self.decoder = Transformer(dl, cfg.decoder_layers, cfg.local_heads, cfg.local_mlp_dim, **local)
-        self.decoder_norm = RMSNorm(dl, eps=cfg.norm_eps)
-        self.head = head_param(rngs, dl, NUM_BYTE_IDS, cfg.vocab_multiple)
-
-    def embed(self, inputs_BxT: jax.Array, ngram_drop: Dropout | None = None) -> jax.Array:
-        """Byte embedding + hashed n-gram embeddings of the n-grams ending at each position
-        (``ngram_drop``, training's ``model.ngram_dropout``: table ``i`` drops each position's row
-        through ``ngram_drop.at(i)``)."""
-        cfg = self.cfg
-        if self.reference:  # one table per (hash function, n), function-major, as the reference fuses them
-            sizes = [(REFERENCE_PRIMES[f % len(REFERENCE_PRIMES)], n) for f in range(cfg.hash_functions) for n in cfg.ngram_sizes]
-            hashes = [reference_ngram_hashes(inputs_BxT, n, cfg.hash_table_size, prime) for prime, n in sizes]
-        else:
-            hashes = [ngram_hashes(inputs_BxT, n, cfg.hash_table_size) for n in cfg.ngram_sizes]
-        e = self.byte_embed(inputs_BxT)
-        for i, (rows, table) in enumerate(zip(hashes, self.ngram_embeds)):
-            e = e + drop_rows(table(rows), drop_at(ngram_drop, i))
-        return e.astype(self.dtype)
-
-    def _residual(self, x: jax.Array, cross_out: jax.Array) -> jax.Array:
-        """A cross-attention's residual: ``x + out``; the reference adds its queries twice (its
-        cross-attention returns ``x + out`` and the caller adds ``x`` again)."""
-        return x + x + cross_out if self.reference else x + cross_out
-
-    def _global_out(self, out_BxPxG: jax.Array) -> jax.Array:
-        return out_BxPxG if self.global_norm is None else self.global_norm(out_BxPxG)
+        encoder_cross = nnx.List([PatchCrossAttention(dl, cfg.cross_heads, **cross) for _ in range(n_enc)])
+        decoder_cross = nnx.List([PatchCrossAttention(dl, cfg.cross_heads, **cross) for _ in range(n_dec)])
+        decoder_stack = Transformer(dl, cfg.decoder_layers, cfg.local_heads, cfg.local_mlp_dim, **local)
+        decoder_norm = RMSNorm(dl, eps=cfg.norm_eps)
+        head = head_param(rngs, dl, NUM_BYTE_IDS, cfg.vocab_multiple)
+        self.encoder = LocalEncoder(cfg, self.variant, byte_embed, ngram_embeds, encoder_stack, to_queries, to_global, encoder_cross, dt)
+        self.latent = GlobalModel(cfg, global_stack, global_norm, from_global, dt)
+        self.decoder = LocalDecoder(cfg, self.variant, decoder_cross, decoder_stack, decoder_norm, head, dt)
 
     def __call__(
         self, inputs_BxT: jax.Array, patch_lengths_BxP: jax.Array, *, embeddings_BxTxD: jax.Array | None = None, drop: Dropout | None = None,
@@ -223,158 +392,53 @@ class BLT(nnx.Module):
     ) -> jax.Array:
         """Logits ``(B, T, V)`` for the ``T`` inputs; ``patch_lengths`` cover the ``T + 1`` window.
 
-        ``embeddings_BxTxD`` replaces :meth:`embed` (causality tests differentiate through it).
+        ``embeddings_BxTxD`` replaces the embeddings (causality tests differentiate through it).
         ``drop`` (training): dropout on the byte + n-gram embeddings (site 0), in the encoder's
         blocks (1), on the global model's patch inputs (2), in the global stack (3) and in the
         decoder's blocks (4); not on the cross-attention outputs. ``ngram_drop``: on the n-gram
-        tables' rows (:meth:`embed`).
+        tables' rows (:meth:`LocalEncoder.embed`).
         """
-        cfg, dt = self.cfg, self.dtype
         B, T = inputs_BxT.shape
-        P = patch_lengths_BxP.shape[1]
-        k, dl = cfg.queries_per_patch, cfg.local_d_model
-        pid_BxL = patch_ids_from_lengths(patch_lengths_BxP, T + 1)  # L = T + 1 ids of the window
-        enc_pid_BxT = pid_BxL[:, :T]  # patch of each input position
-        src_pid_BxT = pid_BxL[:, 1:] - 1  # decoder: the patch before the target's patch
-        # the input bytes of each patch, gathered: patch p starts at s_p; row j is byte s_p + j
-        starts_BxP = jnp.cumsum(patch_lengths_BxP, axis=1) - patch_lengths_BxP
-        own_BxPxJ = starts_BxP[:, :, None] + jnp.arange(cfg.max_patch_len)[None, None, :]
-        own_valid_BxPxJ = (jnp.arange(cfg.max_patch_len)[None, None, :] < patch_lengths_BxP[:, :, None]) & (own_BxPxJ < T)
-        own_BxPxJ = jnp.minimum(own_BxPxJ, T - 1)
-        has_inputs_BxP = own_valid_BxPxJ[:, :, 0]  # a patch made only of the final target has none
-
-        # 1. local encoder; 2. patch queries from max-pooled bytes, cross-attending to their bytes
-        h_BxTxD = self.embed(inputs_BxT, ngram_drop) if embeddings_BxTxD is None else embeddings_BxTxD.astype(dt)
-        h_BxTxD = apply_dropout(h_BxTxD, drop_at(drop, 0))
-        queries_BxPxkxD = None
-        cross_after = len(self.encoder.blocks) - 1 if not cfg.encoder_cross_all_layers else 0
-        for i, block in enumerate(self.encoder.blocks):
-            h_BxTxD = block(h_BxTxD, window=self.encoder.window, drop=drop_at(drop_at(drop, 1), i))
-            if i >= cross_after and cfg.cross_attention:
-                queries_BxPxkxD = self._encoder_cross(i - cross_after, queries_BxPxkxD, h_BxTxD, own_BxPxJ, own_valid_BxPxJ)
-        if queries_BxPxkxD is None:  # no encoder layers (or no cross-attention): the pooled queries alone
-            queries_BxPxkxD = self._pooled_queries(h_BxTxD, own_BxPxJ, own_valid_BxPxJ)
-            if cfg.cross_attention:
-                queries_BxPxkxD = self._residual(queries_BxPxkxD, self.encoder_cross[0](queries_BxPxkxD, h_BxTxD, own_BxPxJ, own_valid_BxPxJ))
-        patches_BxPxG = queries_BxPxkxD.reshape(B, P, k * dl) @ self.to_global[...].astype(dt)
-        patches_BxPxG = jnp.where(((patch_lengths_BxP > 0) & has_inputs_BxP)[..., None], patches_BxPxG, 0.0)
-
+        P, k = patch_lengths_BxP.shape[1], self.cfg.queries_per_patch
+        # 1-2. local encoder, patch vectors
+        states, _ = self.encoder(inputs_BxT, embeddings_BxNxD=embeddings_BxTxD, drop=drop, ngram_drop=ngram_drop)
+        patches_BxPxG = self.encoder.patches(states, patch_lengths_BxP)
         # 3. global latent transformer over patches
-        patches_BxPxG = apply_dropout(patches_BxPxG, drop_at(drop, 2))
-        global_BxPxG = self._global_out(self.global_stack(patches_BxPxG, drop=drop_at(drop, 3)))
+        slots_BxPxkxD, _ = self.latent(patches_BxPxG, drop=drop)
+        # 4. local decoder: byte i reads the global output of the patch before its target's patch (decoder
+        # patch ids are the targets': the lengths shifted by one position; the encoder's would leak the future)
+        src_pid_BxT = patch_ids_from_lengths(patch_lengths_BxP, T + 1)[:, 1:] - 1
+        index_BxTxk = jnp.clip(src_pid_BxT, 0, P - 1)[:, :, None] * k + jnp.arange(k)[None, None, :]
+        logits, _ = self.decoder(states[-1], slots_BxPxkxD.reshape(B, P * k, -1), index_BxTxk, src_pid_BxT >= 0, drop=drop)
+        return logits
 
-        # 4. local decoder: byte i reads the global output of the patch before its target's patch
-        slots_BxQxD = (global_BxPxG @ self.from_global[...].astype(dt)).reshape(B, P * k, dl)
-        has_src_BxT = (src_pid_BxT >= 0) & cfg.global_path  # global_path = False: what the global model is worth
-        src_BxT = jnp.clip(src_pid_BxT, 0, P - 1)
-        if not cfg.cross_attention:  # the projected global state of the source patch, summed over its k slots
-            per_patch_BxPxD = slots_BxQxD.reshape(B, P, k, dl).sum(axis=2)
-            ctx_BxTxD = jnp.take_along_axis(per_patch_BxPxD, src_BxT[..., None], axis=1)
-            h_BxTxD = h_BxTxD + jnp.where(has_src_BxT[..., None], ctx_BxTxD, 0.0)
-            return head_logits(self.decoder_norm(self.decoder(h_BxTxD, drop=drop_at(drop, 4))), self.head[...], NUM_BYTE_IDS, dt)
-        slot_BxTxk = src_BxT[:, :, None] * k + jnp.arange(k)[None, None, :]
-        slot_valid_BxTxk = jnp.broadcast_to(has_src_BxT[:, :, None], slot_BxTxk.shape)
-        blocks = list(self.decoder.blocks)
-        for i in range(max(len(blocks), 1)):
-            if i < len(self.decoder_cross):
-                ctx = self.decoder_cross[i](h_BxTxD[:, :, None, :], slots_BxQxD, slot_BxTxk, slot_valid_BxTxk)
-                h_BxTxD = self._residual(h_BxTxD, ctx[:, :, 0, :])
-            if i < len(blocks):
-                h_BxTxD = blocks[i](h_BxTxD, window=self.decoder.window, drop=drop_at(drop_at(drop, 4), i))
-        return head_logits(self.decoder_norm(h_BxTxD), self.head[...], NUM_BYTE_IDS, dt)
-
-    def _pooled_queries(self, h_BxTxD, own_BxPxJ, own_valid_BxPxJ) -> jax.Array:
-        """``k`` queries per patch from the max over its own bytes (zero for a patch without bytes)."""
-        B, P, J = own_BxPxJ.shape
-        k, dl, dt = self.cfg.queries_per_patch, self.cfg.local_d_model, self.dtype
-        rows_BxPxJxD = jnp.take_along_axis(h_BxTxD, own_BxPxJ.reshape(B, P * J)[:, :, None], axis=1).reshape(B, P, J, dl)
-        neg = jnp.asarray(jnp.finfo(rows_BxPxJxD.dtype).min, rows_BxPxJxD.dtype)
-        pooled_BxPxD = jnp.max(jnp.where(own_valid_BxPxJ[..., None], rows_BxPxJxD, neg), axis=2)
-        pooled_BxPxD = jnp.where(own_valid_BxPxJ[:, :, :1], pooled_BxPxD, 0.0).astype(dt)
-        return (pooled_BxPxD @ self.to_queries[...].astype(dt)).reshape(B, P, k, dl)
-
-    def _encoder_cross(self, i, queries_BxPxkxD, h_BxTxD, own_BxPxJ, own_valid_BxPxJ) -> jax.Array:
-        """Cross-attention ``i`` of the patch queries to their own bytes (pooled at the first)."""
-        if queries_BxPxkxD is None:
-            queries_BxPxkxD = self._pooled_queries(h_BxTxD, own_BxPxJ, own_valid_BxPxJ)
-        return self._residual(queries_BxPxkxD, self.encoder_cross[i](queries_BxPxkxD, h_BxTxD, own_BxPxJ, own_valid_BxPxJ))
-
-    # -- decoding (bytelm.sampling): bytes through the local models, patches through the global ----
+    # -- decoding (bytelm.families.blt.decoder): bytes through the local models, patches through the global one
     def init_cache(self, batch: int, slots: int, max_patches: int) -> dict[str, list[KVCache]]:
         """Empty caches: the local encoder's and decoder's over ``slots`` byte positions, the global
         stack's over ``max_patches`` patch positions."""
         return {
-            "encoder": stack_cache(self.encoder, batch, slots),
-            "global": stack_cache(self.global_stack, batch, max_patches),
-            "decoder": stack_cache(self.decoder, batch, slots),
+            "encoder": stack_cache(self.encoder.stack, batch, slots),
+            "global": stack_cache(self.latent.stack, batch, max_patches),
+            "decoder": stack_cache(self.decoder.stack, batch, slots),
         }
 
     def encode_extend(self, ids_BxN: jax.Array, context_BxC: jax.Array, caches: list[KVCache], pos0: jax.Array):
-        """The local encoder over ``N`` new ids at positions ``pos0 ..``; ``context`` holds the ids
-        just before them (PAD before the start), as many as the longest n-gram needs. Returns each
-        encoder layer's states of the new ids (the embeddings when there is no layer) and the caches."""
-        N = ids_BxN.shape[1]
-        h_BxNxD = self.embed(jnp.concatenate([context_BxC, ids_BxN], axis=1))[:, -N:]
-        states = [] if self.encoder.blocks else [h_BxNxD]
-        new = []
-        for block, cache in zip(self.encoder.blocks, caches):
-            h_BxNxD, cache = block_extend(block, h_BxNxD, cache, pos0, self.encoder.window)
-            states.append(h_BxNxD)
-            new.append(cache)
-        return states, new
+        """The local encoder over ``N`` new ids at positions ``pos0 ..`` (:meth:`LocalEncoder.__call__`)."""
+        return self.encoder(ids_BxN, context_BxC=context_BxC, cache=caches, pos0=pos0)
 
     def close_patches(self, states: list[jax.Array], lengths_BxP: jax.Array) -> jax.Array:
-        """The global-width vectors of ``P`` complete patches, made of the ``M`` bytes whose states
-        (one ``B x M x D`` array per encoder layer, from :meth:`encode_extend`) are given in order."""
-        cfg, dt = self.cfg, self.dtype
-        B, P = lengths_BxP.shape
-        M = states[0].shape[1]
-        J, k, dl = cfg.max_patch_len, cfg.queries_per_patch, cfg.local_d_model
-        starts_BxP = jnp.cumsum(lengths_BxP, axis=1) - lengths_BxP
-        own_BxPxJ = starts_BxP[:, :, None] + jnp.arange(J)[None, None, :]
-        own_valid_BxPxJ = (jnp.arange(J)[None, None, :] < lengths_BxP[:, :, None]) & (own_BxPxJ < M)
-        own_BxPxJ = jnp.minimum(own_BxPxJ, M - 1)
-        if not cfg.cross_attention:
-            queries = self._pooled_queries(states[-1], own_BxPxJ, own_valid_BxPxJ)
-        elif not self.encoder.blocks:
-            queries = self._pooled_queries(states[0], own_BxPxJ, own_valid_BxPxJ)
-            queries = self._residual(queries, self.encoder_cross[0](queries, states[0], own_BxPxJ, own_valid_BxPxJ))
-        else:
-            cross_after = len(self.encoder.blocks) - 1 if not cfg.encoder_cross_all_layers else 0
-            queries = None
-            for i, layer_states in enumerate(states[cross_after:]):
-                queries = self._encoder_cross(i, queries, layer_states, own_BxPxJ, own_valid_BxPxJ)
-        patches_BxPxG = queries.reshape(B, P, k * dl) @ self.to_global[...].astype(dt)
-        return jnp.where((lengths_BxP > 0)[..., None], patches_BxPxG, 0.0)
+        """The global-width vectors of ``P`` complete patches (:meth:`LocalEncoder.patches`)."""
+        return self.encoder.patches(states, lengths_BxP)
 
     def global_extend(self, patches_BxNxG: jax.Array, caches: list[KVCache], pos0: jax.Array):
-        """The global step for ``N`` new patches: their ``k`` key/value slots for the decoder,
-        ``B x N x k x D``, and the caches."""
-        B, N, _ = patches_BxNxG.shape
-        out_BxNxG, caches = stack_extend(self.global_stack, patches_BxNxG, caches, pos0)
-        slots = self._global_out(out_BxNxG) @ self.from_global[...].astype(self.dtype)
-        return slots.reshape(B, N, self.cfg.queries_per_patch, self.cfg.local_d_model), caches
+        """The global step for ``N`` new patches: their ``k`` key/value slots, ``B x N x k x D``, and the caches."""
+        return self.latent(patches_BxNxG, cache=caches, pos0=pos0)
 
     def decode_extend(self, h_BxNxD: jax.Array, slots_BxNxkxD: jax.Array, has_src_BxN: jax.Array, caches: list[KVCache], pos0: jax.Array):
-        """Logits for ``N`` new positions: each byte's encoder state (the decoder's input) reads the
-        ``k`` slots of its source patch (``has_src`` False: none), through the decoder layers."""
-        cfg, dt = self.cfg, self.dtype
+        """Logits for ``N`` new positions, each reading the ``k`` slots given for it (``has_src`` False: none)."""
         B, N, k, dl = slots_BxNxkxD.shape
-        has_src_BxN = has_src_BxN & cfg.global_path
-        blocks, new = list(self.decoder.blocks), list(caches)
-        if not cfg.cross_attention:
-            h_BxNxD = h_BxNxD + jnp.where(has_src_BxN[..., None], slots_BxNxkxD.sum(axis=2), 0.0)
-            h_BxNxD, new = stack_extend(self.decoder, h_BxNxD, caches, pos0)
-            return head_logits(self.decoder_norm(h_BxNxD), self.head[...], NUM_BYTE_IDS, dt), new
-        src_BxSxD = slots_BxNxkxD.reshape(B, N * k, dl)
         index_BxNxk = jnp.broadcast_to(jnp.arange(N)[:, None] * k + jnp.arange(k)[None, :], (B, N, k))
-        valid_BxNxk = jnp.broadcast_to(has_src_BxN[:, :, None], (B, N, k))
-        for i in range(max(len(blocks), 1)):
-            if i < len(self.decoder_cross):
-                h_BxNxD = self._residual(h_BxNxD, self.decoder_cross[i](h_BxNxD[:, :, None, :], src_BxSxD, index_BxNxk, valid_BxNxk)[:, :, 0, :])
-            if i < len(blocks):
-                h_BxNxD, new[i] = block_extend(blocks[i], h_BxNxD, caches[i], pos0, self.decoder.window)
-        return head_logits(self.decoder_norm(h_BxNxD), self.head[...], NUM_BYTE_IDS, dt), new
+        return self.decoder(h_BxNxD, slots_BxNxkxD.reshape(B, N * k, dl), index_BxNxk, has_src_BxN, cache=caches, pos0=pos0)
 
     def score(self, batch: dict, *, dropout_key: jax.Array | None = None) -> Scores:
         """``batch["ids"]`` ``(B, T+1)`` and ``batch["patch_lengths"]`` ``(B, P)`` over the window.
