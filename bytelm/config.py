@@ -382,6 +382,11 @@ def with_values(cfg: Config, values: dict) -> Config:
     return dataclasses.replace(cfg, **changes)
 
 
+def with_overrides(cfg: Config, overrides: list[str] | tuple[str, ...]) -> Config:
+    """``cfg`` with a person's ``--set`` strings applied on top, validated like a config file."""
+    return build_config(apply_overrides(config_to_dict(cfg), list(overrides))) if overrides else cfg
+
+
 def typed_fields(cls: type, values: dict, *, section: str = "model") -> dict:
     """``values`` (field -> a TOML value or a ``--set`` string) converted to the types of ``cls``'s
     fields, with the loader's errors (an unknown field names the closest; a bad value names its type)."""

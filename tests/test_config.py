@@ -178,3 +178,30 @@ def test_small_and_base_presets_have_the_sizes_they_promise():
         assert load_config(f"{size}/entropy").model.window == 512
     tp = load_config("base/byte_tp").train
     assert (tp.mesh_fsdp, tp.mesh_tensor) == (4, 2)
+
+
+def test_configs_are_never_written_into():
+    """Frozen configs stay frozen: the library builds changed configs with dataclasses.replace
+    (bytelm.config.with_values, the families' sized), never object.__setattr__."""
+    import pathlib
+
+    import bytelm
+
+    root = pathlib.Path(bytelm.__file__).parent
+    assert [str(p) for p in root.rglob("*.py") if "object.__setattr__" in p.read_text()] == []
+
+
+def test_typed_changes_are_checked_like_a_file():
+    from bytelm.config import with_overrides, with_values
+
+    cfg = load_config(None, ["model.family=byte"])
+    changed = with_values(cfg, {"model.d_model": 64, "model.n_heads": 2, "train.steps": "7", "model.ngram_sizes": (3, 4)})
+    assert (changed.model.d_model, changed.train.steps, changed.model.ngram_sizes) == (64, 7, (3, 4))
+    assert load_config(None, ["model.family=byte", "model.d_model=64", "model.n_heads=2", "train.steps=7", "model.ngram_sizes=3,4"]) == changed
+    with pytest.raises(UserError, match=r"unknown key 'model.d_modle'; did you mean 'model.d_model'"):
+        with_values(cfg, {"model.d_modle": 64})
+    with pytest.raises(UserError, match="d_model 250 is not divisible by n_heads 4"):
+        with_values(cfg, {"model.d_model": 250})
+    with pytest.raises(UserError, match="train.steps = x is not a valid int"):
+        with_values(cfg, {"train.steps": "x"})
+    assert with_overrides(changed, ["train.steps=9"]).train.steps == 9 and with_overrides(changed, []) is changed

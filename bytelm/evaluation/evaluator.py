@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bytelm.config import load_config
+from bytelm.config import load_config, with_values
 from bytelm.data import load_corpus_from_config
 from bytelm.errors import UserError
 from bytelm.bpb import SegmentScores, UnigramByteModel, byte_counts
@@ -43,7 +43,8 @@ def read_run_json(run_dir: str | Path) -> dict:
 
 def run_config(run_dir: str | Path, data_spec: str | None = None):
     """The resolved config of a run, with ``data.source`` replaced by ``data_spec`` if given."""
-    return load_config(RunDir(run_dir).require_config(), [f"data.source={data_spec}"] if data_spec else [])
+    cfg = load_config(RunDir(run_dir).require_config())
+    return with_values(cfg, {"data.source": data_spec}) if data_spec else cfg
 
 
 class CorpusCache:
@@ -247,7 +248,8 @@ def evaluate_runs(
     if run_dirs:
         eval_set, per_run = eval_sets_for_runs(run_dirs, data_spec=data_spec, corpora=corpora)
     else:
-        eval_set = EvalSet.from_corpus(corpora.get(load_config(None, [f"data.source={data_spec}"] if data_spec else [])))
+        cfg = load_config(None)
+        eval_set = EvalSet.from_corpus(corpora.get(with_values(cfg, {"data.source": data_spec}) if data_spec else cfg))
         per_run = {}
     external_results = [read_external_scores(path, eval_set, name=name) for name, path in parsed]
     results = []

@@ -61,21 +61,17 @@ class RateChoice:
         }
 
 
-@dataclasses.dataclass(frozen=True)
 class RateSearch:
     """The rates of ``grid`` (any order, distinct, > 0), then up to ``max_extensions`` more beyond
     whichever end the best rate sits at."""
 
-    grid: tuple[float, ...]
-    max_extensions: int = MAX_EXTENSIONS
-
-    def __post_init__(self) -> None:
-        grid = tuple(sorted(float(x) for x in self.grid))
-        if not grid or any(not (x > 0 and math.isfinite(x)) for x in grid) or len(set(grid)) != len(grid):
-            raise UserError(f"learning rates must be distinct positive numbers, got {list(self.grid)}")
-        if self.max_extensions < 0:
-            raise ValueError(f"max_extensions must be >= 0, got {self.max_extensions}")
-        object.__setattr__(self, "grid", grid)
+    def __init__(self, grid, max_extensions: int = MAX_EXTENSIONS):
+        rates = tuple(sorted(float(x) for x in grid))
+        if not rates or any(not (x > 0 and math.isfinite(x)) for x in rates) or len(set(rates)) != len(rates):
+            raise UserError(f"learning rates must be distinct positive numbers, got {list(grid)}")
+        if max_extensions < 0:
+            raise ValueError(f"max_extensions must be >= 0, got {max_extensions}")
+        self.grid, self.max_extensions = rates, max_extensions
 
     @property
     def ratio_down(self) -> float:

@@ -33,10 +33,13 @@ import numpy as np
 from flax import nnx
 
 from bytelm.atomic import atomic_write_text
-from bytelm.config import Config, dump_config, load_config
+from bytelm.config import Config, dump_config, load_config, with_overrides, with_values
 from bytelm.constants import NUM_BYTE_IDS
 from bytelm.errors import UserError
+from bytelm.families.blt.config import BLTConfig
+from bytelm.families.byte.config import ByteLMConfig
 from bytelm.interop.safetensors import SafetensorsFolder, write_safetensors
+from bytelm.models.configs import StackConfig, with_stacks
 from bytelm.rundir import RunDir
 from bytelm.training.checkpoint import Checkpointer
 from bytelm.families import task_class
@@ -363,10 +366,11 @@ def _stack(sub: dict, where: str) -> dict:
     return {"d": width, "heads": heads, "layers": int(sub["num_hidden_layers"]), "mlp": int(mlp), "eps": float(sub["rms_norm_eps"])}
 
 
-def blt_overrides_from_hf(config: dict, where: str, *, entropy_run: str, seq_len: int, max_patch_len: int | None,
-                          max_patches: int | None) -> tuple[list[str], list[str], dict]:
-    """``--set`` overrides of the BLT run and of its entropy-model run from a BLT ``config.json``,
-    and a note of what was read. Refuses (naming the key) what bytelm cannot reproduce."""
+def blt_configs_from_hf(config: dict, where: str, *, entropy_run: str, seq_len: int, max_patch_len: int | None,
+                        max_patches: int | None) -> tuple[Config, Config, dict]:
+    """The configs of the BLT run and of its entropy-model run from a BLT ``config.json`` (typed: the
+    family configs built from their stacks), and a note of what was read. Refuses (naming the key)
+    what bytelm cannot reproduce."""
     if config.get("model_type") not in (None, "blt"):
         raise UserError(f"{where}: model_type {config.get('model_type')!r} is not 'blt'")
     if int(config.get("vocab_size", NUM_BYTE_IDS)) != NUM_BYTE_IDS:
@@ -404,29 +408,27 @@ def blt_overrides_from_hf(config: dict, where: str, *, entropy_run: str, seq_len
     patch_len = int(max_patch_len or ref_max or min(DEFAULT_MAX_PATCH_LEN, seq_len + 1))
     if ref_max and patch_len > int(ref_max):
         raise UserError(f"--max-patch-len {patch_len} is longer than the reference's max_patch_length {ref_max}")
-    blt = [
-        "model.family=blt", "model.variant=reference", "model.patching=entropy", f"model.entropy_run={entropy_run}",
-        f"model.threshold={float(threshold)!r}", "model.monotonic_threshold=0", f"model.max_patch_len={patch_len}",
-        f"model.max_patches={int(max_patches or seq_len + 1)}",
-        f"model.local_d_model={enc['d']}", f"model.encoder_layers={enc['layers']}", f"model.decoder_layers={dec['layers']}",
-        f"model.local_heads={enc['heads']}", f"model.local_mlp_dim={enc['mlp']}", f"model.local_window={int(window or 0)}",
-        f"model.global_d_model={glo['d']}", f"model.global_layers={glo['layers']}", f"model.global_heads={glo['heads']}",
-        f"model.global_mlp_dim={glo['mlp']}", "model.ngram_sizes=" + ",".join(str(int(s)) for s in sizes),
-        f"model.hash_table_size={vocab}", f"model.hash_functions={int(config.get('encoder_hash_byte_group_nb_functions', 1))}",
-        f"model.queries_per_patch={k}", f"model.cross_heads={enc['heads']}", "model.encoder_cross_all_layers=false",
-        f"model.decoder_cross_all_layers={'true' if dec_raw['cross_attn_all_layers'] else 'false'}",
-        f"model.rope_base={thetas.pop()!r}", f"model.norm_eps={eps.pop()!r}", f"train.seq_len={seq_len}",
-        f"data.segment_bytes={seq_len}",  # held-out segments fit the window
-    ]
     if int(pat_raw.get("vocab_size", NUM_BYTE_IDS)) != NUM_BYTE_IDS:
         raise UserError(f"{where}: patcher_config.vocab_size {pat_raw['vocab_size']} is not {NUM_BYTE_IDS}")
-    entropy = [
-        "model.family=byte", f"model.d_model={pat['d']}", f"model.n_layers={pat['layers']}", f"model.n_heads={pat['heads']}",
-        f"model.mlp_dim={pat['mlp']}", f"model.window={int(pat_raw.get('sliding_window') or 0)}",
-        f"model.rope_base={_rope_theta(pat_raw, f'{where} patcher_config', 10000.0)!r}", f"model.norm_eps={pat['eps']!r}",
-        f"train.seq_len={seq_len}", f"data.segment_bytes={seq_len}",
-    ]
-    return blt, entropy, {"encoder_cross_all_layers": bool(enc_raw["cross_attn_all_layers"])}
+    window_fields = {"train.seq_len": seq_len, "data.segment_bytes": seq_len}  # held-out segments fit the window
+    try:
+        blt = with_stacks(BLTConfig(
+            variant="reference", patching="entropy", entropy_run=entropy_run, threshold=float(threshold), monotonic_threshold=0.0,
+            max_patch_len=patch_len, max_patches=int(max_patches or seq_len + 1), encoder_layers=enc["layers"],
+            decoder_layers=dec["layers"], local_window=int(window or 0), ngram_sizes=tuple(int(n) for n in sizes), hash_table_size=vocab,
+            hash_functions=int(config.get("encoder_hash_byte_group_nb_functions", 1)), queries_per_patch=k, cross_heads=enc["heads"],
+            encoder_cross_all_layers=False, decoder_cross_all_layers=bool(dec_raw["cross_attn_all_layers"]), rope_base=thetas.pop(),
+            norm_eps=eps.pop(),
+        ), {"local_": StackConfig(enc["d"], enc["layers"], enc["heads"], enc["mlp"]),
+            "global_": StackConfig(glo["d"], glo["layers"], glo["heads"], glo["mlp"])})
+        entropy = with_stacks(ByteLMConfig(
+            window=int(pat_raw.get("sliding_window") or 0), rope_base=_rope_theta(pat_raw, f"{where} patcher_config", 10000.0),
+            norm_eps=pat["eps"],
+        ), {"": StackConfig(pat["d"], pat["layers"], pat["heads"], pat["mlp"])})
+    except ValueError as e:
+        raise UserError(f"{where}: a configuration bytelm cannot build: {e}") from None
+    return (with_values(Config(model=blt), window_fields), with_values(Config(model=entropy), window_fields),
+            {"encoder_cross_all_layers": bool(enc_raw["cross_attn_all_layers"])})
 
 
 # -- run directories ----------------------------------------------------------------------------
@@ -489,12 +491,11 @@ def convert_hf_blt(hf_dir: str | os.PathLike, out: str | os.PathLike, *, entropy
             raise UserError(f"{d} already holds a run: choose a new --out (conversion never overwrites a run)")
     config = read_config_json(hf_dir)
     tensors = SafetensorsFolder(hf_dir)
-    blt_set, entropy_set, note = blt_overrides_from_hf(
+    blt_cfg, entropy_cfg, note = blt_configs_from_hf(
         config, str(hf_dir / CONFIG_FILE), entropy_run=str(entropy_out), seq_len=seq_len, max_patch_len=max_patch_len,
         max_patches=max_patches,
     )
-    entropy_cfg = load_config(None, [*entropy_set, *overrides])
-    blt_cfg = load_config(None, [*blt_set, *overrides])
+    entropy_cfg, blt_cfg = with_overrides(entropy_cfg, overrides), with_overrides(blt_cfg, overrides)
     entropy_entries = decoder_lm_entries(entropy_cfg.model, "model.patcher.", PATCHER_HEAD, rope_perm=True)
     entries = blt_entries(blt_cfg.model)
     dead: tuple[str, ...] = ()
