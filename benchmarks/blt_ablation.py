@@ -34,7 +34,14 @@ def main() -> None:
     p.add_argument("--preset", default="tiny", help="compare preset (default: tiny)")
     p.add_argument("--data", help="corpus spec (default: the preset's, stdlib)")
     p.add_argument("--out", default="runs/blt_ablation", help="output directory (default: runs/blt_ablation)")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="an override for every model (repeatable)")
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="an override for every model (repeatable)",
+    )
     args = p.parse_args()
     configure_cpu_devices()
     out = Path(args.out)
@@ -43,8 +50,13 @@ def main() -> None:
     compare(preset, out, data_spec=args.data, note=print)
 
     blt = next(m for m in preset.members if m.name == "blt")
-    extra = tuple(dataclasses.replace(blt, name=name, overrides=(*blt.overrides, *sets)) for name, sets in VARIANTS.items())
-    report = compare(dataclasses.replace(preset, members=(*preset.members, *extra)), out, data_spec=args.data, note=print).report
+    extra = tuple(
+        dataclasses.replace(blt, name=name, overrides=(*blt.overrides, *sets))
+        for name, sets in VARIANTS.items()
+    )
+    report = compare(
+        dataclasses.replace(preset, members=(*preset.members, *extra)), out, data_spec=args.data, note=print
+    ).report
 
     zeroed = out / "runs" / "blt_global_zeroed"
     if zeroed.exists():
@@ -55,10 +67,14 @@ def main() -> None:
     zero = evaluate_runs([zeroed], data_spec=args.data, json_path=out / "blt_global_zeroed.json")["models"][0]
 
     rows = [*report["models"], zero]
-    print(f"\n{'model':<20} {'family':<9} {'BPB':>7} {'own FLOPs':>12} {'total FLOPs':>12} {'bytes/step':>10}  note")
+    print(
+        f"\n{'model':<20} {'family':<9} {'BPB':>7} {'own FLOPs':>12} {'total FLOPs':>12} {'bytes/step':>10}  note"
+    )
     for m in rows:
         bpgs = m["mean_bytes_per_global_step"]
-        print(f"{m['name']:<20} {m['family']:<9} {m['bpb']:7.4f} {m['flops'] or 0:12.3g} {m.get('flops_total') or 0:12.3g} {bpgs or 0:10.2f}  {m['note']}")
+        print(
+            f"{m['name']:<20} {m['family']:<9} {m['bpb']:7.4f} {m['flops'] or 0:12.3g} {m.get('flops_total') or 0:12.3g} {bpgs or 0:10.2f}  {m['note']}"
+        )
     print(json.dumps({"fingerprint": report["fingerprint"], **{m["name"]: round(m["bpb"], 4) for m in rows}}))
 
 

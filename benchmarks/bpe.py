@@ -44,9 +44,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pattern", default="cl100k", help="pre-tokenization pattern (default: cl100k)")
     p.add_argument("--encode-mb", type=float, default=10.0, help="MB (10^6 bytes) to encode (default: 10)")
     p.add_argument("--workers", type=int, default=None, help="our worker processes (default: all CPUs)")
-    p.add_argument("--repeat", type=int, default=1, help="training runs per side; the best is reported (default: 1)")
     p.add_argument(
-        "--encode-repeat", type=int, default=3,
+        "--repeat", type=int, default=1, help="training runs per side; the best is reported (default: 1)"
+    )
+    p.add_argument(
+        "--encode-repeat",
+        type=int,
+        default=3,
         help="encoding runs per side, alternating ours / tiktoken; each side's best is reported (default: 3)",
     )
     args = p.parse_args(argv)
@@ -83,7 +87,9 @@ def main(argv: list[str] | None = None) -> int:
         train_times.append(time.perf_counter() - t0)
     rss_self, rss_child = peak_rss_mb()
     train_s = min(train_times)
-    print(f"ours  train {train_s:7.2f} s  ({len(tok.merges)} merges)  peak RSS {rss_self:.0f} MiB (+ workers {rss_child:.0f} MiB)")
+    print(
+        f"ours  train {train_s:7.2f} s  ({len(tok.merges)} merges)  peak RSS {rss_self:.0f} MiB (+ workers {rss_child:.0f} MiB)"
+    )
 
     # -- training: HF --------------------------------------------------------------------------
     pattern = PATTERNS.get(args.pattern, args.pattern)
@@ -97,18 +103,25 @@ def main(argv: list[str] | None = None) -> int:
             ]
         )
         trainer = trainers.BpeTrainer(
-            vocab_size=args.vocab_size, show_progress=False, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+            vocab_size=args.vocab_size,
+            show_progress=False,
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         )
         t0 = time.perf_counter()
         hf.train_from_iterator(texts, trainer)
         hf_times.append(time.perf_counter() - t0)
     hf_train_s = min(hf_times)
-    hf_merges = [(chars_to_bytes(a), chars_to_bytes(b)) for a, b in json.loads(hf.to_str())["model"]["merges"]]
+    hf_merges = [
+        (chars_to_bytes(a), chars_to_bytes(b)) for a, b in json.loads(hf.to_str())["model"]["merges"]
+    ]
     our_merges = [(tok.token_bytes(a), tok.token_bytes(b)) for a, b in tok.merges]
     identical = hf_merges == our_merges
     print(f"HF    train {hf_train_s:7.2f} s  ({len(hf_merges)} merges)  merge lists identical: {identical}")
     if not identical:
-        i = next((i for i, (x, y) in enumerate(zip(our_merges, hf_merges)) if x != y), min(len(our_merges), len(hf_merges)))
+        i = next(
+            (i for i, (x, y) in enumerate(zip(our_merges, hf_merges)) if x != y),
+            min(len(our_merges), len(hf_merges)),
+        )
         print(f"      first difference at merge {i}")
 
     # -- encoding ------------------------------------------------------------------------------
@@ -123,7 +136,9 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         tok.save(tmp)
         ranks = tiktoken.load.load_tiktoken_bpe(os.path.join(tmp, "ranks.tiktoken"))
-    enc = tiktoken.Encoding(name="bytelm-bench", pat_str=tok.pattern, mergeable_ranks=ranks, special_tokens={})
+    enc = tiktoken.Encoding(
+        name="bytelm-bench", pat_str=tok.pattern, mergeable_ranks=ranks, special_tokens={}
+    )
     # one-time setup on both sides, outside the timing: tiktoken builds its encoder and regex;
     # ours builds the fast path's tables (which tokens encode to themselves, the pair-rank table)
     enc.encode_ordinary("warm up")
@@ -139,7 +154,9 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.perf_counter()
         tt_ids = [enc.encode_ordinary(t) for t in enc_texts]
         tt_times.append(time.perf_counter() - t0)
-    print(f"encode times, alternating (s): ours {[round(t, 3) for t in our_times]}, tiktoken {[round(t, 3) for t in tt_times]}")
+    print(
+        f"encode times, alternating (s): ours {[round(t, 3) for t in our_times]}, tiktoken {[round(t, 3) for t in tt_times]}"
+    )
     same_ids = ids.tolist() == [i for x in tt_ids for i in x]
     encode_mb_s = size / 1e6 / min(our_times)
     tiktoken_mb_s = size / 1e6 / min(tt_times)

@@ -27,7 +27,9 @@ def main() -> None:
 
     corpus = load_corpus(args.data)
     stream = corpus.train_stream
-    it = WindowBatches(stream, batch_size=args.batch_size, window=args.seq_len + 1, seed=0, process_index=0, process_count=1)
+    it = WindowBatches(
+        stream, batch_size=args.batch_size, window=args.seq_len + 1, seed=0, process_index=0, process_count=1
+    )
     for _ in range(20):  # warm the page cache and the allocator
         next(it)
     n = 0
@@ -43,7 +45,11 @@ def main() -> None:
     print(f"corpus {args.data}: train stream {len(stream):,} ids")
     print(f"B={args.batch_size} T={args.seq_len}: {n} batches in {elapsed:.2f} s")
     print(f"{batches_s:,.1f} batches/s, {bytes_s / 1e6:,.1f} MB/s of corpus bytes delivered")
-    print(json.dumps({"batches_s": round(batches_s, 2), "bytes_s": round(bytes_s), "mb_per_s": round(bytes_s / 1e6, 1)}))
+    print(
+        json.dumps(
+            {"batches_s": round(batches_s, 2), "bytes_s": round(bytes_s), "mb_per_s": round(bytes_s / 1e6, 1)}
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -21,9 +21,9 @@ import time
 
 import jax
 import jax.numpy as jnp
+from train_step import cpu_model  # (benchmarks/ is on sys.path when this script runs)
 
 from bytelm.models.core import dropout_bits
-from train_step import cpu_model  # (benchmarks/ is on sys.path when this script runs)
 
 SHAPE, SITES, RATE = (16, 256, 192), 9, 0.1
 
@@ -68,8 +68,16 @@ def main() -> None:
     ms = {k: statistics.median(v) * 1e3 for k, v in times.items()}
     for k in kinds:
         print(f"{k:>9}: {ms[k]:8.2f} ms for {SITES} masks of {SHAPE}")
-    print(json.dumps({**{f"{k}_ms": round(v, 3) for k, v in ms.items()}, "threefry_over_hash": round(ms["threefry"] / ms["hash"], 1),
-                      "cpu": cpu_model(), "devices": jax.device_count()}))
+    print(
+        json.dumps(
+            {
+                **{f"{k}_ms": round(v, 3) for k, v in ms.items()},
+                "threefry_over_hash": round(ms["threefry"] / ms["hash"], 1),
+                "cpu": cpu_model(),
+                "devices": jax.device_count(),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -32,24 +32,24 @@ import time
 
 import numpy as np
 from flax import nnx
+from train_step import cpu_model  # (benchmarks/ is on sys.path when this script runs)
 
 from bytelm.baselines.bpe import train_bpe
 from bytelm.config import load_config, resolve_config_path
 from bytelm.constants import EOS_ID
 from bytelm.data import WindowBatches, load_corpus
-from bytelm.families.blt.model import BLT
-from bytelm.families.byte.model import ByteLM
-from bytelm.families.megabyte.model import MegaByte
-from bytelm.families.bpe.model import TokenLM
-from bytelm.patching import EntropyModel, EntropyPatcher
 from bytelm.families.blt.decoder import BLTDecoder
+from bytelm.families.blt.model import BLT
 from bytelm.families.bpe import token_decoder
+from bytelm.families.bpe.model import TokenLM
 from bytelm.families.byte import byte_decoder
+from bytelm.families.byte.model import ByteLM
 from bytelm.families.megabyte.decoder import MegaByteDecoder
+from bytelm.families.megabyte.model import MegaByte
 from bytelm.generate import generate
+from bytelm.patching import EntropyModel, EntropyPatcher
 from bytelm.sampling.sampler import SamplingOptions, choose
 from bytelm.training.trainer import count_params
-from train_step import cpu_model  # (benchmarks/ is on sys.path when this script runs)
 
 
 def config(name: str, context: int):
@@ -75,9 +75,14 @@ def build(context: int, corpus, only: list[str]) -> dict:
     blt_cfg = config("blt", context).model
     blt = BLT(blt_cfg, rngs=rngs)
     entropy_lm = ByteLM(config("entropy", context).model, rngs=rngs)
-    sample = WindowBatches(corpus.train_stream, batch_size=16, window=context + 1, seed=1, process_index=0, process_count=1).batch(0)
+    sample = WindowBatches(
+        corpus.train_stream, batch_size=16, window=context + 1, seed=1, process_index=0, process_count=1
+    ).batch(0)
     patcher, _ = EntropyPatcher.calibrated(
-        EntropyModel(entropy_lm, width=context + 1), sample, blt_cfg.target_patch_len, max_patch_len=blt_cfg.max_patch_len
+        EntropyModel(entropy_lm, width=context + 1),
+        sample,
+        blt_cfg.target_patch_len,
+        max_patch_len=blt_cfg.max_patch_len,
     )
     decoders = {
         "byte": (byte_decoder(byte, context), byte),
@@ -101,9 +106,17 @@ def recompute_generate(decoder, prompt: bytes, max_bytes: int, options: Sampling
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--max-bytes", type=int, default=512, help="bytes generated per measurement (default: 512)")
-    p.add_argument("--context", type=int, default=1024, help="the models' context, train.seq_len (default: 1024)")
-    p.add_argument("--only", default="byte,bpe,megabyte,blt", help="comma-separated families to measure (default: all four)")
+    p.add_argument(
+        "--max-bytes", type=int, default=512, help="bytes generated per measurement (default: 512)"
+    )
+    p.add_argument(
+        "--context", type=int, default=1024, help="the models' context, train.seq_len (default: 1024)"
+    )
+    p.add_argument(
+        "--only",
+        default="byte,bpe,megabyte,blt",
+        help="comma-separated families to measure (default: all four)",
+    )
     args = p.parse_args()
     only = [f for f in args.only.split(",") if f]
     corpus = load_corpus("stdlib")
@@ -112,7 +125,9 @@ def main() -> None:
     eos_free = dict(max_bytes=args.max_bytes, options=options)
     out: dict = {"cpu": cpu_model(), "max_bytes": args.max_bytes, "context": args.context}
     speedups = []
-    print(f"{'family':<9} {'params':>12} {'cached B/s':>11} {'recompute B/s':>14} {'speedup':>8}  same sample")
+    print(
+        f"{'family':<9} {'params':>12} {'cached B/s':>11} {'recompute B/s':>14} {'speedup':>8}  same sample"
+    )
     for family, (decoder, model) in build(args.context, corpus, only).items():
         decoder.allowed_V[EOS_ID] = False  # no EOS: every measurement generates exactly max_bytes bytes
         # compile the prefill and every step program (MegaByte's and BLT's patch steps included)
@@ -146,7 +161,9 @@ def main() -> None:
             assert stats["positions"] == n + fed, stats
             out["blt_global_calls_per_byte"] = round(calls / fed, 4)
             out["blt_mean_patch_len"] = round(fed / max(sum(starts), 1), 4)
-            print(f"BLT: {calls} global calls for {fed} fed bytes; mean patch length {fed / max(sum(starts), 1):.3f}")
+            print(
+                f"BLT: {calls} global calls for {fed} fed bytes; mean patch length {fed / max(sum(starts), 1):.3f}"
+            )
     if set(only) == {"byte", "bpe", "megabyte", "blt"}:  # the headline: over every family
         out["cached_speedup_min"] = round(min(speedups), 2)
     print(json.dumps(out))

@@ -42,16 +42,39 @@ def build_reference(folder: Path, ids: np.ndarray, layers: int, width: int, seed
     torch.manual_seed(seed)
     rope = {"rope_type": "default", "rope_theta": 10000.0}
     heads = max(width // 32, 1)
-    local = dict(hidden_size=width, num_attention_heads=heads, intermediate_size=2 * width, hidden_size_global=2 * width,
-                 cross_attn_k=2, rope_parameters=rope, num_hidden_layers=layers)
+    local = dict(
+        hidden_size=width,
+        num_attention_heads=heads,
+        intermediate_size=2 * width,
+        hidden_size_global=2 * width,
+        cross_attn_k=2,
+        rope_parameters=rope,
+        num_hidden_layers=layers,
+    )
     cfg = BltConfig(
-        local_attention_window_len=64, cross_attn_k=2, encoder_hash_byte_group_size=[3, 4, 5, 6, 7, 8],
-        encoder_hash_byte_group_vocab=5003, encoder_hash_byte_group_nb_functions=2, rope_parameters=rope,
-        encoder_config=dict(local, cross_attn_all_layers=False), decoder_config=dict(local, cross_attn_all_layers=True),
-        global_config=dict(hidden_size=2 * width, num_attention_heads=heads, num_hidden_layers=layers, intermediate_size=4 * width,
-                           rope_parameters=rope),
-        patcher_config=dict(hidden_size=width, num_attention_heads=heads, num_hidden_layers=layers, intermediate_size=2 * width,
-                            sliding_window=64, rope_parameters=rope),
+        local_attention_window_len=64,
+        cross_attn_k=2,
+        encoder_hash_byte_group_size=[3, 4, 5, 6, 7, 8],
+        encoder_hash_byte_group_vocab=5003,
+        encoder_hash_byte_group_nb_functions=2,
+        rope_parameters=rope,
+        encoder_config=dict(local, cross_attn_all_layers=False),
+        decoder_config=dict(local, cross_attn_all_layers=True),
+        global_config=dict(
+            hidden_size=2 * width,
+            num_attention_heads=heads,
+            num_hidden_layers=layers,
+            intermediate_size=4 * width,
+            rope_parameters=rope,
+        ),
+        patcher_config=dict(
+            hidden_size=width,
+            num_attention_heads=heads,
+            num_hidden_layers=layers,
+            intermediate_size=2 * width,
+            sliding_window=64,
+            rope_parameters=rope,
+        ),
     )
     model = BltForCausalLM(cfg).eval()
     with torch.no_grad():
@@ -68,10 +91,19 @@ def build_reference(folder: Path, ids: np.ndarray, layers: int, width: int, seed
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--layers", type=int, default=2, help="layers of every stack (default: 2)")
-    p.add_argument("--width", type=int, default=64, help="local width; the global width is twice it (default: 64)")
+    p.add_argument(
+        "--width", type=int, default=64, help="local width; the global width is twice it (default: 64)"
+    )
     p.add_argument("--text-bytes", type=int, default=2000, help="bytes of text compared (default: 2000)")
-    p.add_argument("--seed", type=int, default=0, help="torch seed of the reference's initialisation (default: 0)")
-    p.add_argument("--max-patch-len", type=int, default=None, help="bytelm's patch-length limit (default: the converter's)")
+    p.add_argument(
+        "--seed", type=int, default=0, help="torch seed of the reference's initialisation (default: 0)"
+    )
+    p.add_argument(
+        "--max-patch-len",
+        type=int,
+        default=None,
+        help="bytelm's patch-length limit (default: the converter's)",
+    )
     args = p.parse_args(argv)
     text = Path(__file__).read_bytes()[: args.text_bytes]
     ids = np.concatenate([[BOS_ID], BYTE_OFFSET + np.frombuffer(text, np.uint8)]).astype(np.int64)
@@ -79,7 +111,9 @@ def main(argv: list[str] | None = None) -> int:
         tmp = Path(tmp)
         ref = build_reference(tmp / "hf", ids, args.layers, args.width, args.seed)
         t = time.perf_counter()
-        out, _ = convert_hf_blt(tmp / "hf", tmp / "run", seq_len=len(ids) + 1, max_patch_len=args.max_patch_len)
+        out, _ = convert_hf_blt(
+            tmp / "hf", tmp / "run", seq_len=len(ids) + 1, max_patch_len=args.max_patch_len
+        )
         convert_s = time.perf_counter() - t
         t = time.perf_counter()
         BltForCausalLM.from_pretrained(tmp / "hf")
@@ -87,7 +121,9 @@ def main(argv: list[str] | None = None) -> int:
 
         with torch.no_grad():
             x = torch.tensor(ids[None])
-            ref_ent, ref_lengths, _ = ref.model.patcher(x, patch_size=4, threshold=ref.config.patching_threshold)
+            ref_ent, ref_lengths, _ = ref.model.patcher(
+                x, patch_size=4, threshold=ref.config.patching_threshold
+            )
             times = []
             for _ in range(3):
                 t = time.perf_counter()
@@ -126,8 +162,12 @@ def main(argv: list[str] | None = None) -> int:
         "hf_forward_s": round(hf_forward_s, 4),
         "forward_speedup": round(hf_forward_s / bytelm_forward_s, 2),
     }
-    print(f"patches {record['patches']} over {record['positions']} positions; boundaries identical: {record['boundaries_identical']}")
-    print(f"max |entropy diff| {record['max_abs_entropy_diff']:.2e} nats; max |logit diff| {record['max_abs_logit_diff']:.2e}")
+    print(
+        f"patches {record['patches']} over {record['positions']} positions; boundaries identical: {record['boundaries_identical']}"
+    )
+    print(
+        f"max |entropy diff| {record['max_abs_entropy_diff']:.2e} nats; max |logit diff| {record['max_abs_logit_diff']:.2e}"
+    )
     print(json.dumps(record))
     return 0
 

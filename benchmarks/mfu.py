@@ -38,10 +38,23 @@ import time
 # dense bf16 peak FLOP/s per device (datasheets; no sparsity): NVIDIA H100/H200 SXM 989.4e12,
 # H100 PCIe 756e12, A100 312e12, L4 121e12; Google TPU v4 275e12, v5e 197e12, v5p 459e12, v6e 918e12
 DATASHEET_BF16_PEAK = {
-    "H100 80GB HBM3": 989.4e12, "NVIDIA H100 80GB HBM3": 989.4e12, "H100 SXM": 989.4e12, "NVIDIA H200": 989.4e12,
-    "H100 PCIe": 756e12, "NVIDIA H100 PCIe": 756e12, "NVIDIA A100-SXM4-80GB": 312e12, "NVIDIA A100-SXM4-40GB": 312e12,
-    "NVIDIA A100 80GB PCIe": 312e12, "NVIDIA L4": 121e12,
-    "TPU v4": 275e12, "TPU v5 lite": 197e12, "TPU v5e": 197e12, "TPU v5p": 459e12, "TPU v5": 459e12, "TPU v6 lite": 918e12, "TPU v6e": 918e12,
+    "H100 80GB HBM3": 989.4e12,
+    "NVIDIA H100 80GB HBM3": 989.4e12,
+    "H100 SXM": 989.4e12,
+    "NVIDIA H200": 989.4e12,
+    "H100 PCIe": 756e12,
+    "NVIDIA H100 PCIe": 756e12,
+    "NVIDIA A100-SXM4-80GB": 312e12,
+    "NVIDIA A100-SXM4-40GB": 312e12,
+    "NVIDIA A100 80GB PCIe": 312e12,
+    "NVIDIA L4": 121e12,
+    "TPU v4": 275e12,
+    "TPU v5 lite": 197e12,
+    "TPU v5e": 197e12,
+    "TPU v5p": 459e12,
+    "TPU v5": 459e12,
+    "TPU v6 lite": 918e12,
+    "TPU v6e": 918e12,
 }
 N_TOKEN_IDS = 32768
 
@@ -72,18 +85,21 @@ def family_step(size: str, family: str, overrides: list[str], batch: int | None,
 
     from bytelm.config import load_config
     from bytelm.constants import BYTE_OFFSET
+    from bytelm.families.blt import flops as blt_flops
     from bytelm.families.blt.model import BLT
     from bytelm.families.bpe.model import TokenLM
-    from bytelm.patching.lengths import starts_to_lengths
-    from bytelm.patching.patchers import real_lengths, static_starts
-    from bytelm.families.blt import flops as blt_flops
-    from bytelm.models import flops
-    from bytelm.training.optim import schedule_plan
     from bytelm.families.byte import ByteTask
     from bytelm.families.megabyte import MegaByteTask
+    from bytelm.models import flops
+    from bytelm.patching.lengths import starts_to_lengths
+    from bytelm.patching.patchers import real_lengths, static_starts
+    from bytelm.training.optim import schedule_plan
     from bytelm.training.trainer import Trainer
 
-    sets = [*(["train.batch_size=%d" % batch] if batch else []), *(["train.seq_len=%d" % seq_len] if seq_len else [])]
+    sets = [
+        *(["train.batch_size=%d" % batch] if batch else []),
+        *(["train.seq_len=%d" % seq_len] if seq_len else []),
+    ]
     if family == "blt":
         sets.append("model.entropy_run=")  # not used: fixed patches (module docstring)
     cfg = load_config(f"{size}/{family}", [*overrides, *sets])
@@ -110,7 +126,9 @@ def family_step(size: str, family: str, overrides: list[str], batch: int | None,
     task = Bench()
     trainer = Trainer(cfg, task)
     plan = schedule_plan(cfg.train, 10**6)
-    seed_step = np.asarray([cfg.train.seed, 0], np.uint32)  # the dropout key of a step, when model.dropout > 0
+    seed_step = np.asarray(
+        [cfg.train.seed, 0], np.uint32
+    )  # the dropout key of a step, when model.dropout > 0
     rng = np.random.default_rng(0)
     high = N_TOKEN_IDS + BYTE_OFFSET if family == "bpe" else 256 + BYTE_OFFSET
     ids = rng.integers(BYTE_OFFSET, high, size=(B, T + 1)).astype(np.int32)
@@ -123,7 +141,9 @@ def family_step(size: str, family: str, overrides: list[str], batch: int | None,
 
     def step() -> float:
         t0 = time.perf_counter()
-        trainer.params, trainer.opt_state, metrics = trainer._train_step(trainer.params, trainer.opt_state, device_batch, plan, seed_step)
+        trainer.params, trainer.opt_state, metrics = trainer._train_step(
+            trainer.params, trainer.opt_state, device_batch, plan, seed_step
+        )
         jax.block_until_ready(metrics["loss"])
         return time.perf_counter() - t0
 
@@ -142,12 +162,27 @@ def family_step(size: str, family: str, overrides: list[str], batch: int | None,
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--size", default="small", help="preset size: configs/<size>/<family>.toml (tiny, small, base; default small)")
-    p.add_argument("--families", default="byte,bpe,megabyte,blt", help="comma-separated families (default: all four)")
-    p.add_argument("--steps", type=int, default=10, help="timed steps per family after 2 warm-up steps (default 10)")
+    p.add_argument(
+        "--size",
+        default="small",
+        help="preset size: configs/<size>/<family>.toml (tiny, small, base; default small)",
+    )
+    p.add_argument(
+        "--families", default="byte,bpe,megabyte,blt", help="comma-separated families (default: all four)"
+    )
+    p.add_argument(
+        "--steps", type=int, default=10, help="timed steps per family after 2 warm-up steps (default 10)"
+    )
     p.add_argument("--batch", type=int, help="override train.batch_size (sequences per step)")
     p.add_argument("--seq-len", type=int, help="override train.seq_len")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="config override for every family (repeatable)")
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="config override for every family (repeatable)",
+    )
     args = p.parse_args(argv)
 
     import jax
@@ -155,8 +190,14 @@ def main(argv: list[str] | None = None) -> int:
     device = jax.devices()[0]
     kind = device.device_kind
     sheet = datasheet_peak(kind)
-    result: dict = {"device": kind, "backend": jax.default_backend(), "devices": jax.device_count(), "size": args.size,
-                    "datasheet_bf16_peak": sheet, "families": {}}
+    result: dict = {
+        "device": kind,
+        "backend": jax.default_backend(),
+        "devices": jax.device_count(),
+        "size": args.size,
+        "datasheet_bf16_peak": sheet,
+        "families": {},
+    }
     measured: dict[str, float] = {}
     for family in [f.strip() for f in args.families.split(",") if f.strip()]:
         step, info, trainer = family_step(args.size, family, args.overrides, args.batch, args.seq_len)
@@ -177,20 +218,28 @@ def main(argv: list[str] | None = None) -> int:
             "step_s_min": min(times),
             "step_s_max": max(times),
             "positions_s": info["positions_per_step"] / step_s,
-            "bytes_s": None if family == "bpe" else info["positions_per_step"] / step_s,  # bpe: tokens, not bytes
+            "bytes_s": None
+            if family == "bpe"
+            else info["positions_per_step"] / step_s,  # bpe: tokens, not bytes
             "mfu_measured": info["flops_per_step"] / step_s / peak_m,
             "mfu_datasheet": (info["flops_per_step"] / step_s / (sheet * n)) if sheet else None,
         }
         result["families"][family] = row
         sheet_txt = f"{row['mfu_datasheet']:.3f}" if sheet else "n/a"
-        print(f"{family:9s} {info['params'] / 1e6:8.1f}M params  B={info['batch']} T={info['seq_len']} {info['dtype']}  "
-              f"step {step_s * 1e3:9.1f} ms  {row['positions_s']:12,.0f} {'tokens' if family == 'bpe' else 'bytes'}/s  MFU datasheet {sheet_txt}  measured {row['mfu_measured']:.3f}",
-              file=sys.stderr, flush=True)
+        print(
+            f"{family:9s} {info['params'] / 1e6:8.1f}M params  B={info['batch']} T={info['seq_len']} {info['dtype']}  "
+            f"step {step_s * 1e3:9.1f} ms  {row['positions_s']:12,.0f} {'tokens' if family == 'bpe' else 'bytes'}/s  MFU datasheet {sheet_txt}  measured {row['mfu_measured']:.3f}",
+            file=sys.stderr,
+            flush=True,
+        )
         del step, trainer
         gc.collect()
         jax.clear_caches()
     result["measured_peak"] = measured
-    print(f"device {kind} x {jax.device_count()}: datasheet bf16 peak {sheet}, measured matmul peak {measured}", file=sys.stderr)
+    print(
+        f"device {kind} x {jax.device_count()}: datasheet bf16 peak {sheet}, measured matmul peak {measured}",
+        file=sys.stderr,
+    )
     print(json.dumps(result))
     return 0
 

@@ -79,8 +79,8 @@ def nanogpt_worker(args: argparse.Namespace) -> None:
 
     def get_batch():
         ix = torch.randint(len(data) - block, (batch,), generator=gen)
-        x = torch.stack([torch.from_numpy(data[i:i + block]) for i in ix.tolist()])
-        y = torch.stack([torch.from_numpy(data[i + 1:i + 1 + block]) for i in ix.tolist()])
+        x = torch.stack([torch.from_numpy(data[i : i + block]) for i in ix.tolist()])
+        y = torch.stack([torch.from_numpy(data[i + 1 : i + 1 + block]) for i in ix.tolist()])
         return x, y
 
     torch.manual_seed(1337)
@@ -118,9 +118,16 @@ def nanogpt_worker(args: argparse.Namespace) -> None:
         spent = time.perf_counter() - t0
         if it == 1:
             mark = (spent, 1)
-        elif replanning and max_iters is not None and it & (it - 1) == 0 and not (it < warmup or it - warmup <= 0.2 * (max_iters - warmup)):
+        elif (
+            replanning
+            and max_iters is not None
+            and it & (it - 1) == 0
+            and not (it < warmup or it - warmup <= 0.2 * (max_iters - warmup))
+        ):
             replanning = False  # the horizon stays
-        elif (it == 4 and max_iters is None) or (replanning and max_iters is not None and it & (it - 1) == 0 and it > 4):
+        elif (it == 4 and max_iters is None) or (
+            replanning and max_iters is not None and it & (it - 1) == 0 and it > 4
+        ):
             pace = (spent - mark[0]) / (it - mark[1])
             mark = (spent, it)
             max_iters = it + max(0, int((args.seconds - spent) / pace))
@@ -134,8 +141,17 @@ def nanogpt_worker(args: argparse.Namespace) -> None:
     lines = (out / "heldout.jsonl").read_text().splitlines()
     header = json.loads(lines[0])
     n_params = sum(p.numel() for p in model.parameters())
-    rows = [json.dumps({"format": "bytelm-scores", "version": 1, "fingerprint": header["fingerprint"], "family": "nanogpt",
-                        "params": {"total": n_params}})]
+    rows = [
+        json.dumps(
+            {
+                "format": "bytelm-scores",
+                "version": 1,
+                "fingerprint": header["fingerprint"],
+                "family": "nanogpt",
+                "params": {"total": n_params},
+            }
+        )
+    ]
     with torch.no_grad():
         for line in lines[1:]:
             seg = json.loads(line)
@@ -145,21 +161,38 @@ def nanogpt_worker(args: argparse.Namespace) -> None:
             nll = torch.nn.functional.cross_entropy(logits[0], torch.tensor(ids[1:]), reduction="sum")
             rows.append(json.dumps({"id": seg["id"], "nats": float(nll), "global_steps": len(ids) - 1}))
     (out / "nanogpt_scores.jsonl").write_text("\n".join(rows) + "\n")
-    (out / "nanogpt.json").write_text(json.dumps({"train_s": train_s, "steps": max_iters,
-                                                  "warmup": warmup, "lr": args.lr, "params": n_params}))
+    (out / "nanogpt.json").write_text(
+        json.dumps(
+            {"train_s": train_s, "steps": max_iters, "warmup": warmup, "lr": args.lr, "params": n_params}
+        )
+    )
     print(f"nanogpt: {max_iters} steps in {train_s:.1f}s", flush=True)
 
 
 # -- the race ------------------------------------------------------------------------------------
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--nanogpt", required=True, help="a clone of github.com/karpathy/nanoGPT (its model.py is used)")
-    p.add_argument("--data", required=True, help="corpus spec, e.g. files:tinyshakespeare.txt?split=paragraph")
+    p.add_argument(
+        "--nanogpt", required=True, help="a clone of github.com/karpathy/nanoGPT (its model.py is used)"
+    )
+    p.add_argument(
+        "--data", required=True, help="corpus spec, e.g. files:tinyshakespeare.txt?split=paragraph"
+    )
     p.add_argument("--seconds", type=float, default=600.0, help="training time of every model (default 600)")
     p.add_argument("--lr", type=float, default=3e-3, help="nanoGPT's peak learning rate (default 3e-3)")
-    p.add_argument("--family", action="append", choices=FAMILIES, help="bytelm families to train (repeatable; default all)")
-    p.add_argument("--recipe", action="append", default=[], metavar="FAMILY=PRESET",
-                   help="train FAMILY with PRESET instead of cpu/FAMILY (repeatable), e.g. byte=cpu/byte_10min")
+    p.add_argument(
+        "--family",
+        action="append",
+        choices=FAMILIES,
+        help="bytelm families to train (repeatable; default all)",
+    )
+    p.add_argument(
+        "--recipe",
+        action="append",
+        default=[],
+        metavar="FAMILY=PRESET",
+        help="train FAMILY with PRESET instead of cpu/FAMILY (repeatable), e.g. byte=cpu/byte_10min",
+    )
     p.add_argument("--out", default="runs/nanogpt_race", help="output directory (default runs/nanogpt_race)")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -181,12 +214,37 @@ def main() -> None:
 
     corpus = load_corpus_from_config(load_config("cpu/byte", [f"data.source={args.data}"]).data)
     np.save(out / "train_ids.npy", np.asarray(corpus.train_stream))
-    bytelm("data", "export-heldout", "--config", "cpu/byte", "--data", args.data, "--out", str(out / "heldout.jsonl"))
+    bytelm(
+        "data",
+        "export-heldout",
+        "--config",
+        "cpu/byte",
+        "--data",
+        args.data,
+        "--out",
+        str(out / "heldout.jsonl"),
+    )
 
     # 2. nanoGPT
     if not (out / "nanogpt.json").is_file():
-        subprocess.run([sys.executable, __file__, "--worker", "--nanogpt", args.nanogpt, "--data", args.data,
-                        "--seconds", str(args.seconds), "--lr", str(args.lr), "--out", str(out)], check=True)
+        subprocess.run(
+            [
+                sys.executable,
+                __file__,
+                "--worker",
+                "--nanogpt",
+                args.nanogpt,
+                "--data",
+                args.data,
+                "--seconds",
+                str(args.seconds),
+                "--lr",
+                str(args.lr),
+                "--out",
+                str(out),
+            ],
+            check=True,
+        )
     nano = json.loads((out / "nanogpt.json").read_text())
 
     # 3. bytelm, every family for the same training time
@@ -199,29 +257,67 @@ def main() -> None:
             extra = [f"--set=model.entropy_run={out / 'entropy'}"]
         if fam == "bpe":
             if not (out / "tokenizer" / "tokenizer.json").is_file():
-                bytelm("tokenizer", "train", "--data", args.data, "--vocab-size", "4096", "--pattern", "cl100k", "--out", str(out / "tokenizer"))
+                bytelm(
+                    "tokenizer",
+                    "train",
+                    "--data",
+                    args.data,
+                    "--vocab-size",
+                    "4096",
+                    "--pattern",
+                    "cl100k",
+                    "--out",
+                    str(out / "tokenizer"),
+                )
             extra = [f"--set=model.tokenizer={out / 'tokenizer'}"]
         # a run directory per family and recipe: a finished run of another recipe is never reused
         run_dir = out / (fam if recipes[fam] == f"cpu/{fam}" else f"{fam}-{recipes[fam].replace('/', '-')}")
         if not finished(run_dir):
-            bytelm("train", recipes[fam], "--out", str(run_dir), "--minutes", f"{args.seconds / 60:.6g}", *sets, *extra)
+            bytelm(
+                "train",
+                recipes[fam],
+                "--out",
+                str(run_dir),
+                "--minutes",
+                f"{args.seconds / 60:.6g}",
+                *sets,
+                *extra,
+            )
         runs.append(run_dir)
         run_recipe[run_dir.name] = recipes[fam]
 
     # 4. one table on one fingerprint
-    bytelm("eval", *map(str, runs), "--data", args.data, "--external", f"nanogpt={out / 'nanogpt_scores.jsonl'}",
-           "--json", str(out / "report.json"))
+    bytelm(
+        "eval",
+        *map(str, runs),
+        "--data",
+        args.data,
+        "--external",
+        f"nanogpt={out / 'nanogpt_scores.jsonl'}",
+        "--json",
+        str(out / "report.json"),
+    )
     report = json.loads((out / "report.json").read_text())
     bpb = {m["name"]: m["bpb"] for m in report["models"]}
     train_s = {r.name: json.loads((r / "run.json").read_text()).get("train_s") for r in runs}
     best = min((n for n in bpb if n != "nanogpt"), key=bpb.get)
-    print(json.dumps({
-        "data": args.data, "seconds": args.seconds, "fingerprint": report["fingerprint"],
-        "nanogpt_bpb": round(bpb["nanogpt"], 4), "nanogpt_train_s": round(nano["train_s"], 1), "nanogpt_steps": nano["steps"],
-        "bytelm_bpb": {n: round(v, 4) for n, v in bpb.items() if n != "nanogpt"},
-        "bytelm_train_s": {n: round(s, 1) for n, s in train_s.items() if s is not None},
-        "recipes": run_recipe, "best": best, "best_ratio": round(bpb[best] / bpb["nanogpt"], 4),
-    }))
+    print(
+        json.dumps(
+            {
+                "data": args.data,
+                "seconds": args.seconds,
+                "fingerprint": report["fingerprint"],
+                "nanogpt_bpb": round(bpb["nanogpt"], 4),
+                "nanogpt_train_s": round(nano["train_s"], 1),
+                "nanogpt_steps": nano["steps"],
+                "bytelm_bpb": {n: round(v, 4) for n, v in bpb.items() if n != "nanogpt"},
+                "bytelm_train_s": {n: round(s, 1) for n, s in train_s.items() if s is not None},
+                "recipes": run_recipe,
+                "best": best,
+                "best_ratio": round(bpb[best] / bpb["nanogpt"], 4),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -69,22 +69,37 @@ def jax_setup(model_overrides: list[str], batch: int, seq_len: int):
 
     cfg = load_config(
         None,
-        [*model_overrides, f"train.batch_size={batch}", f"train.seq_len={seq_len}", "train.steps=1000", "train.warmup_steps=10"],
+        [
+            *model_overrides,
+            f"train.batch_size={batch}",
+            f"train.seq_len={seq_len}",
+            "train.steps=1000",
+            "train.warmup_steps=10",
+        ],
     )
     task = make_task(cfg, corpus=None)
     trainer = Trainer(cfg, task)
     plan = schedule_plan(cfg.train, trainer.horizon)  # the schedule's runtime arguments
-    seed_step = np.asarray([cfg.train.seed, 0], np.uint32)  # the dropout key of a step, when model.dropout > 0
+    seed_step = np.asarray(
+        [cfg.train.seed, 0], np.uint32
+    )  # the dropout key of a step, when model.dropout > 0
     rng = np.random.default_rng(0)
-    device_batch = trainer.device_batch({"ids": rng.integers(4, 260, size=(batch, seq_len + 1)).astype(np.int32)})
+    device_batch = trainer.device_batch(
+        {"ids": rng.integers(4, 260, size=(batch, seq_len + 1)).astype(np.int32)}
+    )
 
     def step():
         t0 = time.perf_counter()
-        trainer.params, trainer.opt_state, m = trainer._train_step(trainer.params, trainer.opt_state, device_batch, plan, seed_step)
+        trainer.params, trainer.opt_state, m = trainer._train_step(
+            trainer.params, trainer.opt_state, device_batch, plan, seed_step
+        )
         jax.block_until_ready(m["loss"])
         return {"step_s": time.perf_counter() - t0}
 
-    info = {"flops_per_step": task.train_flops_per_position() * batch * seq_len, "params": trainer.param_counts["total"]}
+    info = {
+        "flops_per_step": task.train_flops_per_position() * batch * seq_len,
+        "params": trainer.param_counts["total"],
+    }
     return step, info
 
 
@@ -96,21 +111,36 @@ def blt_setup(model_overrides: list[str], entropy_overrides: list[str], batch: i
 
     from bytelm.config import load_config
     from bytelm.data import WindowBatches, load_corpus
+    from bytelm.families.blt import flops as blt_flops
+    from bytelm.families.byte import ByteTask
     from bytelm.families.byte.model import ByteLM
     from bytelm.patching import EntropyModel, EntropyPatcher
-    from bytelm.families.blt import flops as blt_flops
     from bytelm.training.optim import schedule_plan
-    from bytelm.families.byte import ByteTask
     from bytelm.training.trainer import Trainer
 
-    cfg = load_config(None, [*model_overrides, f"train.batch_size={batch}", f"train.seq_len={seq_len}", "train.steps=1000", "train.warmup_steps=10"])
+    cfg = load_config(
+        None,
+        [
+            *model_overrides,
+            f"train.batch_size={batch}",
+            f"train.seq_len={seq_len}",
+            "train.steps=1000",
+            "train.warmup_steps=10",
+        ],
+    )
     ent_cfg = load_config(None, entropy_overrides).model
     corpus = load_corpus("stdlib")
-    windows = WindowBatches(corpus.train_stream, batch_size=batch, window=seq_len + 1, seed=0, process_index=0, process_count=1)
+    windows = WindowBatches(
+        corpus.train_stream, batch_size=batch, window=seq_len + 1, seed=0, process_index=0, process_count=1
+    )
     entropy = EntropyModel(ByteLM(ent_cfg, rngs=nnx.Rngs(0)), width=seq_len + 1)
     patcher, achieved = EntropyPatcher.calibrated(
-        entropy, WindowBatches(corpus.train_stream, batch_size=32, window=seq_len + 1, seed=1, process_index=0, process_count=1).batch(0),
-        cfg.model.target_patch_len, max_patch_len=cfg.model.max_patch_len,
+        entropy,
+        WindowBatches(
+            corpus.train_stream, batch_size=32, window=seq_len + 1, seed=1, process_index=0, process_count=1
+        ).batch(0),
+        cfg.model.target_patch_len,
+        max_patch_len=cfg.model.max_patch_len,
     )
 
     class Task(ByteTask):
@@ -127,7 +157,9 @@ def blt_setup(model_overrides: list[str], entropy_overrides: list[str], batch: i
     task = Task(cfg, corpus)
     trainer = Trainer(cfg, task)
     plan = schedule_plan(cfg.train, trainer.horizon)  # the schedule's runtime arguments
-    seed_step = np.asarray([cfg.train.seed, 0], np.uint32)  # the dropout key of a step, when model.dropout > 0
+    seed_step = np.asarray(
+        [cfg.train.seed, 0], np.uint32
+    )  # the dropout key of a step, when model.dropout > 0
     max_patches = cfg.model.patches_for(seq_len)
     counter = iter(range(10**9))
 
@@ -137,7 +169,9 @@ def blt_setup(model_overrides: list[str], entropy_overrides: list[str], batch: i
         layout = patcher.layout(ids, max_patches)
         t1 = time.perf_counter()
         batch_np = {"ids": ids, "patch_lengths": layout.lengths_BxP}
-        trainer.params, trainer.opt_state, m = trainer._train_step(trainer.params, trainer.opt_state, trainer.device_batch(batch_np), plan, seed_step)
+        trainer.params, trainer.opt_state, m = trainer._train_step(
+            trainer.params, trainer.opt_state, trainer.device_batch(batch_np), plan, seed_step
+        )
         jax.block_until_ready(m["loss"])
         return {"step_s": time.perf_counter() - t1, "patch_s": t1 - t0, **layout.stats()}
 
@@ -150,7 +184,9 @@ def blt_setup(model_overrides: list[str], entropy_overrides: list[str], batch: i
     return step, info
 
 
-def torch_setup(d: int, layers: int, heads: int, mlp: int, vocab: int, batch: int, seq_len: int, threads: int):
+def torch_setup(
+    d: int, layers: int, heads: int, mlp: int, vocab: int, batch: int, seq_len: int, threads: int
+):
     """The same byte LM in eager PyTorch: ``(step() -> {"step_s"}, info)``, or None without torch."""
     try:
         import torch
@@ -269,7 +305,10 @@ class Worker:
         self.stderr = tempfile.TemporaryFile(mode="w+")
         self.proc = subprocess.Popen(
             [sys.executable, os.path.abspath(__file__), "--worker", kind, json.dumps(kwargs)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr, text=True,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self.stderr,
+            text=True,
             env=huge_page_malloc_env(),  # as the bytelm command runs (None: this environment as it is)
         )
         self.info = json.loads(self._expect("READY "))
@@ -303,14 +342,18 @@ def alternate(a: Worker, b: Worker, rounds: int) -> tuple[list[dict], list[dict]
     """``rounds`` rounds of one step on each side, the order flipping every round."""
     times_a, times_b = [], []
     for r in range(rounds):
-        for side in ((a, b) if r % 2 == 0 else (b, a)):
+        for side in (a, b) if r % 2 == 0 else (b, a):
             time.sleep(PAUSE_S)
             (times_a if side is a else times_b).append(side.step())
     return times_a, times_b
 
 
 def spread(ratios: list[float]) -> dict:
-    return {"median": round(float(np.median(ratios)), 3), "min": round(min(ratios), 3), "max": round(max(ratios), 3)}
+    return {
+        "median": round(float(np.median(ratios)), 3),
+        "min": round(min(ratios), 3),
+        "max": round(max(ratios), 3),
+    }
 
 
 def seconds(times: list[dict], *keys: str) -> list[float]:
@@ -322,8 +365,12 @@ FLAT = ["model.family=byte", "model.d_model=256", "model.n_layers=6", "model.n_h
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--only", default="byte,megabyte,blt", help="comma-separated sections: byte, megabyte, blt")
-    p.add_argument("--steps", type=int, default=6, help="alternating rounds per pair (one timed step per side each)")
+    p.add_argument(
+        "--only", default="byte,megabyte,blt", help="comma-separated sections: byte, megabyte, blt"
+    )
+    p.add_argument(
+        "--steps", type=int, default=6, help="alternating rounds per pair (one timed step per side each)"
+    )
     p.add_argument("--threads", type=int, default=os.cpu_count(), help="PyTorch intra-op threads")
     p.add_argument("--worker", nargs=2, metavar=("KIND", "JSON"), help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -340,10 +387,19 @@ def main() -> None:
 
     if "byte" in sections:
         d, L, H, F, B, T = 256, 6, 4, 704, 16, 512
-        model = ["model.family=byte", f"model.d_model={d}", f"model.n_layers={L}", f"model.n_heads={H}", f"model.mlp_dim={F}"]
-        with Worker("jax", model_overrides=model, batch=B, seq_len=T) as jw, Worker(
-            "torch", d=d, layers=L, heads=H, mlp=F, vocab=384, batch=B, seq_len=T, threads=args.threads
-        ) as tw:
+        model = [
+            "model.family=byte",
+            f"model.d_model={d}",
+            f"model.n_layers={L}",
+            f"model.n_heads={H}",
+            f"model.mlp_dim={F}",
+        ]
+        with (
+            Worker("jax", model_overrides=model, batch=B, seq_len=T) as jw,
+            Worker(
+                "torch", d=d, layers=L, heads=H, mlp=F, vocab=384, batch=B, seq_len=T, threads=args.threads
+            ) as tw,
+        ):
             flops_step, n_params = jw.info["flops_per_step"], jw.info["params"]
             if tw.info is None:  # no peer: time the JAX side alone
                 jt, tt = [jw.step() for _ in range(args.steps)], None
@@ -351,8 +407,12 @@ def main() -> None:
                 jt, tt = alternate(jw, tw, args.steps)
         dt = float(np.median(seconds(jt, "step_s")))
         mfu = flops_step / dt / peak
-        print(f"byte LM (JAX)  L={L} d={d} H={H} T={T} B={B} params={n_params:,}: {1 / dt:.3f} steps/s, {B * T / dt:,.0f} bytes/s, MFU {mfu:.2f}")
-        result.update(byte_lm_steps_s=round(1 / dt, 4), byte_lm_bytes_s=round(B * T / dt), byte_lm_mfu=round(mfu, 3))
+        print(
+            f"byte LM (JAX)  L={L} d={d} H={H} T={T} B={B} params={n_params:,}: {1 / dt:.3f} steps/s, {B * T / dt:,.0f} bytes/s, MFU {mfu:.2f}"
+        )
+        result.update(
+            byte_lm_steps_s=round(1 / dt, 4), byte_lm_bytes_s=round(B * T / dt), byte_lm_mfu=round(mfu, 3)
+        )
         if tt is None:
             print("torch not installed: pip install -e '.[bench]' for the PyTorch peer")
             result.update(torch_steps_s=None, ratio_vs_torch=None)
@@ -364,8 +424,11 @@ def main() -> None:
                 f"JAX / torch speed per round: median {ratios['median']} (min {ratios['min']}, max {ratios['max']}, {args.steps} rounds)"
             )
             result.update(
-                torch_steps_s=round(1 / tdt, 4), torch_mfu=round(flops_step / tdt / peak, 3),
-                ratio_vs_torch=ratios["median"], ratio_vs_torch_min=ratios["min"], ratio_vs_torch_max=ratios["max"],
+                torch_steps_s=round(1 / tdt, 4),
+                torch_mfu=round(flops_step / tdt / peak, 3),
+                ratio_vs_torch=ratios["median"],
+                ratio_vs_torch_min=ratios["min"],
+                ratio_vs_torch_max=ratios["max"],
             )
 
     if {"megabyte", "blt"} & sections:
@@ -378,9 +441,17 @@ def main() -> None:
                 for P in (4, 8):
                     # same global stack as the flat model (6 x 256, P * d_G = 256) plus a small local model
                     mb = [
-                        "model.family=megabyte", f"model.patch_size={P}", f"model.embed_dim={256 // P}", "model.global_d_model=256",
-                        "model.global_layers=6", "model.global_heads=4", "model.global_mlp_dim=704",
-                        "model.local_d_model=128", "model.local_layers=2", "model.local_heads=2", "model.local_mlp_dim=352",
+                        "model.family=megabyte",
+                        f"model.patch_size={P}",
+                        f"model.embed_dim={256 // P}",
+                        "model.global_d_model=256",
+                        "model.global_layers=6",
+                        "model.global_heads=4",
+                        "model.global_mlp_dim=704",
+                        "model.local_d_model=128",
+                        "model.local_layers=2",
+                        "model.local_heads=2",
+                        "model.local_mlp_dim=352",
                     ]
                     with Worker("jax", model_overrides=mb, batch=B, seq_len=T) as w:
                         ft, mt = alternate(flat, w, args.steps)
@@ -397,23 +468,50 @@ def main() -> None:
                     result[f"megabyte_p{P}_flops_per_byte"] = round(f_mb / (B * T))
                     result[f"megabyte_p{P}_params"] = w.info["params"]
                     result[f"megabyte_p{P}_vs_flat"] = ratios["median"]
-                    result[f"megabyte_p{P}_vs_flat_min"], result[f"megabyte_p{P}_vs_flat_max"] = ratios["min"], ratios["max"]
+                    result[f"megabyte_p{P}_vs_flat_min"], result[f"megabyte_p{P}_vs_flat_max"] = (
+                        ratios["min"],
+                        ratios["max"],
+                    )
             if "blt" in sections:
-                entropy = ["model.family=byte", "model.d_model=128", "model.n_layers=2", "model.n_heads=2", "model.mlp_dim=352", "model.window=64"]
+                entropy = [
+                    "model.family=byte",
+                    "model.d_model=128",
+                    "model.n_layers=2",
+                    "model.n_heads=2",
+                    "model.mlp_dim=352",
+                    "model.window=64",
+                ]
                 for target in (4, 6):
                     blt = [
                         # patch slots: the config default, 1.5x the expected count, with the causal slot rule
-                        "model.family=blt", f"model.target_patch_len={target}", "model.max_patch_len=16",
-                        "model.local_d_model=128", "model.encoder_layers=1", "model.decoder_layers=2", "model.local_heads=2",
-                        "model.local_mlp_dim=352", "model.local_window=64", "model.global_d_model=256", "model.global_layers=6",
-                        "model.global_heads=4", "model.global_mlp_dim=704", "model.hash_table_size=4096",
+                        "model.family=blt",
+                        f"model.target_patch_len={target}",
+                        "model.max_patch_len=16",
+                        "model.local_d_model=128",
+                        "model.encoder_layers=1",
+                        "model.decoder_layers=2",
+                        "model.local_heads=2",
+                        "model.local_mlp_dim=352",
+                        "model.local_window=64",
+                        "model.global_d_model=256",
+                        "model.global_layers=6",
+                        "model.global_heads=4",
+                        "model.global_mlp_dim=704",
+                        "model.hash_table_size=4096",
                     ]
-                    with Worker("blt", model_overrides=blt, entropy_overrides=entropy, batch=B, seq_len=T) as w:
+                    with Worker(
+                        "blt", model_overrides=blt, entropy_overrides=entropy, batch=B, seq_len=T
+                    ) as w:
                         ft, bt = alternate(flat, w, args.steps)
                     flat_times += ft
-                    ratios = spread([f / b for f, b in zip(seconds(ft, "step_s"), seconds(bt, "step_s", "patch_s"))])
+                    ratios = spread(
+                        [f / b for f, b in zip(seconds(ft, "step_s"), seconds(bt, "step_s", "patch_s"))]
+                    )
                     shares = [t["patch_s"] / (t["patch_s"] + t["step_s"]) for t in bt]
-                    dt, patch_s = float(np.median(seconds(bt, "step_s"))), float(np.median(seconds(bt, "patch_s")))
+                    dt, patch_s = (
+                        float(np.median(seconds(bt, "step_s"))),
+                        float(np.median(seconds(bt, "patch_s"))),
+                    )
                     bytes_s = B * T / float(np.median(seconds(bt, "step_s", "patch_s")))
                     f = w.info["flops_per_step"]
                     print(
@@ -427,14 +525,25 @@ def main() -> None:
                     result[f"blt_p{target}_params"] = w.info["params"]
                     result[f"blt_p{target}_entropy_share"] = round(float(np.median(shares)), 4)
                     result[f"blt_p{target}_vs_flat"] = ratios["median"]
-                    result[f"blt_p{target}_vs_flat_min"], result[f"blt_p{target}_vs_flat_max"] = ratios["min"], ratios["max"]
+                    result[f"blt_p{target}_vs_flat_min"], result[f"blt_p{target}_vs_flat_max"] = (
+                        ratios["min"],
+                        ratios["max"],
+                    )
                     result[f"blt_p{target}_slots"] = w.info["slots"]
-                    result[f"blt_p{target}_overflow_rate"] = round(sum(t["overflow_windows"] for t in bt) / sum(t["windows"] for t in bt), 4)
-                result["blt_entropy_share"] = max(result["blt_p4_entropy_share"], result["blt_p6_entropy_share"])
-                result["blt_overflow_rate"] = max(result["blt_p4_overflow_rate"], result["blt_p6_overflow_rate"])
+                    result[f"blt_p{target}_overflow_rate"] = round(
+                        sum(t["overflow_windows"] for t in bt) / sum(t["windows"] for t in bt), 4
+                    )
+                result["blt_entropy_share"] = max(
+                    result["blt_p4_entropy_share"], result["blt_p6_entropy_share"]
+                )
+                result["blt_overflow_rate"] = max(
+                    result["blt_p4_overflow_rate"], result["blt_p6_overflow_rate"]
+                )
             dt_flat = float(np.median(seconds(flat_times, "step_s")))
             result["flat_t2048_bytes_s"] = round(B * T / dt_flat)
-            print(f"flat byte LM  T={T} B={B} params={n_flat:,}: {B * T / dt_flat:,.0f} bytes/s, {f_flat / (B * T) / 1e6:.1f} MFLOP/byte")
+            print(
+                f"flat byte LM  T={T} B={B} params={n_flat:,}: {B * T / dt_flat:,.0f} bytes/s, {f_flat / (B * T) / 1e6:.1f} MFLOP/byte"
+            )
 
     print(json.dumps(result))
 

@@ -36,10 +36,22 @@ import time
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--data", default="stdlib", help="corpus spec (default: stdlib)")
-    p.add_argument("--vocab-size", type=int, default=32768, help="vocabulary size: 256 bytes + learned pieces (default: 32768)")
+    p.add_argument(
+        "--vocab-size",
+        type=int,
+        default=32768,
+        help="vocabulary size: 256 bytes + learned pieces (default: 32768)",
+    )
     p.add_argument("--pattern", default="cl100k", help="pre-tokenization pattern (default: cl100k)")
-    p.add_argument("--encode-mb", type=float, default=5.0, help="MB (10^6 bytes) of held-out text to encode (default: 5)")
-    p.add_argument("--encode-repeat", type=int, default=3, help="encoding runs per side, alternating; the best is reported (default: 3)")
+    p.add_argument(
+        "--encode-mb", type=float, default=5.0, help="MB (10^6 bytes) of held-out text to encode (default: 5)"
+    )
+    p.add_argument(
+        "--encode-repeat",
+        type=int,
+        default=3,
+        help="encoding runs per side, alternating; the best is reported (default: 3)",
+    )
     args = p.parse_args(argv)
 
     import numpy as np
@@ -55,14 +67,20 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     chunks = count_chunks(corpus.documents("train"), pattern=args.pattern, num_workers=2)
     count_s = time.perf_counter() - t0
-    print(f"chunks: {len(chunks):,} distinct in {count_s:.1f}s ({corpus.split_bytes('train') / 1e6:.1f} MB of train text)", file=sys.stderr)
+    print(
+        f"chunks: {len(chunks):,} distinct in {count_s:.1f}s ({corpus.split_bytes('train') / 1e6:.1f} MB of train text)",
+        file=sys.stderr,
+    )
 
     t0 = time.perf_counter()
     pieces, logp, stats = learn_pieces(chunks, args.vocab_size - 256)
     ours_train_s = time.perf_counter() - t0
     rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     tok = UnigramTokenizer(pieces, logp.tolist(), pattern=args.pattern)
-    print(f"ours: {len(pieces):,} pieces in {ours_train_s:.1f}s (seeds {stats['seed_pieces']:,}, {len(stats['rounds'])} rounds), peak RSS {rss_mb:.0f} MiB", file=sys.stderr)
+    print(
+        f"ours: {len(pieces):,} pieces in {ours_train_s:.1f}s (seeds {stats['seed_pieces']:,}, {len(stats['rounds'])} rounds), peak RSS {rss_mb:.0f} MiB",
+        file=sys.stderr,
+    )
     sp, sp_train_s = train_sentencepiece(chunks, args.vocab_size, num_threads=2)
     print(f"sentencepiece: {sp.get_piece_size():,} pieces in {sp_train_s:.1f}s", file=sys.stderr)
 
@@ -78,7 +96,13 @@ def main(argv: list[str] | None = None) -> int:
     q_ours, q_sp = quality(held, ours=tok), quality(held, sp=sp)
     print(f"quality ours {q_ours}, sentencepiece {q_sp}", file=sys.stderr)
 
-    split = [[c.encode("utf-8", "surrogateescape") for c in tok.pretokenizer.split(d.decode("utf-8", "surrogateescape"))] for d in held_docs]
+    split = [
+        [
+            c.encode("utf-8", "surrogateescape")
+            for c in tok.pretokenizer.split(d.decode("utf-8", "surrogateescape"))
+        ]
+        for d in held_docs
+    ]
     sp_inputs = [c for doc in split for c in doc]
     n_bytes = sum(map(len, held_docs))
     ours_s, sp_s = [], []

@@ -66,7 +66,10 @@ def score_segments(
         row_nats, row_bytes = score_rows(batch)
         nats.append(np.asarray(row_nats, np.float64)[:n_real])
         nbytes.append(np.rint(np.asarray(row_bytes, np.float64)[:n_real]).astype(np.int64))
-    scores = SegmentScores(np.concatenate(nats) if nats else np.zeros(0), np.concatenate(nbytes) if nbytes else np.zeros(0, np.int64))
+    scores = SegmentScores(
+        np.concatenate(nats) if nats else np.zeros(0),
+        np.concatenate(nbytes) if nbytes else np.zeros(0, np.int64),
+    )
     expected = np.asarray(segment_lengths, np.int64)
     if scores.nbytes.shape != expected.shape or not np.array_equal(scores.nbytes, expected):
         bad = np.flatnonzero(scores.nbytes != expected)[:5] if scores.nbytes.shape == expected.shape else []

@@ -28,17 +28,17 @@ from bytelm.data import default_cache_dir, load_corpus_from_config
 from bytelm.errors import UserError
 from bytelm.evaluation.evaluator import evaluate_runs
 from bytelm.evaluation.external import export_heldout
-from bytelm.interop.hf import convert_hf_blt, export_hf
 from bytelm.evaluation.report import seconds, terminal_report
 from bytelm.evaluation.results import EvalSet
 from bytelm.experiments.ablate import ablate
 from bytelm.experiments.compare import compare
 from bytelm.experiments.runner import StageStopped
 from bytelm.families.blt.source import read_patch_source
+from bytelm.generate import load_decoder, stream, text_pieces
+from bytelm.interop.hf import convert_hf_blt, export_hf
 from bytelm.patching import EntropyModel, format_patches, patch_text
 from bytelm.patching.plot import plot_entropies
 from bytelm.progress import ProgressBar
-from bytelm.generate import load_decoder, stream, text_pieces
 from bytelm.sampling.sampler import SamplingOptions
 from bytelm.training import distributed
 from bytelm.training.host import configure_cpu_devices
@@ -52,7 +52,9 @@ EXIT_USER_ERROR = 2
 # -- shared options -------------------------------------------------------------------------
 def _add_config_options(p: argparse.ArgumentParser, *, with_config: bool = True) -> None:
     if with_config:
-        p.add_argument("--config", metavar="FILE", help="TOML config file (its [data] section applies; see configs/)")
+        p.add_argument(
+            "--config", metavar="FILE", help="TOML config file (its [data] section applies; see configs/)"
+        )
     p.add_argument(
         "--set",
         dest="overrides",
@@ -74,7 +76,12 @@ def _add_data_option(p: argparse.ArgumentParser) -> None:
 
 
 def _add_tokenizer_option(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--tokenizer", required=True, metavar="DIR", help="tokenizer directory written by 'bytelm tokenizer train' (holds bytelm_bpe.json or bytelm_unigram.json)")
+    p.add_argument(
+        "--tokenizer",
+        required=True,
+        metavar="DIR",
+        help="tokenizer directory written by 'bytelm tokenizer train' (holds bytelm_bpe.json or bytelm_unigram.json)",
+    )
 
 
 def _add_workers_option(p: argparse.ArgumentParser) -> None:
@@ -184,7 +191,9 @@ def add_data_export_heldout(sub) -> None:
 
 def cmd_data_export_heldout(args: argparse.Namespace) -> int:
     header = export_heldout(EvalSet.from_corpus(_load_corpus(_resolve_config(args).data)), args.out)
-    print(f"wrote {args.out}: {header['segments']:,} segments, {header['bytes']:,} bytes, fingerprint {header['fingerprint']}")
+    print(
+        f"wrote {args.out}: {header['segments']:,} segments, {header['bytes']:,} bytes, fingerprint {header['fingerprint']}"
+    )
     return 0
 
 
@@ -196,7 +205,10 @@ def add_train(sub) -> None:
         description="Train any model family from a TOML config. Re-running with the same --out resumes "
         "from the latest checkpoint (the config must match). SIGTERM/SIGINT save a checkpoint and stop.",
     )
-    p.add_argument("config", help="TOML config file, e.g. configs/tiny/byte.toml (a shipped config also by name: tiny/byte)")
+    p.add_argument(
+        "config",
+        help="TOML config file, e.g. configs/tiny/byte.toml (a shipped config also by name: tiny/byte)",
+    )
     p.add_argument("--out", metavar="RUN_DIR", help="run directory (default: runs/<config name>)")
     p.add_argument(
         "--minutes",
@@ -218,9 +230,17 @@ def add_train(sub) -> None:
         help="join the job's processes with jax.distributed.initialize(), which finds the cluster itself on Cloud TPU "
         "VMs, SLURM (srun), Open MPI and Kubernetes",
     )
-    multi.add_argument("--coordinator", metavar="HOST:PORT", help="the address of process 0, for an explicit layout (with the two below)")
-    multi.add_argument("--num-processes", type=int, metavar="N", help="the number of processes in an explicit layout")
-    multi.add_argument("--process-id", type=int, metavar="I", help="this process's index in an explicit layout, 0..N-1")
+    multi.add_argument(
+        "--coordinator",
+        metavar="HOST:PORT",
+        help="the address of process 0, for an explicit layout (with the two below)",
+    )
+    multi.add_argument(
+        "--num-processes", type=int, metavar="N", help="the number of processes in an explicit layout"
+    )
+    multi.add_argument(
+        "--process-id", type=int, metavar="I", help="this process's index in an explicit layout, 0..N-1"
+    )
     _add_config_options(p, with_config=False)
     p.set_defaults(func=cmd_train)
 
@@ -238,9 +258,16 @@ def cmd_train(args: argparse.Namespace) -> int:
     budget = _budget_seconds(args.minutes)
     cfg = load_config(args.config, [*args.overrides, *([f"train.time_budget_s={budget}"] if budget else [])])
     out = Path(args.out) if args.out else Path("runs") / Path(args.config).stem
-    distributed.initialize(auto=args.distributed, coordinator=args.coordinator, num_processes=args.num_processes, process_id=args.process_id)
+    distributed.initialize(
+        auto=args.distributed,
+        coordinator=args.coordinator,
+        num_processes=args.num_processes,
+        process_id=args.process_id,
+    )
     bar = ProgressBar(f"train {out}", unit=" steps")
-    progress = (lambda done, total, suffix: bar.update(done, total, suffix)) if distributed.is_primary() else None
+    progress = (
+        (lambda done, total, suffix: bar.update(done, total, suffix)) if distributed.is_primary() else None
+    )
     try:
         result = train(cfg, out, progress=progress)
     except TrainingDiverged as e:
@@ -250,7 +277,11 @@ def cmd_train(args: argparse.Namespace) -> int:
     bar.close()
     bpb = f", held-out BPB {result.eval_bpb:.4f}" if result.eval_bpb is not None else ""
     state = "stopped by signal" if result.stopped_by_signal else "done"
-    budget = f" ({result.train_s:.0f}s of training)" if cfg.train.time_budget_s and result.train_s is not None else ""
+    budget = (
+        f" ({result.train_s:.0f}s of training)"
+        if cfg.train.time_budget_s and result.train_s is not None
+        else ""
+    )
     print(f"{state}: {out} at step {result.step}{budget}, train loss {result.loss:.4f}{bpb}")
     return 0
 
@@ -265,7 +296,9 @@ def add_patch(sub) -> None:
         "a BLT run (its entropy model and recorded patching settings are used) or an entropy-model run (family "
         "'byte'; give --threshold or --target-len).",
     )
-    p.add_argument("run_dir", metavar="RUN_DIR", help="a BLT run directory, or an entropy-model (byte LM) run directory")
+    p.add_argument(
+        "run_dir", metavar="RUN_DIR", help="a BLT run directory, or an entropy-model (byte LM) run directory"
+    )
     text = p.add_mutually_exclusive_group(required=True)
     text.add_argument("--text", metavar="TEXT", help="the text to patch")
     text.add_argument("--file", metavar="PATH", help="patch the bytes of this file")
@@ -277,8 +310,15 @@ def add_patch(sub) -> None:
         help="global entropy threshold in nats: a patch starts after a byte whose next-byte entropy exceeds T "
         "(overrides a BLT run's threshold)",
     )
-    thr.add_argument("--target-len", type=float, metavar="L", help="calibrate the threshold on this text itself to give a mean patch length of L bytes")
-    p.add_argument("--png", metavar="PATH", help="also draw per-byte entropy, the threshold and the boundaries to PATH")
+    thr.add_argument(
+        "--target-len",
+        type=float,
+        metavar="L",
+        help="calibrate the threshold on this text itself to give a mean patch length of L bytes",
+    )
+    p.add_argument(
+        "--png", metavar="PATH", help="also draw per-byte entropy, the threshold and the boundaries to PATH"
+    )
     p.set_defaults(func=cmd_patch)
 
 
@@ -320,8 +360,13 @@ def cmd_patch(args: argparse.Namespace) -> int:
     )
     if args.png:
         plot_entropies(
-            args.png, data, result.entropies, result.starts, threshold=result.threshold,
-            monotonic_threshold=result.monotonic_threshold, title=f"entropy patching, {source.entropy_run.name}",
+            args.png,
+            data,
+            result.entropies,
+            result.starts,
+            threshold=result.threshold,
+            monotonic_threshold=result.monotonic_threshold,
+            title=f"entropy patching, {source.entropy_run.name}",
         )
         rows.append(("png", args.png))
     _print_rows(rows)
@@ -342,14 +387,25 @@ def add_tokenizer_train(sub) -> None:
     )
     _add_data_option(p)
     _add_config_options(p)
-    p.add_argument("--kind", choices=KINDS, default="bpe", help="the algorithm: 'bpe' (ranked merges, default) or 'unigram' (Viterbi over scored pieces)")
+    p.add_argument(
+        "--kind",
+        choices=KINDS,
+        default="bpe",
+        help="the algorithm: 'bpe' (ranked merges, default) or 'unigram' (Viterbi over scored pieces)",
+    )
     p.add_argument(
         "--encoder",
         choices=["ranks", "viterbi", "longest"],
         help="the segmentation rule recorded with the tokenizer: the kind's own (bpe: 'ranks', unigram: 'viterbi'; "
         "the default) or 'longest' (greedy longest match over the same vocabulary, WordPiece's rule)",
     )
-    p.add_argument("--vocab-size", type=int, required=True, metavar="N", help="number of ids: 256 bytes + learned merges or pieces + special tokens (as HF counts it)")
+    p.add_argument(
+        "--vocab-size",
+        type=int,
+        required=True,
+        metavar="N",
+        help="number of ids: 256 bytes + learned merges or pieces + special tokens (as HF counts it)",
+    )
     p.add_argument(
         "--pattern",
         default="cl100k",
@@ -372,9 +428,13 @@ def cmd_tokenizer_train(args: argparse.Namespace) -> int:
     corpus = _load_corpus(_resolve_config(args).data)
     own = "ranks" if args.kind == "bpe" else "viterbi"
     if args.encoder not in (None, own, "longest"):
-        raise UserError(f"--encoder {args.encoder} is not a rule of a {args.kind} tokenizer: use {own} (the default) or longest")
+        raise UserError(
+            f"--encoder {args.encoder} is not a rule of a {args.kind} tokenizer: use {own} (the default) or longest"
+        )
     count_bar = ProgressBar("pre-tokenizing", unit=" MB")
-    learn_bar = ProgressBar("merging" if args.kind == "bpe" else "pruning", unit=" merges" if args.kind == "bpe" else " rounds")
+    learn_bar = ProgressBar(
+        "merging" if args.kind == "bpe" else "pruning", unit=" merges" if args.kind == "bpe" else " rounds"
+    )
     bars_open = [count_bar]
 
     def on_learn(done: int, total: int) -> None:
@@ -431,8 +491,12 @@ def add_tokenizer_encode(sub) -> None:
     )
     _add_tokenizer_option(p)
     special = p.add_mutually_exclusive_group()
-    special.add_argument("--allow-special", action="store_true", help="encode special tokens' spellings as the special tokens")
-    special.add_argument("--special-as-text", action="store_true", help="encode special tokens' spellings as ordinary text")
+    special.add_argument(
+        "--allow-special", action="store_true", help="encode special tokens' spellings as the special tokens"
+    )
+    special.add_argument(
+        "--special-as-text", action="store_true", help="encode special tokens' spellings as ordinary text"
+    )
     p.set_defaults(func=cmd_tokenizer_encode)
 
 
@@ -494,7 +558,12 @@ def add_tokenizer_stats(sub) -> None:
     _add_tokenizer_option(p)
     _add_data_option(p)
     _add_config_options(p)
-    p.add_argument("--split", choices=["all", "train", "heldout"], default="all", help="which documents to measure (default: all)")
+    p.add_argument(
+        "--split",
+        choices=["all", "train", "heldout"],
+        default="all",
+        help="which documents to measure (default: all)",
+    )
     p.add_argument(
         "--group-by",
         choices=["group", "dir"],
@@ -512,7 +581,14 @@ def cmd_tokenizer_stats(args: argparse.Namespace) -> int:
     corpus = _load_corpus(_resolve_config(args).data)
     bar = ProgressBar("encoding", unit=" docs")
     try:
-        stats = tokenizer_stats(tok, corpus, split=args.split, group_by=args.group_by, num_workers=args.workers, progress=bar.update)
+        stats = tokenizer_stats(
+            tok,
+            corpus,
+            split=args.split,
+            group_by=args.group_by,
+            num_workers=args.workers,
+            progress=bar.update,
+        )
     finally:
         bar.close()
     print(stats.format_table())
@@ -530,9 +606,19 @@ def add_eval(sub) -> None:
         "from BOS, print the BPB table (with per-directory breakdown) and write the report JSON. Runs must share "
         "one fingerprint (the same held-out bytes); a BPE run whose tokenizer changed is refused.",
     )
-    p.add_argument("run_dirs", nargs="*", metavar="RUN_DIR", help="run directories written by 'bytelm train' or 'bytelm compare'")
+    p.add_argument(
+        "run_dirs",
+        nargs="*",
+        metavar="RUN_DIR",
+        help="run directories written by 'bytelm train' or 'bytelm compare'",
+    )
     _add_data_option(p)
-    p.add_argument("--json", default="report.json", metavar="PATH", help="where to write the report JSON (default: report.json)")
+    p.add_argument(
+        "--json",
+        default="report.json",
+        metavar="PATH",
+        help="where to write the report JSON (default: report.json)",
+    )
     p.add_argument(
         "--external",
         action="append",
@@ -547,7 +633,13 @@ def add_eval(sub) -> None:
 def cmd_eval(args: argparse.Namespace) -> int:
     progress, close = _stage_bars()
     try:
-        report = evaluate_runs(args.run_dirs, data_spec=args.data, externals=args.external, json_path=args.json, progress=progress)
+        report = evaluate_runs(
+            args.run_dirs,
+            data_spec=args.data,
+            externals=args.external,
+            json_path=args.json,
+            progress=progress,
+        )
     finally:
         close()
     print(terminal_report(report))
@@ -566,9 +658,16 @@ def add_compare(sub) -> None:
         "included), score all on the same held-out segments and write report.md, report.json and bpb.png. "
         "Re-running with the same --out skips finished stages and resumes an interrupted training.",
     )
-    p.add_argument("--preset", default="tiny", metavar="NAME|FILE", help="a preset in configs/compare/ (tiny, test) or a preset TOML file (default: tiny)")
+    p.add_argument(
+        "--preset",
+        default="tiny",
+        metavar="NAME|FILE",
+        help="a preset in configs/compare/ (tiny, test) or a preset TOML file (default: tiny)",
+    )
     _add_data_option(p)
-    p.add_argument("--out", default="runs/compare", metavar="DIR", help="output directory (default: runs/compare)")
+    p.add_argument(
+        "--out", default="runs/compare", metavar="DIR", help="output directory (default: runs/compare)"
+    )
     p.add_argument(
         "--minutes",
         type=float,
@@ -590,12 +689,21 @@ def add_compare(sub) -> None:
 def cmd_compare(args: argparse.Namespace) -> int:
     progress, note, close = _stage_reporter()
     try:
-        result = compare(args.preset, args.out, data_spec=args.data, progress=progress, note=note,
-                         time_budget_s=_budget_seconds(args.minutes), seeds=args.seeds)
+        result = compare(
+            args.preset,
+            args.out,
+            data_spec=args.data,
+            progress=progress,
+            note=note,
+            time_budget_s=_budget_seconds(args.minutes),
+            seeds=args.seeds,
+        )
     finally:
         close()
     print(terminal_report(result.report))
-    print(f"wall time {seconds(result.report['compare']['wall_s'])}; wrote {result.report_md}, {result.report_json}, {result.plot}")
+    print(
+        f"wall time {seconds(result.report['compare']['wall_s'])}; wrote {result.report_md}, {result.report_json}, {result.plot}"
+    )
     return 0
 
 
@@ -612,18 +720,39 @@ def add_ablate(sub) -> None:
         "ablation.md, bpb_vs_bytes_per_step.png, bpb_vs_flops.png (and bpb_per_group.png when the data has groups). "
         "See docs/ablations.md.",
     )
-    p.add_argument("grid", nargs="?", default="tiny", metavar="GRID",
-                   help="a grid in configs/ablations/ (micro, tiny, small, base) or a grid TOML file (default: tiny)")
+    p.add_argument(
+        "grid",
+        nargs="?",
+        default="tiny",
+        metavar="GRID",
+        help="a grid in configs/ablations/ (micro, tiny, small, base) or a grid TOML file (default: tiny)",
+    )
     _add_data_option(p)
     p.add_argument("--out", default=None, metavar="DIR", help="output directory (default: runs/ablate-GRID)")
-    p.add_argument("--scale", type=float, default=1.0, metavar="S", help="multiply every budget (and the entropy model's) by S (default: 1)")
-    p.add_argument("--jobs", type=int, default=1, metavar="N",
-                   help="train N runs at once, each in its own 'bytelm train' process (default: 1, in this process)")
+    p.add_argument(
+        "--scale",
+        type=float,
+        default=1.0,
+        metavar="S",
+        help="multiply every budget (and the entropy model's) by S (default: 1)",
+    )
+    p.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        metavar="N",
+        help="train N runs at once, each in its own 'bytelm train' process (default: 1, in this process)",
+    )
     mode = p.add_mutually_exclusive_group()
-    mode.add_argument("--print-commands", action="store_true",
-                      help="train nothing: print one command per run of the first unfinished stage (artefacts, sweep, grid, "
-                      "seeds) for a scheduler, then run this again for the next stage")
-    mode.add_argument("--collect", action="store_true", help="train nothing: build the report from the runs on disk")
+    mode.add_argument(
+        "--print-commands",
+        action="store_true",
+        help="train nothing: print one command per run of the first unfinished stage (artefacts, sweep, grid, "
+        "seeds) for a scheduler, then run this again for the next stage",
+    )
+    mode.add_argument(
+        "--collect", action="store_true", help="train nothing: build the report from the runs on disk"
+    )
     p.set_defaults(func=cmd_ablate)
 
 
@@ -631,16 +760,32 @@ def cmd_ablate(args: argparse.Namespace) -> int:
     progress, note, close = _stage_reporter()
     out = args.out or f"runs/ablate-{Path(args.grid).stem}"
     try:
-        result = ablate(args.grid, out, data_spec=args.data, scale=args.scale, jobs=args.jobs,
-                        print_commands=args.print_commands, collect=args.collect, progress=progress, note=note)
+        result = ablate(
+            args.grid,
+            out,
+            data_spec=args.data,
+            scale=args.scale,
+            jobs=args.jobs,
+            print_commands=args.print_commands,
+            collect=args.collect,
+            progress=progress,
+            note=note,
+        )
     finally:
         close()
     if args.print_commands:
         for command in result.commands:
             print(command)
-        left = "the grid is complete" if result.stage == "done" else f"stage {result.stage}: {len(result.commands)} command(s)"
-        print(f"# {left}; run them, then 'bytelm ablate ... --print-commands' again for the next stage, "
-              "or '--collect' for the report", file=sys.stderr)
+        left = (
+            "the grid is complete"
+            if result.stage == "done"
+            else f"stage {result.stage}: {len(result.commands)} command(s)"
+        )
+        print(
+            f"# {left}; run them, then 'bytelm ablate ... --print-commands' again for the next stage, "
+            "or '--collect' for the report",
+            file=sys.stderr,
+        )
         return 0
     for sentence in result.report["sentences"]:
         print(sentence)
@@ -660,19 +805,72 @@ def add_sample(sub) -> None:
         "decodes with key/value caches: MegaByte runs its global model once per patch, BLT patches online with its "
         "entropy model and runs its global model once per closed patch. Stops at EOS or after --max-bytes bytes.",
     )
-    p.add_argument("run_dir", metavar="RUN_DIR", help="a run directory written by 'bytelm train' or 'bytelm compare'")
+    p.add_argument(
+        "run_dir", metavar="RUN_DIR", help="a run directory written by 'bytelm train' or 'bytelm compare'"
+    )
     src = p.add_mutually_exclusive_group()
-    src.add_argument("--prompt", default="", metavar="TEXT", help="the prompt, as the bytes of the argument (default: empty, i.e. start from BOS)")
-    src.add_argument("--prompt-file", metavar="PATH", help="read the prompt's bytes from PATH ('-': standard input)")
-    p.add_argument("--max-bytes", type=int, default=256, metavar="N", help="stop after N generated bytes (default: 256; a token that overshoots is cut)")
-    p.add_argument("--temperature", type=float, default=1.0, metavar="T", help="divide the logits by T before sampling (default: 1.0)")
-    p.add_argument("--top-k", type=int, default=0, metavar="K", help="sample among the K most likely ids only (default: 0, no limit)")
-    p.add_argument("--top-p", type=float, default=1.0, metavar="P", help="sample among the smallest set of ids whose probability reaches P (default: 1.0, all)")
-    p.add_argument("--seed", type=int, default=0, metavar="S", help="random seed; the same seed gives the same sample (default: 0)")
-    p.add_argument("--greedy", action="store_true", help="always take the most likely id (ignores temperature, top-k, top-p)")
-    p.add_argument("--step", type=int, default=None, metavar="N", help="use the checkpoint of step N (default: the latest)")
+    src.add_argument(
+        "--prompt",
+        default="",
+        metavar="TEXT",
+        help="the prompt, as the bytes of the argument (default: empty, i.e. start from BOS)",
+    )
+    src.add_argument(
+        "--prompt-file", metavar="PATH", help="read the prompt's bytes from PATH ('-': standard input)"
+    )
+    p.add_argument(
+        "--max-bytes",
+        type=int,
+        default=256,
+        metavar="N",
+        help="stop after N generated bytes (default: 256; a token that overshoots is cut)",
+    )
+    p.add_argument(
+        "--temperature",
+        type=float,
+        default=1.0,
+        metavar="T",
+        help="divide the logits by T before sampling (default: 1.0)",
+    )
+    p.add_argument(
+        "--top-k",
+        type=int,
+        default=0,
+        metavar="K",
+        help="sample among the K most likely ids only (default: 0, no limit)",
+    )
+    p.add_argument(
+        "--top-p",
+        type=float,
+        default=1.0,
+        metavar="P",
+        help="sample among the smallest set of ids whose probability reaches P (default: 1.0, all)",
+    )
+    p.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        metavar="S",
+        help="random seed; the same seed gives the same sample (default: 0)",
+    )
+    p.add_argument(
+        "--greedy",
+        action="store_true",
+        help="always take the most likely id (ignores temperature, top-k, top-p)",
+    )
+    p.add_argument(
+        "--step",
+        type=int,
+        default=None,
+        metavar="N",
+        help="use the checkpoint of step N (default: the latest)",
+    )
     p.add_argument("--echo", action="store_true", help="print the prompt before the generated text")
-    p.add_argument("--stats", action="store_true", help="print one JSON line on stderr at the end: bytes, seconds, bytes/s, global-model calls")
+    p.add_argument(
+        "--stats",
+        action="store_true",
+        help="print one JSON line on stderr at the end: bytes, seconds, bytes/s, global-model calls",
+    )
     p.set_defaults(func=cmd_sample)
 
 
@@ -688,7 +886,9 @@ def _prompt_bytes(args: argparse.Namespace) -> bytes:
 
 
 def cmd_sample(args: argparse.Namespace) -> int:
-    options = SamplingOptions(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, greedy=args.greedy, seed=args.seed)
+    options = SamplingOptions(
+        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, greedy=args.greedy, seed=args.seed
+    )
     prompt = _prompt_bytes(args)
     decoder = load_decoder(args.run_dir, step=args.step)
     out = sys.stdout.buffer
@@ -711,8 +911,14 @@ def cmd_sample(args: argparse.Namespace) -> int:
     out.flush()
     if args.stats:
         wall = time.perf_counter() - started
-        record = {"family": decoder.family, "prompt_bytes": len(prompt), "generated_bytes": produced, "seconds": round(wall, 4),
-                  "bytes_per_s": round(produced / wall, 2) if wall > 0 else None, **decoder.stats()}
+        record = {
+            "family": decoder.family,
+            "prompt_bytes": len(prompt),
+            "generated_bytes": produced,
+            "seconds": round(wall, 4),
+            "bytes_per_s": round(produced / wall, 2) if wall > 0 else None,
+            **decoder.stats(),
+        }
         print(json.dumps(record), file=sys.stderr)
     return 0
 
@@ -725,7 +931,9 @@ def add_convert(sub) -> None:
         description="Read a checkpoint written by another library into bytelm run directories that "
         "'bytelm eval', 'bytelm patch' and 'bytelm sample' take like trained runs.",
     )
-    conv = p.add_subparsers(dest="convert_command", metavar="FORMAT", required=True, help="the format to read")
+    conv = p.add_subparsers(
+        dest="convert_command", metavar="FORMAT", required=True, help="the format to read"
+    )
     q = conv.add_parser(
         "hf-blt",
         help="a Hugging Face BLT folder (BltForCausalLM with its entropy patcher, e.g. Meta's BLT-1B)",
@@ -734,17 +942,36 @@ def add_convert(sub) -> None:
         "--entropy-out). Every tensor's name and shape is checked against config.json before anything is written. "
         "The architecture notes are docs/interop.md.",
     )
-    q.add_argument("hf_dir", metavar="HF_DIR", help="the folder holding config.json and model.safetensors (or its index)")
-    q.add_argument("--out", required=True, metavar="RUN_DIR", help="the BLT run directory to write (must not hold a run)")
-    q.add_argument("--entropy-out", metavar="DIR", help="the entropy model's run directory (default: RUN_DIR/entropy)")
-    q.add_argument("--seq-len", type=int, default=1024, metavar="N",
-                   help="the context the runs score with (train.seq_len; held-out segments of at most N bytes) (default: 1024)")
-    q.add_argument("--max-patch-len", type=int, metavar="N",
-                   help="split patches longer than N bytes (default: the reference's max_patch_length, else 64; the reference "
-                        "then keeps longer patches whole, so a window holding one scores differently unless N covers it; "
-                        "memory grows with N)")
-    q.add_argument("--max-patches", type=int, metavar="N",
-                   help="patch slots per window (default: seq-len + 1, so no window ever runs out; fewer is faster)")
+    q.add_argument(
+        "hf_dir", metavar="HF_DIR", help="the folder holding config.json and model.safetensors (or its index)"
+    )
+    q.add_argument(
+        "--out", required=True, metavar="RUN_DIR", help="the BLT run directory to write (must not hold a run)"
+    )
+    q.add_argument(
+        "--entropy-out", metavar="DIR", help="the entropy model's run directory (default: RUN_DIR/entropy)"
+    )
+    q.add_argument(
+        "--seq-len",
+        type=int,
+        default=1024,
+        metavar="N",
+        help="the context the runs score with (train.seq_len; held-out segments of at most N bytes) (default: 1024)",
+    )
+    q.add_argument(
+        "--max-patch-len",
+        type=int,
+        metavar="N",
+        help="split patches longer than N bytes (default: the reference's max_patch_length, else 64; the reference "
+        "then keeps longer patches whole, so a window holding one scores differently unless N covers it; "
+        "memory grows with N)",
+    )
+    q.add_argument(
+        "--max-patches",
+        type=int,
+        metavar="N",
+        help="patch slots per window (default: seq-len + 1, so no window ever runs out; fewer is faster)",
+    )
     _add_config_options(q, with_config=False)
     q.set_defaults(func=cmd_convert_hf_blt)
 
@@ -756,9 +983,16 @@ def cmd_convert_hf_blt(args: argparse.Namespace) -> int:
             raise UserError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
     progress, close = _stage_bars()
     try:
-        blt, entropy = convert_hf_blt(args.hf_dir, args.out, entropy_out=args.entropy_out, seq_len=args.seq_len,
-                                      max_patch_len=args.max_patch_len, max_patches=args.max_patches,
-                                      overrides=tuple(args.overrides), progress=progress)
+        blt, entropy = convert_hf_blt(
+            args.hf_dir,
+            args.out,
+            entropy_out=args.entropy_out,
+            seq_len=args.seq_len,
+            max_patch_len=args.max_patch_len,
+            max_patches=args.max_patches,
+            overrides=tuple(args.overrides),
+            progress=progress,
+        )
     finally:
         close()
     print(f"BLT run: {blt}\nentropy model run: {entropy}")
@@ -780,7 +1014,9 @@ def add_export(sub) -> None:
         "a byte LM without a sliding window as LlamaForCausalLM. What the format cannot hold is refused, naming it.",
     )
     q.add_argument("run_dir", metavar="RUN_DIR", help="a run directory")
-    q.add_argument("--out", required=True, metavar="HF_DIR", help="the folder to write (must not hold a config.json)")
+    q.add_argument(
+        "--out", required=True, metavar="HF_DIR", help="the folder to write (must not hold a config.json)"
+    )
     q.set_defaults(func=cmd_export_hf)
 
 
@@ -803,8 +1039,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="log debug messages to stderr")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True, help="what to do")
-    data = sub.add_parser("data", help="inspect and export corpora", description="Inspect and export corpora.")
-    data_sub = data.add_subparsers(dest="data_command", metavar="SUBCOMMAND", required=True, help="data command")
+    data = sub.add_parser(
+        "data", help="inspect and export corpora", description="Inspect and export corpora."
+    )
+    data_sub = data.add_subparsers(
+        dest="data_command", metavar="SUBCOMMAND", required=True, help="data command"
+    )
     add_data_info(data_sub)
     add_data_export_heldout(data_sub)
     add_train(sub)
@@ -814,7 +1054,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="train and use the subword baseline tokenizers (byte-level BPE or Unigram)",
         description="Train, apply and measure the byte-level BPE and Unigram tokenizers of the subword baseline.",
     )
-    tok_sub = tok.add_subparsers(dest="tokenizer_command", metavar="SUBCOMMAND", required=True, help="tokenizer command")
+    tok_sub = tok.add_subparsers(
+        dest="tokenizer_command", metavar="SUBCOMMAND", required=True, help="tokenizer command"
+    )
     for add in (add_tokenizer_train, add_tokenizer_encode, add_tokenizer_decode, add_tokenizer_stats):
         add(tok_sub)
     add_eval(sub)

@@ -46,7 +46,9 @@ class DataConfig:
         if not 0.0 < self.heldout_fraction < 1.0:
             raise ValueError(f"data.heldout_fraction must be in (0, 1), got {self.heldout_fraction}")
         if not 0.0 <= self.validation_fraction < 1.0:
-            raise ValueError(f"data.validation_fraction must be in [0, 1) (0: no validation split), got {self.validation_fraction}")
+            raise ValueError(
+                f"data.validation_fraction must be in [0, 1) (0: no validation split), got {self.validation_fraction}"
+            )
         if self.segment_bytes < 1 or self.max_eval_bytes < 1:
             raise ValueError(
                 f"data.segment_bytes ({self.segment_bytes}) and data.max_eval_bytes "
@@ -96,7 +98,15 @@ class TrainConfig:
     time_budget_s: float = 0.0
 
     def __post_init__(self) -> None:
-        for name in ("steps", "batch_size", "seq_len", "grad_accum", "log_every", "checkpoint_every", "keep_checkpoints"):
+        for name in (
+            "steps",
+            "batch_size",
+            "seq_len",
+            "grad_accum",
+            "log_every",
+            "checkpoint_every",
+            "keep_checkpoints",
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"train.{name} must be >= 1, got {getattr(self, name)}")
         if self.batch_size % self.grad_accum:
@@ -110,11 +120,17 @@ class TrainConfig:
         if not 0.0 <= self.muon_momentum < 1.0:
             raise ValueError(f"train.muon_momentum must be in [0, 1), got {self.muon_momentum}")
         if not (self.embedding_lr_scale > 0 and math.isfinite(self.embedding_lr_scale)):
-            raise ValueError(f"train.embedding_lr_scale must be a finite number > 0 (1: the learning rate of the rest), got {self.embedding_lr_scale}")
+            raise ValueError(
+                f"train.embedding_lr_scale must be a finite number > 0 (1: the learning rate of the rest), got {self.embedding_lr_scale}"
+            )
         if not 0.0 <= self.ema_decay < 1.0:
-            raise ValueError(f"train.ema_decay must be in [0, 1) (0: no weight average; 0.99 averages over about 100 steps), got {self.ema_decay}")
+            raise ValueError(
+                f"train.ema_decay must be in [0, 1) (0: no weight average; 0.99 averages over about 100 steps), got {self.ema_decay}"
+            )
         if not self.time_budget_s >= 0:
-            raise ValueError(f"train.time_budget_s must be >= 0 (0: train for train.steps), got {self.time_budget_s}")
+            raise ValueError(
+                f"train.time_budget_s must be >= 0 (0: train for train.steps), got {self.time_budget_s}"
+            )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -186,7 +202,10 @@ def resolve_config_path(path: str | Path) -> Path:
         return p
     rel = p.parts[1:] if p.parts[:1] == ("configs",) else p.parts
     if not p.is_absolute() and rel:
-        for candidate in (shipped_configs().joinpath(*rel), shipped_configs().joinpath(*rel).with_suffix(".toml")):
+        for candidate in (
+            shipped_configs().joinpath(*rel),
+            shipped_configs().joinpath(*rel).with_suffix(".toml"),
+        ):
             if candidate.is_file():
                 return candidate
     return p
@@ -218,7 +237,9 @@ def apply_overrides(raw: dict, overrides: list[str]) -> dict:
         key, sep, value = item.partition("=")
         key = key.strip()
         if not sep or not key or any(not part for part in key.split(".")):
-            raise UserError(f"override {item!r} is not of the form section.key=value (e.g. model.d_model=512)")
+            raise UserError(
+                f"override {item!r} is not of the form section.key=value (e.g. model.d_model=512)"
+            )
         *parents, leaf = key.split(".")
         node = raw
         for part in parents:
@@ -349,8 +370,13 @@ def build_section(section: str, cls: type, raw: Any) -> Any:
         if key not in fields:
             raise _unknown_key(f"{section}.{key}", list(fields))
         kwargs[key] = value if hints[key] is Any else _convert(f"{section}.{key}", value, hints[key])
-    missing = [name for name, f in fields.items() if name not in kwargs and f.default is dataclasses.MISSING
-               and f.default_factory is dataclasses.MISSING]
+    missing = [
+        name
+        for name, f in fields.items()
+        if name not in kwargs
+        and f.default is dataclasses.MISSING
+        and f.default_factory is dataclasses.MISSING
+    ]
     if missing:
         raise UserError(f"[{section}] needs {', '.join(missing)}")
     try:
@@ -367,14 +393,22 @@ def with_values(cfg: Config, values: dict) -> Config:
     for key, value in values.items():
         section, _, name = key.partition(".")
         if section not in ("data", "model", "train", "eval") or not name:
-            raise UserError(f"{key!r} is not a config key (section.key, section one of data, model, train, eval)")
+            raise UserError(
+                f"{key!r} is not a config key (section.key, section one of data, model, train, eval)"
+            )
         by_section.setdefault(section, {})[name] = value
     changes = {}
     for section, fields in by_section.items():
         current = getattr(cfg, section)
         if current is None:
-            raise UserError(f"the config has no [{section}] table to set {', '.join(f'{section}.{k}' for k in fields)} in")
-        typed = typed_fields(type(current), {k: (str(v) if isinstance(v, Path) else v) for k, v in fields.items()}, section=section)
+            raise UserError(
+                f"the config has no [{section}] table to set {', '.join(f'{section}.{k}' for k in fields)} in"
+            )
+        typed = typed_fields(
+            type(current),
+            {k: (str(v) if isinstance(v, Path) else v) for k, v in fields.items()},
+            section=section,
+        )
         try:
             changes[section] = dataclasses.replace(current, **typed)
         except ValueError as e:
@@ -396,7 +430,9 @@ def typed_fields(cls: type, values: dict, *, section: str = "model") -> dict:
     for key, value in values.items():
         if key not in fields:
             raise _unknown_key(f"{section}.{key}", fields)
-        out[key] = _convert(f"{section}.{key}", _Override(value) if isinstance(value, str) else value, hints[key])
+        out[key] = _convert(
+            f"{section}.{key}", _Override(value) if isinstance(value, str) else value, hints[key]
+        )
     return out
 
 
@@ -405,15 +441,22 @@ def override_text(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, (list, tuple)):
-        return _toml_value(list(value)) if any(isinstance(v, str) for v in value) else ",".join(override_text(v) for v in value)
+        return (
+            _toml_value(list(value))
+            if any(isinstance(v, str) for v in value)
+            else ",".join(override_text(v) for v in value)
+        )
     return repr(value) if isinstance(value, float) else str(value)
 
 
 def section_overrides(section: str, new: Any, base: Any) -> list[str]:
     """``--set`` strings turning the dataclass ``base`` into ``new`` (same class): one per changed field,
     for a command a person or a scheduler runs (inside the library configs stay typed)."""
-    return [f"{section}.{f.name}={override_text(getattr(new, f.name))}"
-            for f in dataclasses.fields(new) if getattr(new, f.name) != getattr(base, f.name)]
+    return [
+        f"{section}.{f.name}={override_text(getattr(new, f.name))}"
+        for f in dataclasses.fields(new)
+        if getattr(new, f.name) != getattr(base, f.name)
+    ]
 
 
 def build_config(raw: dict) -> Config:

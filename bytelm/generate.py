@@ -33,7 +33,11 @@ def load_decoder(run_dir: str | Path, *, step: int | None = None) -> Decoder:
 
 
 def stream(
-    run_or_decoder: str | Path | Decoder, prompt: bytes, *, max_bytes: int = 256, options: SamplingOptions | None = None
+    run_or_decoder: str | Path | Decoder,
+    prompt: bytes,
+    *,
+    max_bytes: int = 256,
+    options: SamplingOptions | None = None,
 ) -> Iterator[bytes]:
     """The bytes generated after ``prompt``, a unit's worth at a time. The arguments are checked,
     the run loaded and the prompt prefilled when it is called, before the first byte is asked for
@@ -65,7 +69,13 @@ def _units(decoder: Decoder, logits: np.ndarray, max_bytes: int, options: Sampli
         logits = decoder.step(unit)
 
 
-def generate(run_or_decoder: str | Path | Decoder, prompt: bytes, *, max_bytes: int = 256, options: SamplingOptions | None = None) -> bytes:
+def generate(
+    run_or_decoder: str | Path | Decoder,
+    prompt: bytes,
+    *,
+    max_bytes: int = 256,
+    options: SamplingOptions | None = None,
+) -> bytes:
     """All of :func:`stream`'s bytes."""
     return b"".join(stream(run_or_decoder, prompt, max_bytes=max_bytes, options=options))
 

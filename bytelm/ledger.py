@@ -27,9 +27,13 @@ from bytelm.errors import UserError
 @dataclasses.dataclass(frozen=True)
 class Ledger:
     own_per_step: float  # the model's training FLOPs per step (forward + backward)
-    auxiliary_per_step: float = 0.0  # auxiliary FLOPs per step (an entropy model's forward over the step's bytes)
+    auxiliary_per_step: float = (
+        0.0  # auxiliary FLOPs per step (an entropy model's forward over the step's bytes)
+    )
     auxiliary_fixed: Mapping[str, float] = dataclasses.field(default_factory=dict)  # paid once: name -> FLOPs
-    unknown: tuple[str, ...] = ()  # auxiliary costs that exist but are not known (a converted entropy model's training)
+    unknown: tuple[
+        str, ...
+    ] = ()  # auxiliary costs that exist but are not known (a converted entropy model's training)
     per_step_name: str = "auxiliary work per step"  # what auxiliary_per_step pays for, for reports
 
     def own(self, steps: int) -> float:
@@ -89,7 +93,10 @@ class Ledger:
             "flops_own": self.own(steps),
             "flops_auxiliary": self.auxiliary(steps),
             "flops_total": self.total(steps),
-            "auxiliary": {**dict(self.auxiliary_fixed), **({self.per_step_name: self.auxiliary_per_step * steps} if self.auxiliary_per_step else {})},
+            "auxiliary": {
+                **dict(self.auxiliary_fixed),
+                **({self.per_step_name: self.auxiliary_per_step * steps} if self.auxiliary_per_step else {}),
+            },
         }
 
 

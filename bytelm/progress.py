@@ -67,7 +67,9 @@ class ProgressBar:
             parts.append("[" + "#" * filled + "." * (self.width - filled) + "]")
             parts.append(f"{done}/{total}{self.unit}")
             eta = (total - done) / rate if rate > 0 else 0.0
-            parts.append(f"{rate:.1f}{self.unit}/s elapsed {format_seconds(elapsed)} ETA {format_seconds(eta)}")
+            parts.append(
+                f"{rate:.1f}{self.unit}/s elapsed {format_seconds(elapsed)} ETA {format_seconds(eta)}"
+            )
         else:
             parts.append(f"{done}{self.unit} {rate:.1f}{self.unit}/s elapsed {format_seconds(elapsed)}")
         if self.suffix:

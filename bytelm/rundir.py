@@ -67,7 +67,9 @@ class RunDir:
     def require_config(self) -> Path:
         """The config's path; :class:`UserError` when this is not a run directory."""
         if not self.has_config():
-            raise UserError(f"{self.path} is not a run directory (no {_CONFIG}); train one with 'bytelm train CONFIG --out {self.path}'")
+            raise UserError(
+                f"{self.path} is not a run directory (no {_CONFIG}); train one with 'bytelm train CONFIG --out {self.path}'"
+            )
         return self.config_path
 
     def write_config(self, text: str) -> Path:
@@ -88,9 +90,13 @@ class RunDir:
         try:
             record = json.loads(self.info_path.read_text())
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise UserError(f"cannot read {self.info_path}: {e}; the run directory is damaged, retrain it") from None
+            raise UserError(
+                f"cannot read {self.info_path}: {e}; the run directory is damaged, retrain it"
+            ) from None
         if not isinstance(record, dict):
-            raise UserError(f"{self.info_path} holds no run record (a JSON object); the run directory is damaged, retrain it")
+            raise UserError(
+                f"{self.info_path} holds no run record (a JSON object); the run directory is damaged, retrain it"
+            )
         return record
 
     def info_or_empty(self) -> dict:
@@ -124,7 +130,12 @@ class RunDir:
                 out.append(json.loads(line))
             except json.JSONDecodeError:
                 if i == len(lines) - 1:
-                    log.warning("%s: its last line is incomplete (a write was cut off); it is left out", self.metrics_path)
+                    log.warning(
+                        "%s: its last line is incomplete (a write was cut off); it is left out",
+                        self.metrics_path,
+                    )
                     break
-                raise UserError(f"{self.metrics_path}: line {i + 1} is not JSON; the run directory is damaged") from None
+                raise UserError(
+                    f"{self.metrics_path}: line {i + 1} is not JSON; the run directory is damaged"
+                ) from None
         return out

@@ -10,7 +10,8 @@ import pytest
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # Many tests (and their subprocesses) compile the same tiny models: share compiled executables.
 os.environ.setdefault(
-    "JAX_COMPILATION_CACHE_DIR", os.path.join(os.path.dirname(os.path.dirname(__file__)), ".pytest_cache", "jax")
+    "JAX_COMPILATION_CACHE_DIR",
+    os.path.join(os.path.dirname(os.path.dirname(__file__)), ".pytest_cache", "jax"),
 )
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
@@ -37,7 +38,9 @@ def _xla_knows(flag: str) -> bool:
         return False
     name = b"\0" + flag.lstrip("-").split("=")[0].encode() + b"\0"
     root = os.path.dirname(spec.origin)
-    for lib in sorted(p for ext in ("so", "dylib", "dll", "pyd") for p in glob.glob(os.path.join(root, f"*.{ext}"))):
+    for lib in sorted(
+        p for ext in ("so", "dylib", "dll", "pyd") for p in glob.glob(os.path.join(root, f"*.{ext}"))
+    ):
         try:
             with open(lib, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
                 if m.find(name) >= 0:
@@ -63,7 +66,12 @@ _add_xla_flag(_ELEMENTAL_EMITTERS, if_known=True)
 def subprocess_env(n_devices: int, **extra: str) -> dict[str, str]:
     """The environment for a JAX subprocess on ``n_devices`` simulated CPU devices (the test flags kept)."""
     flags = " ".join(f for f in os.environ.get("XLA_FLAGS", "").split() if "device_count" not in f)
-    return {**os.environ, "XLA_FLAGS": f"{flags} --xla_force_host_platform_device_count={n_devices}", "JAX_PLATFORMS": "cpu", **extra}
+    return {
+        **os.environ,
+        "XLA_FLAGS": f"{flags} --xla_force_host_platform_device_count={n_devices}",
+        "JAX_PLATFORMS": "cpu",
+        **extra,
+    }
 
 
 TESTS_DIR = os.path.dirname(os.path.abspath(__file__))  # for subprocesses that import param_gap
@@ -104,8 +112,12 @@ def text_dir(tmp_path):
     """A small directory corpus of 40 documents in two language directories."""
     files = {}
     for i in range(20):
-        files[f"en/doc{i:02d}.txt"] = (f"Document {i}. The quick brown fox jumps over the lazy dog.\n" * (i + 1)).encode()
-        files[f"de/doc{i:02d}.txt"] = (f"Dokument {i}: Zwölf Boxkämpfer jagen Viktor quer über den Sylter Deich.\r\n" * (i + 2)).encode()
+        files[f"en/doc{i:02d}.txt"] = (
+            f"Document {i}. The quick brown fox jumps over the lazy dog.\n" * (i + 1)
+        ).encode()
+        files[f"de/doc{i:02d}.txt"] = (
+            f"Dokument {i}: Zwölf Boxkämpfer jagen Viktor quer über den Sylter Deich.\r\n" * (i + 2)
+        ).encode()
     return write_files(tmp_path / "corpus", files)
 
 

@@ -7,6 +7,7 @@ import shlex
 import shutil
 
 import pytest
+from conftest import word_corpus
 
 from bytelm import cli
 from bytelm.config import load_config, shipped_configs
@@ -14,9 +15,6 @@ from bytelm.errors import UserError
 from bytelm.experiments.ablate import GRID_DIR, load_grid
 from bytelm.experiments.runner import StageStopped
 from bytelm.experiments.spec import SizeRule
-
-from conftest import word_corpus
-
 
 # a cell that cannot be built: the micro width (16) is not a multiple of the patch size
 BROKEN = """
@@ -33,7 +31,9 @@ def micro_grid(tmp_path, *, broken: bool = False, families: set[str] | None = No
     text = (GRID_DIR / "micro.toml").read_text().replace('"../tiny/', f'"{shipped_configs() / "tiny"}/')
     if families is not None:
         head, *tables = text.split("[[family]]")
-        text = head + "".join(f"[[family]]{t}" for t in tables if t.split('name = "')[1].split('"')[0] in families)
+        text = head + "".join(
+            f"[[family]]{t}" for t in tables if t.split('name = "')[1].split('"')[0] in families
+        )
     if broken:
         text += BROKEN.format(tiny=shipped_configs() / "tiny")
     path = tmp_path / "micro.toml"
@@ -57,12 +57,21 @@ def grid_run(tmp_path_factory):
         assert cli.main(args) == 0  # everything finished: nothing trains, the report is rebuilt
         again = json.loads((out / "ablation.json").read_text())
         again_mtimes = {p: p.stat().st_mtime_ns for p in (out / "runs").glob("**/checkpoints/*")}
-    return {"root": root, "corpus": corpus, "grid": grid, "out": out, "report": first, "again": again,
-            "mtimes": (mtimes, again_mtimes)}
+    return {
+        "root": root,
+        "corpus": corpus,
+        "grid": grid,
+        "out": out,
+        "report": first,
+        "again": again,
+        "mtimes": (mtimes, again_mtimes),
+    }
 
 
 def cells(report, budget_index):
-    return [r for r in report["runs"] if r["in_grid"] and r["seed"] == 0 and r["budget_index"] == budget_index]
+    return [
+        r for r in report["runs"] if r["in_grid"] and r["seed"] == 0 and r["budget_index"] == budget_index
+    ]
 
 
 def test_micro_grid_end_to_end(grid_run, tmp_path, capsys):
@@ -71,14 +80,22 @@ def test_micro_grid_end_to_end(grid_run, tmp_path, capsys):
     check_outputs_and_the_broken_cell(grid_run)
     check_learning_rates_chosen_on_the_validation_split(grid_run)
     check_rerun_skips_every_finished_run(grid_run)
-    check_print_commands_then_collect_equal_the_in_process_grid(grid_run, tmp_path, capsys)  # rewrites the grid's files: last
+    check_print_commands_then_collect_equal_the_in_process_grid(
+        grid_run, tmp_path, capsys
+    )  # rewrites the grid's files: last
 
 
 def check_outputs_and_the_broken_cell(grid_run):
     out, report = grid_run["out"], grid_run["report"]
     assert report["stage"] == "done"
     assert report["data"]["dirs"] == ["de", "en"]  # groups: the per-directory panel is drawn
-    for name in ("ablation.json", "ablation.md", "bpb_vs_bytes_per_step.png", "bpb_vs_flops.png", "bpb_per_group.png"):
+    for name in (
+        "ablation.json",
+        "ablation.md",
+        "bpb_vs_bytes_per_step.png",
+        "bpb_vs_flops.png",
+        "bpb_per_group.png",
+    ):
         assert (out / name).is_file() and (out / name).stat().st_size > 0, name
     for name in ("bpb_vs_bytes_per_step.png", "bpb_vs_flops.png", "bpb_per_group.png"):
         assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -95,34 +112,52 @@ def check_outputs_and_the_broken_cell(grid_run):
                 assert r["status"] == "done" and math.isfinite(r["bpb"]) and 0 < r["bpb"] < 9, r
                 # the budget is matched on the total: own + auxiliary (BLT: its entropy model), up to whole steps
                 aux = r["auxiliary_flops"] or {}
-                per_step = (r["train_flops"] + aux.get("entropy model forward over the training bytes", 0.0)) / r["steps"]
+                per_step = (
+                    r["train_flops"] + aux.get("entropy model forward over the training bytes", 0.0)
+                ) / r["steps"]
                 assert abs(r["flops_total"] - r["budget"]) <= 0.5 * per_step + 1e-6 * r["budget"], r["id"]
                 assert r["flops_total"] == pytest.approx(r["train_flops"] + sum(aux.values()))
-                if r["family"] == "blt":  # the grid's one entropy model: unamortised in the total, shared in the amortised one
+                if (
+                    r["family"] == "blt"
+                ):  # the grid's one entropy model: unamortised in the total, shared in the amortised one
                     shared = report["shared_auxiliary"]["entropy model training"]
                     assert aux["entropy model training"] == shared["flops"] and shared["runs"] >= 3
-                    assert r["flops_total_amortised"] == pytest.approx(r["flops_total"] - shared["flops"] * (1 - 1 / shared["runs"]))
+                    assert r["flops_total_amortised"] == pytest.approx(
+                        r["flops_total"] - shared["flops"] * (1 - 1 / shared["runs"])
+                    )
                 else:
-                    assert "entropy model training" not in aux and r["flops_total_amortised"] == r["flops_total"]
+                    assert (
+                        "entropy model training" not in aux and r["flops_total_amortised"] == r["flops_total"]
+                    )
     done = [r for r in report["runs"] if r["status"] == "done"]
     by_family = {r["family"]: r for r in cells(report, 0) if r["status"] == "done"}
     assert by_family["byte"]["mean_bytes_per_global_step"] == 1.0
-    assert {r["mean_bytes_per_global_step"] for r in cells(report, 0) if r["family"] == "megabyte"} == {2.0, 4.0}
+    assert {r["mean_bytes_per_global_step"] for r in cells(report, 0) if r["family"] == "megabyte"} == {
+        2.0,
+        4.0,
+    }
     # BLT's inference FLOPs per byte include its entropy model's; space patching runs no model
-    assert by_family["blt"]["entropy_inference_flops_per_byte"] > 0 and by_family["blt-space"]["entropy_inference_flops_per_byte"] == 0
+    assert (
+        by_family["blt"]["entropy_inference_flops_per_byte"] > 0
+        and by_family["blt-space"]["entropy_inference_flops_per_byte"] == 0
+    )
     assert by_family["blt"]["inference_flops_per_byte"] > by_family["blt"]["entropy_inference_flops_per_byte"]
     assert by_family["bpe"]["mean_bytes_per_global_step"] > 1.0
     # the byte LM with BLT's n-gram tables (3 of 512 rows; at width 16, BLT's local width 16 too)
     assert by_family["byte_ngram"]["params"]["ngram"] == 3 * 512 * 16 == by_family["blt"]["params"]["ngram"]
     assert by_family["byte"]["params"]["ngram"] == 0
-    assert by_family["unigram"]["mean_bytes_per_global_step"] > 1.0  # a Unigram tokenizer, trained by the grid
+    assert (
+        by_family["unigram"]["mean_bytes_per_global_step"] > 1.0
+    )  # a Unigram tokenizer, trained by the grid
     assert (out / "tokenizers" / "unigram-320-cl100k" / "bytelm_unigram.json").is_file()
     # the size rule: one trunk per budget for every family (the micro budgets sit on its floor)
     assert report["trunks"] == {f"{b:.3g}": {"d_model": 16, "layers": 2} for b in report["budgets"]}
     md = (out / "ablation.md").read_text()
     assert "patch_size 3" in md and "bpb_vs_bytes_per_step.png" in md and report["fingerprint"] in md
     assert "UNAMORTISED" in md and "amortised total" in md
-    assert len(report["sentences"]) == 2 and all(s.startswith("At ") and "wins with" in s for s in report["sentences"])
+    assert len(report["sentences"]) == 2 and all(
+        s.startswith("At ") and "wins with" in s for s in report["sentences"]
+    )
     assert all("seed-to-seed spread" in s for s in report["sentences"])
     assert len(done) >= 20
 
@@ -130,14 +165,25 @@ def check_outputs_and_the_broken_cell(grid_run):
 def check_learning_rates_chosen_on_the_validation_split(grid_run):
     report = grid_run["report"]
     sweeps = [r for r in report["runs"] if r["stage"] == "sweep"]
-    assert {r["family"] for r in sweeps} == {"byte", "megabyte", "blt", "bpe"}  # blt-space, unigram and broken borrow a rate
+    assert {r["family"] for r in sweeps} == {
+        "byte",
+        "megabyte",
+        "blt",
+        "bpe",
+    }  # blt-space, unigram and broken borrow a rate
     for fam, s in report["sweep"].items():
         scored = {float(lr): bpb for lr, bpb in s["validation_bpb"].items()}
         assert s["chosen"] == min(scored, key=scored.get)
         # the grid's rates, then extensions x / / 10/3 (its ratio) past the end the best sat at, at most two
         assert {3e-3, 1e-2} <= set(scored) and s["extensions"] == len(scored) - 2 <= 2
-        assert sorted(scored) in ([3e-3, 1e-2], [3e-3, 1e-2, 3.33e-2], [3e-3, 1e-2, 3.33e-2, 0.111], [9e-4, 3e-3, 1e-2],
-                                  [2.7e-4, 9e-4, 3e-3, 1e-2], [9e-4, 3e-3, 1e-2, 3.33e-2])
+        assert sorted(scored) in (
+            [3e-3, 1e-2],
+            [3e-3, 1e-2, 3.33e-2],
+            [3e-3, 1e-2, 3.33e-2, 0.111],
+            [9e-4, 3e-3, 1e-2],
+            [2.7e-4, 9e-4, 3e-3, 1e-2],
+            [9e-4, 3e-3, 1e-2, 3.33e-2],
+        )
         assert s["at_edge"] == (s["chosen"] in (min(scored), max(scored)))
         assert {r["lr"] for r in sweeps if r["family"] == fam} == set(scored)
         for r in sweeps:
@@ -211,7 +257,12 @@ def test_shipped_grids_load_and_their_sizes_follow_the_rule():
     for name in ("micro", "tiny", "small", "base"):
         grid = load_grid(name)
         assert len(grid.budgets) >= 2 and grid.budgets[-1] >= 4 * grid.budgets[0]
-        assert {load_config(f.config).model.family for f in grid.members} == {"byte", "megabyte", "blt", "bpe"}
+        assert {load_config(f.config).model.family for f in grid.members} == {
+            "byte",
+            "megabyte",
+            "blt",
+            "bpe",
+        }
         assert any(f.ngram_from == "blt" for f in grid.members)  # a byte LM with BLT's n-gram tables
         assert grid.entropy_budget <= 0.25 * grid.budgets[0]  # every BLT cell can pay for its entropy model
         d_prev = 0
@@ -233,7 +284,7 @@ def test_bad_grids_fail_with_the_key(tmp_path):
         with pytest.raises(UserError, match=match):
             load_grid(str(p))
 
-    head = '[ablation]\nbudgets = [1e9]\nlearning_rates = [1e-3]\n'
+    head = "[ablation]\nbudgets = [1e9]\nlearning_rates = [1e-3]\n"
     fam = f'[[family]]\nname = "byte"\nconfig = "{shipped_configs() / "tiny" / "byte.toml"}"\n'
     bad(head.replace("budgets", "budget") + fam, "unknown key")
     bad(head + fam + 'grid = { "model.patch_size" = 4 }\n', "grid must map")
@@ -259,7 +310,9 @@ def test_an_interrupted_run_resumes_and_a_failed_one_is_not_retried(tmp_path, mo
     def interrupted(cfg, run_dir, **kw):
         calls.append(run_dir)
         if len(calls) == 1:
-            return real_train(cfg, run_dir, stop_after=6, **kw)  # past the first log record (train.log_every = 5)
+            return real_train(
+                cfg, run_dir, stop_after=6, **kw
+            )  # past the first log record (train.log_every = 5)
         if len(calls) == 3:  # the second sweep run: its training fails
             raise FloatingPointError("loss is nan")
         return real_train(cfg, run_dir, **kw)
@@ -272,7 +325,9 @@ def test_an_interrupted_run_resumes_and_a_failed_one_is_not_retried(tmp_path, mo
     first = calls[0]
     records = [json.loads(x) for x in (first / "metrics.jsonl").read_text().splitlines()]
     steps = [r["step"] for r in records if r["kind"] == "train"]
-    assert steps == sorted(set(steps)) and 5 in steps and steps[-1] > 6  # continued, not restarted (no step twice)
+    assert (
+        steps == sorted(set(steps)) and 5 in steps and steps[-1] > 6
+    )  # continued, not restarted (no step twice)
     failed = [r for r in report["runs"] if r["status"] == "failed"]
     assert len(failed) == 1 and "loss is nan" in failed[0]["error"] and failed[0]["stage"] == "sweep"
     assert report["sweep"]["byte"]["chosen"] != failed[0]["lr"]  # a failed rate loses

@@ -12,15 +12,14 @@ segments, leaving about 1e-8).
 
 import numpy as np
 import pytest
+from conftest import word_corpus
 
 from bytelm.baselines.bpe import train_bpe_on_corpus
 from bytelm.config import load_config
 from bytelm.data import load_corpus_from_config
-from bytelm.training.restore import make_task
 from bytelm.training.loop import train
+from bytelm.training.restore import make_task
 from bytelm.training.trainer import Trainer
-
-from conftest import word_corpus
 
 COMMON = {
     "data.segment_bytes": 48,
@@ -37,17 +36,46 @@ COMMON = {
     "eval.batch_size": 4,
 }
 FAMILIES = {
-    "byte": {"model.family": "byte", "model.d_model": 32, "model.n_layers": 1, "model.n_heads": 2, "model.mlp_dim": 64},
-    "bpe": {"model.family": "bpe", "model.d_model": 32, "model.n_layers": 1, "model.n_heads": 2, "model.mlp_dim": 64},
+    "byte": {
+        "model.family": "byte",
+        "model.d_model": 32,
+        "model.n_layers": 1,
+        "model.n_heads": 2,
+        "model.mlp_dim": 64,
+    },
+    "bpe": {
+        "model.family": "bpe",
+        "model.d_model": 32,
+        "model.n_layers": 1,
+        "model.n_heads": 2,
+        "model.mlp_dim": 64,
+    },
     "megabyte": {
-        "model.family": "megabyte", "model.patch_size": 4, "model.embed_dim": 8, "model.global_d_model": 32,
-        "model.global_layers": 1, "model.global_heads": 2, "model.global_mlp_dim": 64, "model.local_d_model": 32,
-        "model.local_layers": 1, "model.local_heads": 2, "model.local_mlp_dim": 64,
+        "model.family": "megabyte",
+        "model.patch_size": 4,
+        "model.embed_dim": 8,
+        "model.global_d_model": 32,
+        "model.global_layers": 1,
+        "model.global_heads": 2,
+        "model.global_mlp_dim": 64,
+        "model.local_d_model": 32,
+        "model.local_layers": 1,
+        "model.local_heads": 2,
+        "model.local_mlp_dim": 64,
     },
     "blt": {
-        "model.family": "blt", "model.target_patch_len": 3.0, "model.local_d_model": 32, "model.local_heads": 2,
-        "model.local_mlp_dim": 64, "model.local_window": 16, "model.global_d_model": 32, "model.global_heads": 2,
-        "model.global_mlp_dim": 64, "model.global_layers": 1, "model.hash_table_size": 257, "model.ngram_sizes": "3,4",
+        "model.family": "blt",
+        "model.target_patch_len": 3.0,
+        "model.local_d_model": 32,
+        "model.local_heads": 2,
+        "model.local_mlp_dim": 64,
+        "model.local_window": 16,
+        "model.global_d_model": 32,
+        "model.global_heads": 2,
+        "model.global_mlp_dim": 64,
+        "model.global_layers": 1,
+        "model.hash_table_size": 257,
+        "model.ngram_sizes": "3,4",
         "model.max_patches": 65,
     },
 }
@@ -69,7 +97,9 @@ def artefacts(corpus_dir, tmp_path_factory):
     cfg = load_config(None, overrides(corpus_dir, FAMILIES["byte"]))
     corpus = load_corpus_from_config(cfg.data)
     train_bpe_on_corpus(corpus, vocab_size=300, num_workers=1).save(root / "tokenizer")
-    train(load_config(None, overrides(corpus_dir, {**FAMILIES["byte"], "model.window": 16})), root / "entropy")
+    train(
+        load_config(None, overrides(corpus_dir, {**FAMILIES["byte"], "model.window": 16})), root / "entropy"
+    )
     return {"model.tokenizer": root / "tokenizer", "model.entropy_run": root / "entropy"}
 
 

@@ -47,7 +47,17 @@ def random_lengths(rng, total, max_patches, max_len=6, first=1):
 @pytest.fixture(scope="module")
 def entropy_patcher():
     """Entropy patching with a (freshly initialised) small windowed byte LM, threshold at the median."""
-    lm_cfg = load_config(None, ["model.family=byte", "model.d_model=16", "model.n_layers=1", "model.n_heads=2", "model.mlp_dim=32", "model.window=8"]).model
+    lm_cfg = load_config(
+        None,
+        [
+            "model.family=byte",
+            "model.d_model=16",
+            "model.n_layers=1",
+            "model.n_heads=2",
+            "model.mlp_dim=32",
+            "model.window=8",
+        ],
+    ).model
     model = EntropyModel(ByteLM(lm_cfg, rngs=nnx.Rngs(5)))
     return model, lambda ids, theta: EntropyPatcher(model, theta, None, 6).lengths(ids, 16)
 
@@ -86,7 +96,9 @@ def test_causality_by_gradient_across_patches(kw, slots, entropy_patcher):
 
     dep = np.abs(np.asarray(jax.jit(jax.jacrev(nll))(emb))).sum(-1)[:, 0, :]  # dep[t, s]
     for t in range(T):
-        assert np.all(dep[t, t + 1 :] == 0), f"NLL at {t} depends on later positions {np.flatnonzero(dep[t, t + 1:]) + t + 1}"
+        assert np.all(dep[t, t + 1 :] == 0), (
+            f"NLL at {t} depends on later positions {np.flatnonzero(dep[t, t + 1 :]) + t + 1}"
+        )
         assert dep[t, t] > 0
 
 
@@ -118,8 +130,30 @@ def test_one_byte_per_patch_reduces_to_flat_byte_transformer():
     transformer (the byte LM's stack + final norm) over the embeddings e. Reading G at i (not i+1 or
     i-1) is exactly the decoder's "patch before the target's patch" alignment."""
     d = 32
-    lm = ByteLM(load_config(None, ["model.family=byte", f"model.d_model={d}", "model.n_layers=2", "model.n_heads=2", "model.mlp_dim=64"]).model, rngs=nnx.Rngs(0))
-    cfg = blt_cfg(cross_attention=False, encoder_layers=0, decoder_layers=0, global_layers=2, global_d_model=d, local_d_model=d, global_mlp_dim=64, queries_per_patch=1, ngram_sizes="")
+    lm = ByteLM(
+        load_config(
+            None,
+            [
+                "model.family=byte",
+                f"model.d_model={d}",
+                "model.n_layers=2",
+                "model.n_heads=2",
+                "model.mlp_dim=64",
+            ],
+        ).model,
+        rngs=nnx.Rngs(0),
+    )
+    cfg = blt_cfg(
+        cross_attention=False,
+        encoder_layers=0,
+        decoder_layers=0,
+        global_layers=2,
+        global_d_model=d,
+        local_d_model=d,
+        global_mlp_dim=64,
+        queries_per_patch=1,
+        ngram_sizes="",
+    )
     blt = BLT(cfg, rngs=nnx.Rngs(1))
     blt.encoder.byte_embed = lm.embed
     blt.latent.stack = lm.stack
@@ -137,7 +171,11 @@ def test_one_byte_per_patch_reduces_to_flat_byte_transformer():
     np.testing.assert_allclose(np.asarray(blt(ids, lengths))[..., :260], expected, rtol=2e-4, atol=2e-4)
     # and shifting the alignment by one patch breaks the equality (the test can fail)
     shifted = np.asarray(jnp.concatenate([flat[:, :1], flat[:, :-1]], axis=1) + e)
-    assert not np.allclose(np.asarray(blt(ids, lengths))[..., :260], (shifted / np.sqrt((shifted**2).mean(-1, keepdims=True))) @ np.asarray(lm.head[...])[:, :260], atol=1e-2)
+    assert not np.allclose(
+        np.asarray(blt(ids, lengths))[..., :260],
+        (shifted / np.sqrt((shifted**2).mean(-1, keepdims=True))) @ np.asarray(lm.head[...])[:, :260],
+        atol=1e-2,
+    )
 
 
 def _dense_cross_attention(module, q_BxMxQxD, src_BxSxD, allowed_BxMxS):
@@ -182,13 +220,17 @@ def test_gathered_cross_attention_equals_dense_masks(side):
         valid = np.broadcast_to((src_pid >= 0)[:, :, None], index.shape)
         q = jnp.asarray(rng.normal(size=(B, T, 1, D)), jnp.float32)
         src = jnp.asarray(rng.normal(size=(B, P * k, D)), jnp.float32)
-        allowed = (np.arange(P * k)[None, None, :] // k == src_pid[:, :, None]) & (src_pid >= 0)[:, :, None]  # B x T x Pk
+        allowed = (np.arange(P * k)[None, None, :] // k == src_pid[:, :, None]) & (src_pid >= 0)[
+            :, :, None
+        ]  # B x T x Pk
     w = jnp.asarray(rng.normal(size=q.shape), jnp.float32)
     gathered = lambda q, s: jnp.sum(w * module(q, s, jnp.asarray(index), jnp.asarray(valid)))  # noqa: E731
     dense = lambda q, s: jnp.sum(w * _dense_cross_attention(module, q, s, jnp.asarray(allowed)))  # noqa: E731
     np.testing.assert_allclose(gathered(q, src), dense(q, src), rtol=1e-4, atol=1e-4)
     # the gradients jitted: one program each, where eager differentiation compiles every op on its own
-    for a, b in zip(jax.jit(jax.grad(gathered, argnums=(0, 1)))(q, src), jax.jit(jax.grad(dense, argnums=(0, 1)))(q, src)):
+    for a, b in zip(
+        jax.jit(jax.grad(gathered, argnums=(0, 1)))(q, src), jax.jit(jax.grad(dense, argnums=(0, 1)))(q, src)
+    ):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-5)
     assert not np.all(valid) and np.any(valid)  # some empty rows and some full: both paths exercised
 
@@ -233,18 +275,36 @@ _LM_KEYS = ("model.d_model", "model.n_layers", "model.n_heads", "model.mlp_dim",
 @pytest.fixture(scope="module")
 def entropy_run(corpus_dir, tmp_path_factory):  # noqa: F811
     out = tmp_path_factory.mktemp("entropy") / "run"
-    train(load_config(None, tiny_overrides(corpus_dir, **{"model.window": 16, "train.steps": 20, "eval.every": 0})), out)
+    train(
+        load_config(
+            None, tiny_overrides(corpus_dir, **{"model.window": 16, "train.steps": 20, "eval.every": 0})
+        ),
+        out,
+    )
     return out
 
 
 def blt_train_cfg(corpus_dir, entropy_run, **extra):  # noqa: F811
     over = {
-        "model.family": "blt", "model.entropy_run": str(entropy_run), "model.target_patch_len": 3.0,
-        "model.local_d_model": 32, "model.local_heads": 2, "model.local_mlp_dim": 64, "model.local_window": 16,
-        "model.global_d_model": 64, "model.global_heads": 2, "model.global_mlp_dim": 128, "model.global_layers": 1,
-        "model.hash_table_size": 512, "train.steps": 2, "eval.every": 0, **extra,
+        "model.family": "blt",
+        "model.entropy_run": str(entropy_run),
+        "model.target_patch_len": 3.0,
+        "model.local_d_model": 32,
+        "model.local_heads": 2,
+        "model.local_mlp_dim": 64,
+        "model.local_window": 16,
+        "model.global_d_model": 64,
+        "model.global_heads": 2,
+        "model.global_mlp_dim": 128,
+        "model.global_layers": 1,
+        "model.hash_table_size": 512,
+        "train.steps": 2,
+        "eval.every": 0,
+        **extra,
     }
-    return load_config(None, [o for o in tiny_overrides(corpus_dir, **over) if o.split("=")[0] not in _LM_KEYS])
+    return load_config(
+        None, [o for o in tiny_overrides(corpus_dir, **over) if o.split("=")[0] not in _LM_KEYS]
+    )
 
 
 def test_golden_one_step_loss_and_calibration(corpus_dir, entropy_run, tmp_path):  # noqa: F811
@@ -294,8 +354,8 @@ def test_a_fixed_threshold_measures_its_mean_patch_length_for_the_flops(corpus_d
     """With model.threshold set nothing is calibrated, yet the FLOPs use the mean patch length that
     threshold gives on the calibration sample (the same measurement calibration makes), not the target."""
     from bytelm.data import load_corpus
-    from bytelm.patching import mean_patch_length, real_lengths
     from bytelm.families.blt import flops as blt_flops
+    from bytelm.patching import mean_patch_length, real_lengths
     from bytelm.training.restore import make_task
 
     cfg = blt_train_cfg(corpus_dir, entropy_run, **{"model.threshold": 1.5, "model.target_patch_len": 9.0})
@@ -303,5 +363,7 @@ def test_a_fixed_threshold_measures_its_mean_patch_length_for_the_flops(corpus_d
     sample = task._calibration_sample()
     measured = mean_patch_length(task.patcher.starts(sample), real_lengths(sample))
     assert task.patcher.threshold == 1.5 and task.achieved == measured and abs(measured - 9.0) > 0.5
-    assert task.forward_flops_per_position() == blt_flops.forward_flops_per_byte(cfg.model, cfg.train.seq_len, measured)
+    assert task.forward_flops_per_position() == blt_flops.forward_flops_per_byte(
+        cfg.model, cfg.train.seq_len, measured
+    )
     assert task.run_info()["patching"]["achieved_mean_patch_len"] == measured

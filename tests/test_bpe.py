@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import write_files
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -32,10 +33,9 @@ from bytelm.baselines.bpe import (
     train_bpe,
 )
 from bytelm.baselines.bpe.asciisplit import cl100k_starts, factorize, number_chunks, pack_chunks, unpack_chunk
-from bytelm.baselines.bpe.fast import FastEncoder
 from bytelm.baselines.bpe.bytelevel import BYTE_TO_CHAR, HF_BYTE_ORDER, bytes_to_chars, chars_to_bytes
+from bytelm.baselines.bpe.fast import FastEncoder
 from bytelm.baselines.bpe.parallel import balanced_shards
-from conftest import write_files
 
 a, b, c, d = (ord(x) for x in "abcd")
 WS = r"\S+|\s+"  # a pattern that keeps words whole, for character-level worked cases
@@ -296,7 +296,9 @@ def test_decode_bytes_encode_roundtrip_any_bytes(sample_tok, data):
     assert sample_tok.decode_bytes(sample_tok.encode_ordinary(data)) == data
 
 
-texts_with_specials = st.lists(st.one_of(st.text(max_size=20), st.sampled_from(SPECIALS)), max_size=6).map("".join)
+texts_with_specials = st.lists(st.one_of(st.text(max_size=20), st.sampled_from(SPECIALS)), max_size=6).map(
+    "".join
+)
 
 
 @settings(max_examples=150, deadline=None)
@@ -312,12 +314,18 @@ def test_encode_ordinary_equals_encode_with_no_disallowed(sample_tok, text):
 @settings(max_examples=100, deadline=None)
 @given(st.text(max_size=200))
 def test_special_tokens_never_from_ordinary_text(sample_tok, text):
-    ids = sample_tok.encode(text) if not any(s in text for s in SPECIALS) else sample_tok.encode_ordinary(text)
+    ids = (
+        sample_tok.encode(text) if not any(s in text for s in SPECIALS) else sample_tok.encode_ordinary(text)
+    )
     assert not set(sample_tok.special_tokens.values()) & set(ids)
 
 
 @settings(max_examples=150, deadline=None)
-@given(st.one_of(st.text(max_size=300), st.binary(max_size=200).map(lambda b: b.decode("utf-8", "surrogateescape"))))
+@given(
+    st.one_of(
+        st.text(max_size=300), st.binary(max_size=200).map(lambda b: b.decode("utf-8", "surrogateescape"))
+    )
+)
 def test_fast_pretokenizer_equals_regex_module(text):
     for name in PATTERNS:
         assert PreTokenizer(name).split(text) == PreTokenizer(name, fast=False).split(text)
@@ -351,7 +359,10 @@ def test_encode_batch_and_documents(sample_tok):
         assert ids[offsets[i] : offsets[i + 1]].tolist() == sample_tok.encode_ordinary(docs[i])
     batch = sample_tok.encode_batch(docs, num_workers=2)
     assert [len(x) for x in batch] == counts.tolist()
-    assert sample_tok.encode_batch(["a<|fim|>"], allowed_special="all")[0][-1] == sample_tok.special_tokens["<|fim|>"]
+    assert (
+        sample_tok.encode_batch(["a<|fim|>"], allowed_special="all")[0][-1]
+        == sample_tok.special_tokens["<|fim|>"]
+    )
 
 
 def test_long_single_character_runs(sample_tok):
@@ -361,7 +372,11 @@ def test_long_single_character_runs(sample_tok):
         assert sample_tok.decode(ids) == text
         # the heap merger for long chunks agrees with the simple one
         piece = text.encode()[:600]
-        assert FastEncoder(sample_tok)._bpe_long(piece) == _simple_bpe(sample_tok, piece) == sample_tok.bpe(piece)
+        assert (
+            FastEncoder(sample_tok)._bpe_long(piece)
+            == _simple_bpe(sample_tok, piece)
+            == sample_tok.bpe(piece)
+        )
 
 
 def _simple_bpe(tok: Tokenizer, piece: bytes) -> tuple[int, ...]:
@@ -384,7 +399,12 @@ def test_a_merge_that_remakes_a_token_applies_one_occurrence_at_a_time():
     assert pieces(tok, tok.encode("abcabc")) == [b"abca", b"bc"]
     fast = FastEncoder(tok)
     fast._prepare()
-    assert fast._bpe(b"abcabc") == fast._bpe_long(b"abcabc") == fast._bpe_vectorized([b"abcabc"])[0] == tok.bpe(b"abcabc")
+    assert (
+        fast._bpe(b"abcabc")
+        == fast._bpe_long(b"abcabc")
+        == fast._bpe_vectorized([b"abcabc"])[0]
+        == tok.bpe(b"abcabc")
+    )
 
 
 @st.composite
@@ -401,7 +421,12 @@ def _merge_lists(draw):
 
 
 @settings(max_examples=300, deadline=None)
-@given(_merge_lists(), st.lists(st.binary(min_size=1, max_size=40).map(lambda b: bytes(97 + x % 3 for x in b)), min_size=1, max_size=6))
+@given(
+    _merge_lists(),
+    st.lists(
+        st.binary(min_size=1, max_size=40).map(lambda b: bytes(97 + x % 3 for x in b)), min_size=1, max_size=6
+    ),
+)
 def test_reference_bpe_equals_one_merge_at_a_time_and_the_fast_mergers(merges, chunks):
     """Tokenizer.bpe (every occurrence of a new token's pair per pass) against a plain loop that
     merges one leftmost occurrence at a time, and the fast path's mergers, on random merge lists."""
@@ -411,14 +436,22 @@ def test_reference_bpe_equals_one_merge_at_a_time_and_the_fast_mergers(merges, c
     want = [_simple_bpe(tok, c) for c in chunks]
     assert [tok.bpe(c) for c in chunks] == want
     assert [fast._bpe(c) for c in chunks] == want == [fast._bpe_long(c) for c in chunks]
-    assert fast._bpe_vectorized([c for c in chunks if len(c) > 1]) == [w for c, w in zip(chunks, want) if len(c) > 1]
+    assert fast._bpe_vectorized([c for c in chunks if len(c) > 1]) == [
+        w for c, w in zip(chunks, want) if len(c) > 1
+    ]
 
 
 @settings(max_examples=120, deadline=None)
 @given(
     _merge_lists(),
     st.sampled_from(["cl100k", "gpt2"]),
-    st.lists(st.one_of(st.text(alphabet="abc \n'1.é", max_size=30), st.binary(max_size=20).map(lambda b: bytes(97 + x % 3 for x in b))), max_size=6),
+    st.lists(
+        st.one_of(
+            st.text(alphabet="abc \n'1.é", max_size=30),
+            st.binary(max_size=20).map(lambda b: bytes(97 + x % 3 for x in b)),
+        ),
+        max_size=6,
+    ),
 )
 def test_fast_documents_path_equals_the_reference_on_random_merge_lists(merges, pattern, docs):
     """Tokenizer.encode_documents (the fast path: numpy split and packed keys for ASCII documents
@@ -427,17 +460,34 @@ def test_fast_documents_path_equals_the_reference_on_random_merge_lists(merges, 
     tok = Tokenizer(merges, pattern=pattern)
     ids, counts = tok.encode_documents(docs, num_workers=1)
     offsets = np.concatenate([[0], np.cumsum(counts)])
-    assert [ids[offsets[i] : offsets[i + 1]].tolist() for i in range(len(docs))] == [tok.encode_ordinary(d) for d in docs]
+    assert [ids[offsets[i] : offsets[i + 1]].tolist() for i in range(len(docs))] == [
+        tok.encode_ordinary(d) for d in docs
+    ]
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.one_of(st.binary(min_size=2, max_size=64), st.sampled_from([b" " * 3, b" " * 7, b"=" * 7, b"-" * 9, b"#" * 5, b"\n" * 3, b"aaaaaaa", b"0000000"])), min_size=1, max_size=40))
+@given(
+    st.lists(
+        st.one_of(
+            st.binary(min_size=2, max_size=64),
+            st.sampled_from(
+                [b" " * 3, b" " * 7, b"=" * 7, b"-" * 9, b"#" * 5, b"\n" * 3, b"aaaaaaa", b"0000000"]
+            ),
+        ),
+        min_size=1,
+        max_size=40,
+    )
+)
 def test_vectorized_bpe_equals_simple_bpe(sample_tok, pieces):
     """The numpy merger (all new chunks at once, one merge per chunk per round) against a plain
     per-chunk loop over the merge list, on random byte strings and repeated-pair runs."""
     fast = FastEncoder(sample_tok)
     fast._prepare()
-    assert fast._bpe_vectorized(pieces) == [_simple_bpe(sample_tok, p) for p in pieces] == [sample_tok.bpe(p) for p in pieces]
+    assert (
+        fast._bpe_vectorized(pieces)
+        == [_simple_bpe(sample_tok, p) for p in pieces]
+        == [sample_tok.bpe(p) for p in pieces]
+    )
 
 
 # the characters whose neighbours decide cl100k's boundaries, and a few of everything else
@@ -463,7 +513,9 @@ def test_vectorized_ascii_split_equals_regex_module(texts):
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.one_of(st.integers(0, 2**64 - 1), st.sampled_from([0, 1, 2**63, 2**64 - 1])), max_size=300))
+@given(
+    st.lists(st.one_of(st.integers(0, 2**64 - 1), st.sampled_from([0, 1, 2**63, 2**64 - 1])), max_size=300)
+)
 def test_factorize_equals_numpy_unique(values):
     keys = np.array(values, np.uint64)
     uniq, index = factorize(keys)
@@ -472,7 +524,11 @@ def test_factorize_equals_numpy_unique(values):
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.binary(min_size=1, max_size=8).map(lambda b: bytes(x & 0x7F for x in b)), min_size=1, max_size=50))
+@given(
+    st.lists(
+        st.binary(min_size=1, max_size=8).map(lambda b: bytes(x & 0x7F for x in b)), min_size=1, max_size=50
+    )
+)
 def test_packed_chunk_keys_are_exact(chunks):
     data = b"".join(chunks) + bytes(7)
     lens = np.array([len(c) for c in chunks])
@@ -482,12 +538,25 @@ def test_packed_chunk_keys_are_exact(chunks):
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.one_of(st.sampled_from([b"x" * 9, b"x" * 16, b"x" * 17, b"\x00" * 12]), st.binary(min_size=1, max_size=32).map(lambda b: bytes(x & 0x7F for x in b))), min_size=1, max_size=40))
+@given(
+    st.lists(
+        st.one_of(
+            st.sampled_from([b"x" * 9, b"x" * 16, b"x" * 17, b"\x00" * 12]),
+            st.binary(min_size=1, max_size=32).map(lambda b: bytes(x & 0x7F for x in b)),
+        ),
+        min_size=1,
+        max_size=40,
+    )
+)
 def test_numbered_chunks_are_equal_exactly_when_bytes_are(chunks):
     data = b"".join(chunks) + bytes(32)
     lens = np.array([len(c) for c in chunks])
     number, example = number_chunks(data, np.cumsum(lens) - lens, lens)
-    assert all((number[i] == number[j]) == (chunks[i] == chunks[j]) for i in range(len(chunks)) for j in range(len(chunks)))
+    assert all(
+        (number[i] == number[j]) == (chunks[i] == chunks[j])
+        for i in range(len(chunks))
+        for j in range(len(chunks))
+    )
     assert [chunks[example[k]] for k in number] == chunks
 
 
@@ -676,7 +745,16 @@ def test_cli_errors_exit_2(tmp_path, lang_dir, capsys, monkeypatch):
     assert err.startswith("bytelm: error:") and str(missing) in err and len(err.strip().splitlines()) == 1
     assert cli.main(["tokenizer", "stats", "--tokenizer", str(missing), "--data", f"files:{lang_dir}"]) == 2
     capsys.readouterr()
-    argv = ["tokenizer", "train", "--data", f"files:{lang_dir}", "--out", str(tmp_path / "t"), "--workers", "1"]
+    argv = [
+        "tokenizer",
+        "train",
+        "--data",
+        f"files:{lang_dir}",
+        "--out",
+        str(tmp_path / "t"),
+        "--workers",
+        "1",
+    ]
     assert cli.main([*argv, "--vocab-size", "100"]) == 2
     assert "below 256" in capsys.readouterr().err
     assert cli.main([*argv, "--vocab-size", "300", "--pattern", "(["]) == 2

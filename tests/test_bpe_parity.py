@@ -15,14 +15,14 @@ import json
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from test_bpe import stdlib_sample
 
 from bytelm.baselines.bpe import PATTERNS, Tokenizer, train_bpe
 from bytelm.baselines.bpe.bytelevel import chars_to_bytes
-from test_bpe import stdlib_sample
 
 tiktoken = pytest.importorskip("tiktoken")
 tokenizers = pytest.importorskip("tokenizers")
-import tiktoken.load  # noqa: E402
+import tiktoken.load  # noqa: E402, F811
 
 SPECIALS = ["<|endoftext|>", "<|fim_prefix|>"]
 
@@ -76,7 +76,10 @@ def references(tmp_path_factory):
         hf = tokenizers.Tokenizer.from_file(str(d / "tokenizer.json"))
         ranks = tiktoken.load.load_tiktoken_bpe(str(d / "ranks.tiktoken"))
         tt = tiktoken.Encoding(
-            name=f"bytelm-{name}", pat_str=tok.pattern, mergeable_ranks=ranks, special_tokens=tok.special_tokens
+            name=f"bytelm-{name}",
+            pat_str=tok.pattern,
+            mergeable_ranks=ranks,
+            special_tokens=tok.special_tokens,
         )
         out[name] = (Tokenizer.load(d), hf, tt)
     return out
@@ -126,7 +129,11 @@ def test_parity_on_random_text(references, text):
 
 
 @settings(max_examples=100, deadline=None)
-@given(st.lists(st.sampled_from(["a", "b", " ", "1", "2", "\n", "'", "s", "é", "日", "!", "\t", "  "]), max_size=80))
+@given(
+    st.lists(
+        st.sampled_from(["a", "b", " ", "1", "2", "\n", "'", "s", "é", "日", "!", "\t", "  "]), max_size=80
+    )
+)
 def test_parity_on_random_text_from_a_small_alphabet(references, parts):
     check(references, "".join(parts))
 
@@ -162,8 +169,12 @@ def training_sample() -> list[bytes]:
 @pytest.mark.parametrize("vocab_size", [512, 4096])
 def test_merge_list_identical_to_hf_bpe_trainer(training_sample, pattern, vocab_size):
     specials = ["<|endoftext|>"] if vocab_size == 512 else []
-    model, hf_merges = hf_train([d.decode() for d in training_sample], PATTERNS[pattern], vocab_size, specials)
-    tok = train_bpe(training_sample, vocab_size=vocab_size, pattern=pattern, special_tokens=specials, num_workers=2)
+    model, hf_merges = hf_train(
+        [d.decode() for d in training_sample], PATTERNS[pattern], vocab_size, specials
+    )
+    tok = train_bpe(
+        training_sample, vocab_size=vocab_size, pattern=pattern, special_tokens=specials, num_workers=2
+    )
     ours = [(tok.token_bytes(x), tok.token_bytes(y)) for x, y in tok.merges]
     assert len(ours) == len(hf_merges) == vocab_size - 256 - len(specials)
     first_diff = next((i for i, (x, y) in enumerate(zip(ours, hf_merges)) if x != y), None)

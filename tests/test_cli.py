@@ -20,7 +20,9 @@ def test_every_command_and_option_has_help():
         for action in parser._actions:
             if isinstance(action, argparse._HelpAction):
                 continue
-            assert action.help, f"'bytelm {' '.join(path)}' option {action.option_strings or action.dest} has no help"
+            assert action.help, (
+                f"'bytelm {' '.join(path)}' option {action.option_strings or action.dest} has no help"
+            )
 
 
 @pytest.mark.parametrize("path", [p for p, _ in _walk(cli.build_parser())])
@@ -36,7 +38,9 @@ def test_python_m_data_info_stdlib_is_reproducible_across_processes(tmp_path):
     outs = []
     for i in range(2):
         env = {**__import__("os").environ, "BYTELM_CACHE_DIR": str(tmp_path / f"cache{i}")}
-        r = subprocess.run([sys.executable, "-m", "bytelm", "data", "info"], capture_output=True, text=True, env=env)
+        r = subprocess.run(
+            [sys.executable, "-m", "bytelm", "data", "info"], capture_output=True, text=True, env=env
+        )
         assert r.returncode == 0, r.stderr
         outs.append(r.stdout)
     fps = [[line.split()[-1] for line in o.splitlines() if line.startswith("fingerprint")][0] for o in outs]

@@ -6,14 +6,13 @@ import math
 
 import numpy as np
 import pytest
+from conftest import word_corpus
 
 from bytelm import cli
 from bytelm.errors import UserError
+from bytelm.evaluation.report import REPORT_SCHEMA, schema_errors
 from bytelm.experiments.compare import load_preset
 from bytelm.experiments.runner import StageStopped
-from bytelm.evaluation.report import REPORT_SCHEMA, schema_errors
-
-from conftest import word_corpus
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +42,9 @@ def test_compare_test_preset_end_to_end_and_resume(corpus_dir, tmp_path, capsys)
         # matched budget: the run's total FLOPs (own + auxiliary) are the budget, up to rounding to whole steps
         per_step = plan["flops_per_step"] + plan["auxiliary_flops_per_step"]
         assert abs(m["flops_total"] - budget) <= per_step / 2 + 1e-6 * budget, (m["name"], m["flops_total"])
-        assert m["flops_own"] == m["flops"] and m["flops_total"] == pytest.approx(m["flops"] + m["flops_auxiliary"])
+        assert m["flops_own"] == m["flops"] and m["flops_total"] == pytest.approx(
+            m["flops"] + m["flops_auxiliary"]
+        )
     # BLT pays for its entropy model: that model's whole training, and its forward over every training window and the
     # calibration sample (a window is train.seq_len + 1 = 65 ids; batches of 8; 64 calibration rows)
     blt, entropy = models["blt"], models["entropy"]
@@ -52,7 +53,9 @@ def test_compare_test_preset_end_to_end_and_resume(corpus_dir, tmp_path, capsys)
     per_window = blt["entropy_inference_flops_per_byte"] * 65  # the entropy model over a BLT window
     assert aux["entropy model forward over the training bytes"] == pytest.approx(per_window * 8 * blt["step"])
     assert aux["entropy model forward over the calibration sample"] == pytest.approx(per_window * 64)
-    assert blt["flops_auxiliary"] == pytest.approx(sum(aux.values())) and blt["flops"] < 0.9 * preset.budgets[0]
+    assert (
+        blt["flops_auxiliary"] == pytest.approx(sum(aux.values())) and blt["flops"] < 0.9 * preset.budgets[0]
+    )
     assert all(not models[n]["flops_auxiliary"] for n in ("bpe", "byte", "byte+ngram", "megabyte", "entropy"))
     # the byte LM with BLT's n-gram tables: 3 tables (n = 3, 4, 5) of 512 rows at its width 32 (BLT's: local width 32)
     assert models["byte+ngram"]["params"]["ngram"] == 3 * 512 * 32 == blt["params"]["ngram"]
@@ -60,7 +63,10 @@ def test_compare_test_preset_end_to_end_and_resume(corpus_dir, tmp_path, capsys)
     assert set(blt["pipeline_stats"]) == {"patch_overflow_windows", "patch_overflow_bytes"}
     assert models["byte"]["mean_bytes_per_global_step"] == 1.0
     assert models["megabyte"]["mean_bytes_per_global_step"] == 4.0
-    assert models["blt"]["mean_bytes_per_global_step"] > 1.0 and models["bpe"]["mean_bytes_per_global_step"] > 1.0
+    assert (
+        models["blt"]["mean_bytes_per_global_step"] > 1.0
+        and models["bpe"]["mean_bytes_per_global_step"] > 1.0
+    )
     md = (out / "report.md").read_text()
     assert report["fingerprint"] in md and "unigram (eval entropy)" in md and "bpb.png" in md
     assert "auxiliary FLOPs" in md and "patch overflow windows" in md and "not neural compute" in md
@@ -78,7 +84,17 @@ def test_compare_test_preset_end_to_end_and_resume(corpus_dir, tmp_path, capsys)
 
 def test_compare_minutes_gives_every_compared_model_the_same_training_time(corpus_dir, tmp_path, capsys):
     out = tmp_path / "cmp"
-    args = ["compare", "--preset", "test", "--data", f"files:{corpus_dir}", "--out", str(out), "--minutes", "0.05"]
+    args = [
+        "compare",
+        "--preset",
+        "test",
+        "--data",
+        f"files:{corpus_dir}",
+        "--out",
+        str(out),
+        "--minutes",
+        "0.05",
+    ]
     assert cli.main(args) == 0
     report = json.loads((out / "report.json").read_text())
     assert schema_errors(report, REPORT_SCHEMA) == []
@@ -91,7 +107,9 @@ def test_compare_minutes_gives_every_compared_model_the_same_training_time(corpu
             assert plan["flop_budget"] == 1.0e9 and "time_budget_s" not in info
         else:
             assert plan["time_budget_s"] == info["time_budget_s"] == 3.0
-            assert info["train_s"] >= 3.0 or info["step"] == info["planned_steps"]  # the budget spent, or the planned horizon
+            assert (
+                info["train_s"] >= 3.0 or info["step"] == info["planned_steps"]
+            )  # the budget spent, or the planned horizon
     md = (out / "report.md").read_text()
     assert "3.0s of training time per compared model" in md and "train time" in md
     capsys.readouterr()
@@ -133,11 +151,16 @@ def test_presets_load_and_bad_presets_fail(tmp_path):
     assert {m.name for m in tiny.members} == {"bpe", "byte", "byte+ngram", "megabyte", "blt"}
     assert next(m for m in tiny.members if m.name == "byte+ngram").ngram_from == "blt"
     assert tiny.entropy_model.name == "entropy" and tiny.budgets[0] > 0 and tiny.budgets == (2.5e12,)
-    assert tiny.entropy_budget == 1e12 and tiny.extra_seeds == 0 and tiny.sweep_fraction == 0.25 and tiny.size is None
+    assert (
+        tiny.entropy_budget == 1e12
+        and tiny.extra_seeds == 0
+        and tiny.sweep_fraction == 0.25
+        and tiny.size is None
+    )
     with pytest.raises(UserError, match="no compare preset"):
         load_preset("nope")
     bad = tmp_path / "bad.toml"
-    bad.write_text('[compare]\nflop_budget = 1e9\nbudget = 3\n')
+    bad.write_text("[compare]\nflop_budget = 1e9\nbudget = 3\n")
     with pytest.raises(UserError, match="unknown key"):
         load_preset(str(bad))
     bad.write_text('[compare]\nflop_budget = 1e9\n[[model]]\nname = "x"\nconfig = "missing.toml"\n')
@@ -146,10 +169,14 @@ def test_presets_load_and_bad_presets_fail(tmp_path):
     bad.write_text('[compare]\nflop_budget = 1e9\n[tokenizer]\nkind = "wordpiece"\n')
     with pytest.raises(UserError, match="kind is 'wordpiece'"):
         load_preset(str(bad))
-    bad.write_text(f'[compare]\nflop_budget = 1e9\n[[model]]\nname = "x"\nconfig = "{tiny.path.parent.parent}/tiny/byte.toml"\nngram_from = "y"\n')
+    bad.write_text(
+        f'[compare]\nflop_budget = 1e9\n[[model]]\nname = "x"\nconfig = "{tiny.path.parent.parent}/tiny/byte.toml"\nngram_from = "y"\n'
+    )
     with pytest.raises(UserError, match="ngram_from 'y' must name another model"):
         load_preset(str(bad))
-    bad.write_text(f'[compare]\nflop_budget = 1e9\nseeds = 0\n[[model]]\nname = "x"\nconfig = "{tiny.path.parent.parent}/tiny/byte.toml"\n')
+    bad.write_text(
+        f'[compare]\nflop_budget = 1e9\nseeds = 0\n[[model]]\nname = "x"\nconfig = "{tiny.path.parent.parent}/tiny/byte.toml"\n'
+    )
     with pytest.raises(UserError, match="seeds must be a whole number >= 1"):
         load_preset(str(bad))
 
@@ -160,11 +187,17 @@ def test_compare_with_a_unigram_tokenizer_records_its_kind_and_rule(corpus_dir, 
     from bytelm.experiments import compare as cmp  # noqa: PLC0415
 
     preset = load_preset("test")
-    preset = dataclasses.replace(preset, members=tuple(m for m in preset.members if m.name == "bpe"),
-                                 tokenizer={**preset.tokenizer, "tokenizer.kind": "unigram"})
+    preset = dataclasses.replace(
+        preset,
+        members=tuple(m for m in preset.members if m.name == "bpe"),
+        tokenizer={**preset.tokenizer, "tokenizer.kind": "unigram"},
+    )
     out = tmp_path / "cmp"
     result = cmp.compare(preset, out, data_spec=f"files:{corpus_dir}")
-    assert result.report["compare"]["tokenizer"]["kind"] == "unigram" and result.report["compare"]["tokenizer"]["encoder"] == "viterbi"
+    assert (
+        result.report["compare"]["tokenizer"]["kind"] == "unigram"
+        and result.report["compare"]["tokenizer"]["encoder"] == "viterbi"
+    )
     info = json.loads((out / "runs" / "bpe" / "run.json").read_text())
     assert (info["tokenizer_kind"], info["tokenizer_encoder"]) == ("unigram", "viterbi")
     assert "Tokenizer: unigram" in result.report_md.read_text()
@@ -180,8 +213,11 @@ def test_compare_chooses_each_models_learning_rate_on_the_validation_split(corpu
 
     preset = load_preset("test")
     preset = dataclasses.replace(
-        preset, members=tuple(m for m in preset.members if m.name == "byte"),
-        overrides=(*preset.overrides, "data.validation_fraction=0.1"), learning_rates=(1e-3, 1e-2), sweep_fraction=0.5,
+        preset,
+        members=tuple(m for m in preset.members if m.name == "byte"),
+        overrides=(*preset.overrides, "data.validation_fraction=0.1"),
+        learning_rates=(1e-3, 1e-2),
+        sweep_fraction=0.5,
     )
     out = tmp_path / "cmp"
     result = cmp.compare(preset, out, data_spec=f"files:{corpus_dir}")
@@ -201,10 +237,16 @@ def test_compare_chooses_each_models_learning_rate_on_the_validation_split(corpu
         assert f"learning_rate = {sweep['chosen']}" in cfg
         for lr in scores:  # the sweep runs: half the budget each, on their own directories
             info = json.loads((out / "sweeps" / name / f"lr{lr:g}" / "run.json").read_text())
-            assert info["status"] in ("finished", "diverged") and abs(2 * info["step"] - plan["steps"]) <= 1 or scores[lr] is None
+            assert (
+                info["status"] in ("finished", "diverged")
+                and abs(2 * info["step"] - plan["steps"]) <= 1
+                or scores[lr] is None
+            )
         row = next(m for m in result.report["models"] if m["name"] == name)
         assert row["bpb"] not in scores.values()  # the held-out score is not the validation one
-    assert "validation BPB" in result.report_md.read_text() or "validation split" in result.report_md.read_text()
+    assert (
+        "validation BPB" in result.report_md.read_text() or "validation split" in result.report_md.read_text()
+    )
     bad = dataclasses.replace(preset, overrides=tuple(o for o in preset.overrides if "validation" not in o))
     with pytest.raises(UserError, match="validation_fraction"):
         cmp.compare(bad, tmp_path / "bad", data_spec=f"files:{corpus_dir}")
@@ -217,7 +259,9 @@ def test_compare_seeds_give_each_model_a_mean_and_a_spread(corpus_dir, tmp_path,
     from bytelm.experiments import compare as cmp  # noqa: PLC0415
 
     preset = load_preset("test")
-    preset = dataclasses.replace(preset, members=tuple(m for m in preset.members if m.name in ("byte", "megabyte")))
+    preset = dataclasses.replace(
+        preset, members=tuple(m for m in preset.members if m.name in ("byte", "megabyte"))
+    )
     out = tmp_path / "cmp"
     result = cmp.compare(preset, out, data_spec=f"files:{corpus_dir}", seeds=2)
     seeds = result.report["compare"]["seeds"]
@@ -229,11 +273,15 @@ def test_compare_seeds_give_each_model_a_mean_and_a_spread(corpus_dir, tmp_path,
         assert "seed = 1" in (out / "seeds" / name / "s1" / "config.toml").read_text()
         row = next(m for m in result.report["models"] if m["name"] == name)
         assert s["bpb"][0] == row["bpb"] and s["bpb"][1] != s["bpb"][0]  # another seed, another model
-        assert s["mean"] == pytest.approx(np.mean(s["bpb"])) and s["std"] == pytest.approx(np.std(s["bpb"], ddof=1))
+        assert s["mean"] == pytest.approx(np.mean(s["bpb"])) and s["std"] == pytest.approx(
+            np.std(s["bpb"], ddof=1)
+        )
         assert s["spread"] == pytest.approx(abs(s["bpb"][1] - s["bpb"][0]))
     (pair,) = seeds["pairs"]
     means = {n: s["mean"] for n, s in seeds["models"].items()}
-    assert pair["better"] == min(means, key=means.get) and pair["gap"] == pytest.approx(abs(means["byte"] - means["megabyte"]))
+    assert pair["better"] == min(means, key=means.get) and pair["gap"] == pytest.approx(
+        abs(means["byte"] - means["megabyte"])
+    )
     assert pair["exceeds"] == (pair["gap"] > max(s["spread"] for s in seeds["models"].values()))
     md = result.report_md.read_text()
     assert "2 seeds per compared model" in md and ("does NOT exceed" in md or " exceeds " in md)

@@ -18,9 +18,9 @@ def test_defaults_without_file():
 
 
 def test_include_merge_order(tmp_path):
-    write(tmp_path / "base.toml", '[train]\nsteps = 10\nbatch_size = 8\n[data]\nsegment_bytes = 256\n')
+    write(tmp_path / "base.toml", "[train]\nsteps = 10\nbatch_size = 8\n[data]\nsegment_bytes = 256\n")
     write(tmp_path / "mid.toml", 'include = "base.toml"\n[train]\nsteps = 20\n')
-    write(tmp_path / "other.toml", '[train]\nbatch_size = 4\nseed = 7\n')
+    write(tmp_path / "other.toml", "[train]\nbatch_size = 4\nseed = 7\n")
     top = write(
         tmp_path / "top.toml",
         'include = ["mid.toml", "other.toml"]\n[train]\nseed = 9\n[model]\nfamily = "byte"\nd_model = 64\n',
@@ -100,7 +100,9 @@ def test_bad_override_syntax():
 
 
 def test_dump_round_trip(tmp_path):
-    cfg = load_config(None, ["model.family=byte", "model.window=64", 'data.source=files:/a "b"/c', "train.steps=3"])
+    cfg = load_config(
+        None, ["model.family=byte", "model.window=64", 'data.source=files:/a "b"/c', "train.steps=3"]
+    )
     path = tmp_path / "config.toml"
     path.write_text(dump_config(cfg))
     assert load_config(path) == cfg
@@ -111,7 +113,9 @@ def test_repo_configs_load():
 
     root = Path(__file__).parent.parent / "configs"
     # compare presets and ablation grids have schemas of their own (tests/test_compare.py, tests/test_ablate.py)
-    paths = sorted(p for p in root.rglob("*.toml") if not {"compare", "ablations"} & set(p.relative_to(root).parts))
+    paths = sorted(
+        p for p in root.rglob("*.toml") if not {"compare", "ablations"} & set(p.relative_to(root).parts)
+    )
     # the small and base presets' shared [model] settings (dtype, kernels) are fragments, not presets
     paths = [p for p in paths if p.relative_to(root).as_posix() not in ("small/base.toml", "base/base.toml")]
     assert len(paths) >= 8
@@ -127,7 +131,9 @@ def test_the_loader_reads_model_tables_through_the_family_registry():
     assert set(FAMILIES) >= {"byte", "bpe", "megabyte", "blt"}
     for name, task in FAMILIES.items():
         assert type(load_config(None, [f"model.family={name}"]).model) is task.config_class
-    with pytest.raises(UserError, match=r"model.family = 'megabite' is not a known family .*did you mean 'megabyte'"):
+    with pytest.raises(
+        UserError, match=r"model.family = 'megabite' is not a known family .*did you mean 'megabyte'"
+    ):
         load_config(None, ["model.family=megabite"])
 
 
@@ -138,7 +144,9 @@ def test_cpu_recipes_cover_every_family_and_score_inside_their_context():
     training context."""
     from bytelm.families import FAMILIES
 
-    built_in = [name for name, task in FAMILIES.items() if task.__module__.startswith("bytelm.")]  # (a test may register its own)
+    built_in = [
+        name for name, task in FAMILIES.items() if task.__module__.startswith("bytelm.")
+    ]  # (a test may register its own)
     for name in [*built_in, "entropy", "byte_10min", "bpe_10min", "blt_10min"]:
         cfg = load_config(f"cpu/{name}")
         assert cfg.model.family == ("byte" if name == "entropy" else name.removesuffix("_10min"))
@@ -155,12 +163,17 @@ def test_small_and_base_presets_have_the_sizes_they_promise():
     from flax import nnx
 
     from bytelm.families.blt.model import BLT
+    from bytelm.families.bpe.model import TokenLM
     from bytelm.families.byte.model import ByteLM
     from bytelm.families.megabyte.model import MegaByte
-    from bytelm.families.bpe.model import TokenLM
     from bytelm.training.trainer import count_params
 
-    builders = {"byte": ByteLM, "megabyte": MegaByte, "blt": BLT, "bpe": lambda m, rngs: TokenLM(m, 32768, rngs=rngs)}
+    builders = {
+        "byte": ByteLM,
+        "megabyte": MegaByte,
+        "blt": BLT,
+        "bpe": lambda m, rngs: TokenLM(m, 32768, rngs=rngs),
+    }
     expected = {"small": (80e6, 130e6), "base": (0.95e9, 1.2e9)}
     for size, (lo, hi) in expected.items():
         for family in ("byte", "bpe", "megabyte", "blt"):
@@ -174,7 +187,10 @@ def test_small_and_base_presets_have_the_sizes_they_promise():
             assert lo <= trunk <= hi, (size, family, trunk)
             assert cfg.model.dtype == "bfloat16" and cfg.train.seq_len >= cfg.data.segment_bytes
             t = cfg.train
-            assert t.batch_size % (t.mesh_fsdp * t.mesh_tensor) == 0 and cfg.eval.batch_size % (t.mesh_fsdp * t.mesh_tensor) == 0
+            assert (
+                t.batch_size % (t.mesh_fsdp * t.mesh_tensor) == 0
+                and cfg.eval.batch_size % (t.mesh_fsdp * t.mesh_tensor) == 0
+            )
         assert load_config(f"{size}/entropy").model.window == 512
     tp = load_config("base/byte_tp").train
     assert (tp.mesh_fsdp, tp.mesh_tensor) == (4, 2)
@@ -195,13 +211,29 @@ def test_typed_changes_are_checked_like_a_file():
     from bytelm.config import with_overrides, with_values
 
     cfg = load_config(None, ["model.family=byte"])
-    changed = with_values(cfg, {"model.d_model": 64, "model.n_heads": 2, "train.steps": "7", "model.ngram_sizes": (3, 4)})
+    changed = with_values(
+        cfg, {"model.d_model": 64, "model.n_heads": 2, "train.steps": "7", "model.ngram_sizes": (3, 4)}
+    )
     assert (changed.model.d_model, changed.train.steps, changed.model.ngram_sizes) == (64, 7, (3, 4))
-    assert load_config(None, ["model.family=byte", "model.d_model=64", "model.n_heads=2", "train.steps=7", "model.ngram_sizes=3,4"]) == changed
+    assert (
+        load_config(
+            None,
+            [
+                "model.family=byte",
+                "model.d_model=64",
+                "model.n_heads=2",
+                "train.steps=7",
+                "model.ngram_sizes=3,4",
+            ],
+        )
+        == changed
+    )
     with pytest.raises(UserError, match=r"unknown key 'model.d_modle'; did you mean 'model.d_model'"):
         with_values(cfg, {"model.d_modle": 64})
     with pytest.raises(UserError, match="d_model 250 is not divisible by n_heads 4"):
         with_values(cfg, {"model.d_model": 250})
     with pytest.raises(UserError, match="train.steps = x is not a valid int"):
         with_values(cfg, {"train.steps": "x"})
-    assert with_overrides(changed, ["train.steps=9"]).train.steps == 9 and with_overrides(changed, []) is changed
+    assert (
+        with_overrides(changed, ["train.steps=9"]).train.steps == 9 and with_overrides(changed, []) is changed
+    )

@@ -8,7 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-_spec = importlib.util.spec_from_file_location("cpu_sweep", Path(__file__).parents[1] / "benchmarks" / "cpu_sweep.py")
+_spec = importlib.util.spec_from_file_location(
+    "cpu_sweep", Path(__file__).parents[1] / "benchmarks" / "cpu_sweep.py"
+)
 cpu_sweep = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(cpu_sweep)
 pick = cpu_sweep.pick
@@ -38,7 +40,10 @@ def test_of_several_better_candidates_the_largest_combined_gain_wins():
 def test_random_groups(paces):
     rng = np.random.default_rng(paces)
     for _ in range(300):
-        scores = [tuple(float(x) for x in row) for row in rng.uniform(1.2, 1.6, size=(int(rng.integers(1, 6)), paces))]
+        scores = [
+            tuple(float(x) for x in row)
+            for row in rng.uniform(1.2, 1.6, size=(int(rng.integers(1, 6)), paces))
+        ]
         w = pick(scores)
         dominating = [i for i in range(1, len(scores)) if all(b < f for b, f in zip(scores[i], scores[0]))]
         if not dominating:
@@ -59,7 +64,9 @@ def test_seeds_train_one_run_each_and_average_reusing_seed_0(tmp_path, monkeypat
         trained[out] = seed
 
     def fake_evaluate(run_dir, eval_set):
-        return types.SimpleNamespace(bpb=1.0 + trained[str(run_dir)] / 10, step=50 + trained[str(run_dir)], params={"total": 7})
+        return types.SimpleNamespace(
+            bpb=1.0 + trained[str(run_dir)] / 10, step=50 + trained[str(run_dir)], params={"total": 7}
+        )
 
     monkeypatch.setattr(cpu_sweep, "bytelm", fake_bytelm)
     monkeypatch.setattr(cpu_sweep, "evaluate_run", fake_evaluate)

@@ -7,16 +7,22 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import write_files
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from bytelm import cli
 from bytelm.constants import BOS_ID, BYTE_OFFSET, EOS_ID
-from bytelm.data import WindowBatches, fingerprint_segments, is_heldout, is_validation, load_corpus, parse_source
+from bytelm.data import (
+    WindowBatches,
+    fingerprint_segments,
+    is_heldout,
+    is_validation,
+    load_corpus,
+    parse_source,
+)
 from bytelm.data import corpus as corpus_mod
 from bytelm.errors import UserError
-
-from conftest import write_files
 
 
 def load(spec, tmp_path, **kw):
@@ -40,7 +46,11 @@ def test_glob_and_paragraph_and_line_split(tmp_path):
         {"a.txt": b"one\n\ntwo\r\n\r\n\r\nthree\n", "b.md": b"x\ny\r\n\nz", ".hidden": b"h"},
     )
     docs = list(parse_source(f"files:{root}/*.txt?split=paragraph").documents())
-    assert [(d.name, d.data) for d in docs] == [("a.txt#0", b"one"), ("a.txt#1", b"two"), ("a.txt#2", b"three\n")]
+    assert [(d.name, d.data) for d in docs] == [
+        ("a.txt#0", b"one"),
+        ("a.txt#1", b"two"),
+        ("a.txt#2", b"three\n"),
+    ]
     lines = list(parse_source(f"files:{root}?split=line").documents())
     assert [d.data for d in lines] == [b"one", b"two\r", b"three", b"x", b"y\r", b"z"]
     assert {d.group for d in lines} == {"a.txt", "b.md"}  # hidden files skipped in directories
@@ -196,20 +206,35 @@ def test_validation_split_is_carved_from_train_and_moves_no_heldout_document(tex
     carved = load(f"files:{text_dir}", tmp_path, segment_bytes=64, validation_fraction=0.3)
     assert carved.path != plain.path  # its own cache: the training stream differs
     assert carved.fingerprint == plain.fingerprint and (carved.heldout == plain.heldout).all()
-    assert not plain.validation.any() and carved.validation.any() and not (carved.validation & carved.heldout).any()
+    assert (
+        not plain.validation.any()
+        and carved.validation.any()
+        and not (carved.validation & carved.heldout).any()
+    )
     for i, name in enumerate(carved.names):
         assert carved.validation[i] == (not carved.heldout[i] and is_validation(name, 0, 0.3))
     train = set(carved.document_indices("train"))
-    assert train.isdisjoint(carved.document_indices("validation")) and train.isdisjoint(carved.document_indices("heldout"))
+    assert train.isdisjoint(carved.document_indices("validation")) and train.isdisjoint(
+        carved.document_indices("heldout")
+    )
     assert len(train) + carved.validation.sum() + carved.heldout.sum() == carved.n_documents
     # the training stream holds exactly the train documents, each as BOS bytes EOS
-    expected = np.concatenate([np.concatenate([[BOS_ID], np.frombuffer(d, np.uint8) + BYTE_OFFSET, [EOS_ID]])
-                               for d in carved.documents("train")])
+    expected = np.concatenate(
+        [
+            np.concatenate([[BOS_ID], np.frombuffer(d, np.uint8) + BYTE_OFFSET, [EOS_ID]])
+            for d in carved.documents("train")
+        ]
+    )
     np.testing.assert_array_equal(np.asarray(carved.train_stream), expected)
-    assert b"".join(carved.segment_data(carved.validation_segments)) == b"".join(carved.documents("validation"))
+    assert b"".join(carved.segment_data(carved.validation_segments)) == b"".join(
+        carved.documents("validation")
+    )
     frac = np.mean([is_validation(f"doc{i}", 0, 0.1) for i in range(20000)])
     assert 0.09 < frac < 0.11
-    assert np.mean([is_validation(f"doc{i}", 0, 0.5) == is_heldout(f"doc{i}", 0, 0.5) for i in range(20000)]) < 0.6  # independent draws
+    assert (
+        np.mean([is_validation(f"doc{i}", 0, 0.5) == is_heldout(f"doc{i}", 0, 0.5) for i in range(20000)])
+        < 0.6
+    )  # independent draws
     with pytest.raises(UserError, match="validation_fraction"):
         load(f"files:{text_dir}", tmp_path, validation_fraction=1.0)
 

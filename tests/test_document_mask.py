@@ -9,8 +9,8 @@ from flax import nnx
 
 from bytelm.config import load_config
 from bytelm.constants import BOS_ID, BYTE_OFFSET, EOS_ID
-from bytelm.models.attention import attend
 from bytelm.families.byte.model import ByteLM
+from bytelm.models.attention import attend
 from bytelm.models.core import document_spans, ngram_hashes
 
 # As in the other model tests: an implicit rank promotion is a bug (and, set by any module, the
@@ -44,7 +44,9 @@ def test_segment_attention_matches_numpy(implementation, block):
     rng = np.random.default_rng(block)
     q, k, v = rng.normal(size=(3, 2, 32, 2, 8)).astype(np.float32)
     seg = random_segments(rng, 2, 32, n_starts=5)
-    out = attend(q, k, v, causal=True, segments_BxT=jnp.asarray(seg), implementation=implementation, block=block)
+    out = attend(
+        q, k, v, causal=True, segments_BxT=jnp.asarray(seg), implementation=implementation, block=block
+    )
     np.testing.assert_allclose(np.asarray(out), np_segment_attention(q, k, v, seg), rtol=2e-4, atol=2e-5)
 
 
@@ -56,7 +58,11 @@ def test_segment_attention_gradients_equal_dense():
     seg = jnp.asarray(random_segments(rng, 2, 32, n_starts=4))
 
     def grads(implementation):
-        loss = lambda q, k, v: jnp.sum(attend(q, k, v, causal=True, segments_BxT=seg, implementation=implementation, block=4) * w)  # noqa: E731
+        def loss(q, k, v):
+            return jnp.sum(
+                attend(q, k, v, causal=True, segments_BxT=seg, implementation=implementation, block=4) * w
+            )
+
         return jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(q, k, v)
 
     for a, b in zip(grads("halving"), grads("xla")):
@@ -65,7 +71,9 @@ def test_segment_attention_gradients_equal_dense():
 
 
 def test_document_spans():
-    ids = jnp.asarray([[7, 8, EOS_ID, BOS_ID, 9, 10, EOS_ID, BOS_ID, 11], [BOS_ID, 5, 6, 7, 8, 9, 10, 11, 12]])
+    ids = jnp.asarray(
+        [[7, 8, EOS_ID, BOS_ID, 9, 10, EOS_ID, BOS_ID, 11], [BOS_ID, 5, 6, 7, 8, 9, 10, 11, 12]]
+    )
     seg, reach = document_spans(ids)
     np.testing.assert_array_equal(seg, [[0, 0, 0, 1, 1, 1, 1, 2, 2], [1] * 9])
     np.testing.assert_array_equal(reach, [[0, 1, 2, 0, 1, 2, 3, 0, 1], list(range(9))])
@@ -83,8 +91,15 @@ def test_ngram_reach_reads_pad_before_a_document():
 
 
 def byte_cfg(**kw):
-    overrides = ["model.family=byte", "model.d_model=32", "model.n_layers=2", "model.n_heads=2", "model.mlp_dim=64",
-                 "model.ngram_sizes=[2,3]", "model.hash_table_size=97"]
+    overrides = [
+        "model.family=byte",
+        "model.d_model=32",
+        "model.n_layers=2",
+        "model.n_heads=2",
+        "model.mlp_dim=64",
+        "model.ngram_sizes=[2,3]",
+        "model.hash_table_size=97",
+    ]
     return load_config(None, overrides + [f"model.{k}={v}" for k, v in kw.items()]).model
 
 
@@ -100,7 +115,7 @@ def test_each_document_scores_as_if_alone(attention, T):
     rng = np.random.default_rng(T)
     a, b = doc_ids(rng, T // 3), doc_ids(rng, T // 4)
     tail = T - len(a) - len(b)
-    c = doc_ids(rng, tail)[: tail]  # a document cut by the window's end
+    c = doc_ids(rng, tail)[:tail]  # a document cut by the window's end
     window = jnp.asarray(np.concatenate([a, b, c])[None])
     masked = ByteLM(byte_cfg(attention=attention, document_mask="true"), rngs=nnx.Rngs(0))
     plain = ByteLM(byte_cfg(attention=attention), rngs=nnx.Rngs(0))

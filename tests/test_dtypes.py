@@ -16,17 +16,48 @@ from flax import nnx
 
 from bytelm.config import load_config
 from bytelm.families.blt.model import BLT
+from bytelm.families.bpe.model import TokenLM
 from bytelm.families.byte.model import ByteLM
 from bytelm.families.megabyte.model import MegaByte
-from bytelm.families.bpe.model import TokenLM
 
 FAMILIES = {
     "byte": (ByteLM, dict(family="byte", d_model=64, n_layers=2, n_heads=2, mlp_dim=128)),
-    "bpe": (lambda cfg, rngs: TokenLM(cfg, 500, rngs=rngs), dict(family="bpe", d_model=64, n_layers=2, n_heads=2, mlp_dim=128)),
-    "megabyte": (MegaByte, dict(family="megabyte", patch_size=4, embed_dim=16, global_d_model=64, global_layers=2, global_heads=2,
-                                global_mlp_dim=128, local_d_model=32, local_layers=1, local_heads=2, local_mlp_dim=64)),
-    "blt": (BLT, dict(family="blt", local_d_model=32, local_heads=2, local_mlp_dim=64, local_window=16, global_d_model=64,
-                      global_heads=2, global_mlp_dim=128, global_layers=1, hash_table_size=64, ngram_sizes="3,4")),
+    "bpe": (
+        lambda cfg, rngs: TokenLM(cfg, 500, rngs=rngs),
+        dict(family="bpe", d_model=64, n_layers=2, n_heads=2, mlp_dim=128),
+    ),
+    "megabyte": (
+        MegaByte,
+        dict(
+            family="megabyte",
+            patch_size=4,
+            embed_dim=16,
+            global_d_model=64,
+            global_layers=2,
+            global_heads=2,
+            global_mlp_dim=128,
+            local_d_model=32,
+            local_layers=1,
+            local_heads=2,
+            local_mlp_dim=64,
+        ),
+    ),
+    "blt": (
+        BLT,
+        dict(
+            family="blt",
+            local_d_model=32,
+            local_heads=2,
+            local_mlp_dim=64,
+            local_window=16,
+            global_d_model=64,
+            global_heads=2,
+            global_mlp_dim=128,
+            global_layers=1,
+            hash_table_size=64,
+            ngram_sizes="3,4",
+        ),
+    ),
 }
 
 

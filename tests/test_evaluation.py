@@ -8,18 +8,17 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import write_files
 
 from bytelm import cli
 from bytelm.baselines.bpe import load_tokenizer, train_bpe_on_corpus
+from bytelm.bpb import LN2, SegmentScores, UnigramByteModel, breakdown, byte_counts, top_directory
 from bytelm.config import load_config
 from bytelm.data import load_corpus
-from bytelm.bpb import LN2, SegmentScores, UnigramByteModel, breakdown, byte_counts, top_directory
 from bytelm.evaluation.evaluator import EvalSet, evaluate_run, evaluate_runs, unigram_baselines
 from bytelm.evaluation.external import read_heldout, write_scores
 from bytelm.evaluation.report import REPORT_SCHEMA, schema_errors, validate
 from bytelm.training.loop import train
-
-from conftest import write_files
 
 WORDS = "the of and to in is that for it as with was on be by this are from at or an which not".split()
 DATA = {"data.segment_bytes": 64, "data.max_eval_bytes": 32768, "data.heldout_fraction": 0.25}
@@ -90,7 +89,10 @@ def tokenizer_dir(corpus_dir, tmp_path_factory):
 @pytest.fixture(scope="module")
 def bpe_run(corpus_dir, tokenizer_dir, tmp_path_factory):
     out = tmp_path_factory.mktemp("runs") / "bpe"
-    train(load_config(None, overrides(corpus_dir, **{"model.family": "bpe", "model.tokenizer": tokenizer_dir})), out)
+    train(
+        load_config(None, overrides(corpus_dir, **{"model.family": "bpe", "model.tokenizer": tokenizer_dir})),
+        out,
+    )
     return out
 
 
@@ -187,12 +189,18 @@ def test_schema_rejects_broken_reports(corpus_dir, byte_run):
     bad["models"][0]["fingerprint"] = "xyz"
     bad["models"][0]["kind"] = "other"
     errors = schema_errors(bad, REPORT_SCHEMA)
-    assert any("'bpb'" in e for e in errors) and any("fingerprint" in e for e in errors) and any("kind" in e for e in errors)
+    assert (
+        any("'bpb'" in e for e in errors)
+        and any("fingerprint" in e for e in errors)
+        and any("kind" in e for e in errors)
+    )
     with pytest.raises(ValueError, match="schema"):
         validate(bad)
 
 
-def test_one_changed_heldout_byte_changes_fingerprint_and_eval_refuses(corpus_dir, byte_run, tmp_path, capsys):
+def test_one_changed_heldout_byte_changes_fingerprint_and_eval_refuses(
+    corpus_dir, byte_run, tmp_path, capsys
+):
     corpus = corpus_of(corpus_dir)
     other = tmp_path / "other"
     shutil.copytree(corpus_dir, other)
@@ -228,7 +236,9 @@ def test_eval_refuses_bpe_run_with_another_tokenizer(corpus_dir, bpe_run, tokeni
     shutil.copytree(bpe_run, run)
     other_tok = tmp_path / "tok2"
     train_bpe_on_corpus(corpus_of(corpus_dir), vocab_size=290, num_workers=1).save(other_tok)
-    (run / "config.toml").write_text((run / "config.toml").read_text().replace(str(tokenizer_dir), str(other_tok)))
+    (run / "config.toml").write_text(
+        (run / "config.toml").read_text().replace(str(tokenizer_dir), str(other_tok))
+    )
     assert cli.main(["eval", str(run), "--json", str(tmp_path / "r.json")]) == 2
     err = capsys.readouterr().err
     assert "tokenizer" in err and "fingerprint" in err
@@ -245,24 +255,35 @@ def test_eval_bad_input_exit_2(tmp_path, capsys):
 def test_export_and_external_scores_round_trip(corpus_dir, byte_run, tmp_path, capsys):
     heldout = tmp_path / "heldout.jsonl"
     data_sets = [x for k, v in DATA.items() for x in ("--set", f"{k}={v}")]
-    assert cli.main(["data", "export-heldout", "--data", f"files:{corpus_dir}", *data_sets, "--out", str(heldout)]) == 0
+    assert (
+        cli.main(
+            ["data", "export-heldout", "--data", f"files:{corpus_dir}", *data_sets, "--out", str(heldout)]
+        )
+        == 0
+    )
     capsys.readouterr()
     header, rows = read_heldout(heldout)
     corpus = corpus_of(corpus_dir)
-    assert header["fingerprint"] == corpus.fingerprint and header["segments"] == len(rows) == len(corpus.segments)
+    assert header["fingerprint"] == corpus.fingerprint and header["segments"] == len(rows) == len(
+        corpus.segments
+    )
     assert [r["data"] for r in rows] == corpus.segment_data()
     assert [r["group"] for r in rows] == [s.group for s in corpus.segments]
     first = json.loads(heldout.read_text().splitlines()[1])
     assert base64.b64decode(first["bytes"]) == corpus.segment_data()[0]
 
     # "an outside model": the add-one unigram of the train bytes, scored from the exported file alone
-    q = (byte_counts(corpus.documents("train")) + 1.0)
+    q = byte_counts(corpus.documents("train")) + 1.0
     log_q = np.log(q / q.sum())
     nats = [float(-log_q[np.frombuffer(r["data"], np.uint8)].sum()) for r in rows]
     scores = tmp_path / "scores.jsonl"
-    write_scores(scores, [r["id"] for r in rows][::-1], nats[::-1], header["fingerprint"], family="unigram-outside")
+    write_scores(
+        scores, [r["id"] for r in rows][::-1], nats[::-1], header["fingerprint"], family="unigram-outside"
+    )
     report_path = tmp_path / "report.json"
-    assert cli.main(["eval", str(byte_run), "--external", f"outside={scores}", "--json", str(report_path)]) == 0
+    assert (
+        cli.main(["eval", str(byte_run), "--external", f"outside={scores}", "--json", str(report_path)]) == 0
+    )
     assert "outside" in capsys.readouterr().out
     report = json.loads(report_path.read_text())
     validate(report)
@@ -274,7 +295,9 @@ def test_export_and_external_scores_round_trip(corpus_dir, byte_run, tmp_path, c
     # rejections: another fingerprint, a missing segment, an unknown id, a duplicated id
     def attempt(ids, values, fingerprint=header["fingerprint"]):
         write_scores(scores, ids, values, fingerprint)
-        code = cli.main(["eval", str(byte_run), "--external", f"x={scores}", "--json", str(tmp_path / "r.json")])
+        code = cli.main(
+            ["eval", str(byte_run), "--external", f"x={scores}", "--json", str(tmp_path / "r.json")]
+        )
         return code, capsys.readouterr().err
 
     ids = [r["id"] for r in rows]
@@ -301,7 +324,9 @@ def test_external_scores_with_only_a_total_parameter_count(byte_run, heldout_row
     scores = tmp_path / "scores.jsonl"
     write_scores(scores, ids, nats, fingerprint, family="nanogpt", params={"total": 10_754_816})
     report_path = tmp_path / "report.json"
-    assert cli.main(["eval", str(byte_run), "--external", f"nanogpt={scores}", "--json", str(report_path)]) == 0
+    assert (
+        cli.main(["eval", str(byte_run), "--external", f"nanogpt={scores}", "--json", str(report_path)]) == 0
+    )
     out = capsys.readouterr().out
     assert "10.8M total" in out
     report = json.loads(report_path.read_text())

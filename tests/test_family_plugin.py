@@ -10,7 +10,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import word_corpus
 from flax import nnx
+from test_ablate import micro_grid
 
 import bytelm
 from bytelm import cli
@@ -25,9 +27,6 @@ from bytelm.models.configs import ModelConfig
 from bytelm.models.core import Embed, head_logits, head_param, pad_vocab, param
 from bytelm.models.scoring import next_id_scores
 from bytelm.sampling.decoders import Decoder, allowed_ids, byte_of_unit, byte_units
-
-from conftest import word_corpus
-from test_ablate import micro_grid
 
 jax.config.update("jax_numpy_rank_promotion", "raise")  # as the other model tests: no silent broadcasting
 
@@ -60,7 +59,9 @@ class ConvLM(nnx.Module):
         x_BxTxD = self.embed(ids_BxT)
         T, K = ids_BxT.shape[1], self.cfg.kernel
         padded = jnp.pad(x_BxTxD, ((0, 0), (K - 1, 0), (0, 0)))
-        h_BxTxD = sum(padded[:, k : k + T] * self.taps[...][K - 1 - k][None, None, :] for k in range(K))  # t reads t-K+1 .. t
+        h_BxTxD = sum(
+            padded[:, k : k + T] * self.taps[...][K - 1 - k][None, None, :] for k in range(K)
+        )  # t reads t-K+1 .. t
         return head_logits(jnp.tanh(h_BxTxD @ self.mix[...]), self.head[...], NUM_BYTE_IDS, jnp.float32)
 
     def score(self, batch, *, dropout_key=None):
@@ -108,11 +109,17 @@ class ConvTask(Task):
         return self.corpus.train_stream
 
     def encode_segment(self, data: bytes):
-        return np.concatenate([[BOS_ID], np.frombuffer(data, np.uint8).astype(np.int32) + BYTE_OFFSET]).astype(np.int32), None
+        return np.concatenate(
+            [[BOS_ID], np.frombuffer(data, np.uint8).astype(np.int32) + BYTE_OFFSET]
+        ).astype(np.int32), None
 
     def forward_flops_per_position(self):
         m = self.cfg.model
-        return 2.0 * m.kernel * m.d_model + 2.0 * m.d_model * m.d_model + 2.0 * m.d_model * pad_vocab(NUM_BYTE_IDS, m.vocab_multiple)
+        return (
+            2.0 * m.kernel * m.d_model
+            + 2.0 * m.d_model * m.d_model
+            + 2.0 * m.d_model * pad_vocab(NUM_BYTE_IDS, m.vocab_multiple)
+        )
 
     def decoder(self, model):
         return RecomputeDecoder(model)
@@ -123,7 +130,9 @@ register(ConvTask)
 
 def test_no_bytelm_file_names_the_family():
     root = pathlib.Path(bytelm.__file__).parent
-    assert not [p for p in root.rglob("*") if p.is_file() and p.suffix in (".py", ".toml") and NAME in p.read_text()]
+    assert not [
+        p for p in root.rglob("*") if p.is_file() and p.suffix in (".py", ".toml") and NAME in p.read_text()
+    ]
     assert task_class(NAME) is ConvTask
     register(ConvTask)  # again: nothing changes
     with pytest.raises(ValueError, match="is taken"):
@@ -137,18 +146,39 @@ def corpus_dir(tmp_path_factory):
 
 def conv_config(path: pathlib.Path) -> pathlib.Path:
     """A config file of the family (as a user writes one): the tiny presets' settings, its own model."""
-    path.write_text(f'include = "{bytelm.config.shipped_configs() / "tiny" / "base.toml"}"\n\n[model]\nfamily = "{NAME}"\nd_model = 32\nkernel = 4\n')
+    path.write_text(
+        f'include = "{bytelm.config.shipped_configs() / "tiny" / "base.toml"}"\n\n[model]\nfamily = "{NAME}"\nd_model = 32\nkernel = 4\n'
+    )
     return path
 
 
 def test_it_trains_is_scored_and_samples(corpus_dir, tmp_path, capsys):
     run = tmp_path / "run"
-    sets = ["--set", f"data.source=files:{corpus_dir}", "--set", "train.steps=6", "--set", "train.batch_size=4",
-            "--set", "train.seq_len=64", "--set", "data.segment_bytes=64", "--set", "eval.every=0", "--set", "train.peak_flops=1e11"]
+    sets = [
+        "--set",
+        f"data.source=files:{corpus_dir}",
+        "--set",
+        "train.steps=6",
+        "--set",
+        "train.batch_size=4",
+        "--set",
+        "train.seq_len=64",
+        "--set",
+        "data.segment_bytes=64",
+        "--set",
+        "eval.every=0",
+        "--set",
+        "train.peak_flops=1e11",
+    ]
     assert cli.main(["train", str(conv_config(tmp_path / "conv.toml")), "--out", str(run), *sets]) == 0
     info = json.loads((run / "run.json").read_text())
     assert info["family"] == NAME and info["status"] == "finished" and info["step"] == 6
-    assert info["ledger"]["own_per_step"] == pytest.approx(3 * ConvTask(bytelm.config.load_config(run / "config.toml"), None).forward_flops_per_position() * 4 * 64)
+    assert info["ledger"]["own_per_step"] == pytest.approx(
+        3
+        * ConvTask(bytelm.config.load_config(run / "config.toml"), None).forward_flops_per_position()
+        * 4
+        * 64
+    )
     capsys.readouterr()
     assert cli.main(["eval", str(run), "--json", str(tmp_path / "report.json")]) == 0
     row = json.loads((tmp_path / "report.json").read_text())["models"][0]
@@ -162,22 +192,36 @@ def test_it_trains_is_scored_and_samples(corpus_dir, tmp_path, capsys):
 def test_it_takes_part_in_compare_and_in_an_ablation_grid(corpus_dir, tmp_path):
     config = conv_config(tmp_path / "conv.toml")
     preset = load_preset("test")
-    preset = dataclasses.replace(preset, members=(*[m for m in preset.members if m.name == "byte"], Member("conv", config)))
+    preset = dataclasses.replace(
+        preset, members=(*[m for m in preset.members if m.name == "byte"], Member("conv", config))
+    )
     report = compare(preset, tmp_path / "cmp", data_spec=f"files:{corpus_dir}").report
     rows = {m["name"]: m for m in report["models"]}
     assert rows["conv"]["family"] == NAME and 0 < rows["conv"]["bpb"] < 9
-    assert abs(rows["conv"]["flops_total"] - preset.budgets[0]) <= report["compare"]["models"]["conv"]["flops_per_step"] / 2
+    assert (
+        abs(rows["conv"]["flops_total"] - preset.budgets[0])
+        <= report["compare"]["models"]["conv"]["flops_per_step"] / 2
+    )
     assert "| conv" in (tmp_path / "cmp" / "report.md").read_text()
 
     grid_file = micro_grid(tmp_path, families={"byte"})
-    grid_file.write_text(grid_file.read_text() + f'\n[[family]]\nname = "conv"\nconfig = "{config}"\ngrid = {{ "model.kernel" = [2, 6] }}\n')
+    grid_file.write_text(
+        grid_file.read_text()
+        + f'\n[[family]]\nname = "conv"\nconfig = "{config}"\ngrid = {{ "model.kernel" = [2, 6] }}\n'
+    )
     grid = load_grid(str(grid_file))
     result = ablate(grid, tmp_path / "grid", data_spec=f"files:{corpus_dir}")
     cells = [r for r in result.report["runs"] if r["family"] == "conv" and r["in_grid"] and r["seed"] == 0]
-    assert result.stage == "done" and {r["cell"] for r in cells} == {"kernel=2", "kernel=6"} and len(cells) == 4
+    assert (
+        result.stage == "done" and {r["cell"] for r in cells} == {"kernel=2", "kernel=6"} and len(cells) == 4
+    )
     assert all(r["status"] == "done" and 0 < r["bpb"] < 9 for r in cells)
     # sized by the rule: at the micro budgets, width 16
-    assert {json.loads((pathlib.Path(r["run_dir"]) / "run.json").read_text())["params"]["non_embedding"] for r in cells if r["cell"] == "kernel=2"}
+    assert {
+        json.loads((pathlib.Path(r["run_dir"]) / "run.json").read_text())["params"]["non_embedding"]
+        for r in cells
+        if r["cell"] == "kernel=2"
+    }
     cfg = bytelm.config.load_config(pathlib.Path(cells[0]["run_dir"]) / "config.toml")
     assert cfg.model.d_model == 16 and cfg.model.family == NAME
 

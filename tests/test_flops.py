@@ -9,29 +9,37 @@ these widths: the ratio must lie in [1.0, 1.08]. The semantic counts (what the f
 are checked against the dense ones and a hand computation.
 """
 
-import numpy as np
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 from flax import nnx
 
 from bytelm.config import load_config
 from bytelm.constants import NUM_BYTE_IDS
-from bytelm.families.blt.model import BLT
-from bytelm.families.byte.model import ByteLM
-from bytelm.families.megabyte.model import MegaByte
-from bytelm.families.bpe.model import TokenLM
 from bytelm.families.blt import flops as blt_flops
+from bytelm.families.blt.model import BLT
+from bytelm.families.bpe.model import TokenLM
+from bytelm.families.byte.model import ByteLM
 from bytelm.families.megabyte import flops as megabyte_flops
+from bytelm.families.megabyte.model import MegaByte
 from bytelm.models import flops
 
 B, T = 2, 64
 IDS = jnp.asarray(np.random.default_rng(0).integers(4, 260, size=(B, T + 1)), jnp.int32)
 LOCAL = ["model.attention=xla", "model.local_d_model=64", "model.local_heads=2", "model.local_mlp_dim=176"]
 BLT_BASE = [
-    "model.family=blt", *LOCAL, "model.local_window=16", "model.global_d_model=96", "model.global_heads=2",
-    "model.global_mlp_dim=256", "model.global_layers=2", "model.hash_table_size=257", "model.max_patch_len=6",
-    "model.max_patches=20", "model.decoder_layers=2",
+    "model.family=blt",
+    *LOCAL,
+    "model.local_window=16",
+    "model.global_d_model=96",
+    "model.global_heads=2",
+    "model.global_mlp_dim=256",
+    "model.global_layers=2",
+    "model.hash_table_size=257",
+    "model.max_patch_len=6",
+    "model.max_patches=20",
+    "model.decoder_layers=2",
 ]
 
 
@@ -57,31 +65,62 @@ def blt_lengths(P):
 
 CASES = {
     "byte": lambda: (
-        c := cfg("model.family=byte", "model.d_model=64", "model.n_layers=2", "model.n_heads=2", "model.mlp_dim=176"),
-        ByteLM(c, rngs=nnx.Rngs(0)), {"ids": IDS}, flops.decoder_lm_forward_flops_per_position(c, NUM_BYTE_IDS, T, dense=True),
+        c := cfg(
+            "model.family=byte",
+            "model.d_model=64",
+            "model.n_layers=2",
+            "model.n_heads=2",
+            "model.mlp_dim=176",
+        ),
+        ByteLM(c, rngs=nnx.Rngs(0)),
+        {"ids": IDS},
+        flops.decoder_lm_forward_flops_per_position(c, NUM_BYTE_IDS, T, dense=True),
     ),
     "byte_window": lambda: (
-        c := cfg("model.family=byte", "model.d_model=64", "model.n_layers=2", "model.n_heads=2", "model.mlp_dim=176", "model.window=16"),
-        ByteLM(c, rngs=nnx.Rngs(0)), {"ids": IDS}, flops.decoder_lm_forward_flops_per_position(c, NUM_BYTE_IDS, T, dense=True),
+        c := cfg(
+            "model.family=byte",
+            "model.d_model=64",
+            "model.n_layers=2",
+            "model.n_heads=2",
+            "model.mlp_dim=176",
+            "model.window=16",
+        ),
+        ByteLM(c, rngs=nnx.Rngs(0)),
+        {"ids": IDS},
+        flops.decoder_lm_forward_flops_per_position(c, NUM_BYTE_IDS, T, dense=True),
     ),
     "bpe": lambda: (
-        c := cfg("model.family=bpe", "model.d_model=64", "model.n_layers=2", "model.n_heads=2", "model.mlp_dim=176"),
-        TokenLM(c, 600, rngs=nnx.Rngs(0)), {"ids": IDS, "nbytes": jnp.ones((B, T), jnp.int32)},
+        c := cfg(
+            "model.family=bpe", "model.d_model=64", "model.n_layers=2", "model.n_heads=2", "model.mlp_dim=176"
+        ),
+        TokenLM(c, 600, rngs=nnx.Rngs(0)),
+        {"ids": IDS, "nbytes": jnp.ones((B, T), jnp.int32)},
         flops.decoder_lm_forward_flops_per_position(c, 604, T, dense=True),
     ),
     "megabyte": lambda: (
         c := cfg(
-            "model.family=megabyte", "model.patch_size=4", "model.embed_dim=16", "model.global_d_model=64",
-            "model.global_layers=2", "model.global_heads=2", "model.global_mlp_dim=176", "model.local_d_model=64",
-            "model.local_layers=2", "model.local_heads=2", "model.local_mlp_dim=176",
+            "model.family=megabyte",
+            "model.patch_size=4",
+            "model.embed_dim=16",
+            "model.global_d_model=64",
+            "model.global_layers=2",
+            "model.global_heads=2",
+            "model.global_mlp_dim=176",
+            "model.local_d_model=64",
+            "model.local_layers=2",
+            "model.local_heads=2",
+            "model.local_mlp_dim=176",
         ),
-        MegaByte(c, rngs=nnx.Rngs(0)), {"ids": IDS}, megabyte_flops.forward_flops_per_byte(c, T, dense=True),
+        MegaByte(c, rngs=nnx.Rngs(0)),
+        {"ids": IDS},
+        megabyte_flops.forward_flops_per_byte(c, T, dense=True),
     ),
     **{
         f"blt_{name}": (
             lambda extra=extra: (
                 c := cfg(*BLT_BASE, *extra),
-                BLT(c, rngs=nnx.Rngs(0)), {"ids": IDS, "patch_lengths": blt_lengths(20)},
+                BLT(c, rngs=nnx.Rngs(0)),
+                {"ids": IDS, "patch_lengths": blt_lengths(20)},
                 blt_flops.forward_flops_per_byte(c, T, (T + 1) / 20, dense=True),
             )
         )
@@ -105,12 +144,18 @@ def test_analytic_count_matches_xla_cost_analysis(case):
 def test_semantic_counts_charge_the_needed_work_only():
     # causal attention over 4 positions: 1 + 2 + 3 + 4 keys; with a window of 2: 1 + 2 + 2 + 2
     assert flops.mean_attended(4) == 2.5 and flops.mean_attended(4, 2) == 1.75
-    c = cfg("model.family=byte", "model.d_model=64", "model.n_layers=2", "model.n_heads=2", "model.mlp_dim=176")
+    c = cfg(
+        "model.family=byte", "model.d_model=64", "model.n_layers=2", "model.n_heads=2", "model.mlp_dim=176"
+    )
     semantic = flops.decoder_lm_forward_flops_per_position(c, NUM_BYTE_IDS, T)
     dense = flops.decoder_lm_forward_flops_per_position(c, NUM_BYTE_IDS, T, dense=True)
     assert dense - semantic == pytest.approx(4 * 64 * 2 * (T - (T + 1) / 2))  # the masked half of the scores
     b = cfg(*BLT_BASE, "model.max_patches=0", "model.target_patch_len=4")
     slots = b.patches_for(T)
-    assert slots == int(np.ceil(2.0 * (T + 1) / 4))  # patch slots sized from the target length, not one per byte
+    assert slots == int(
+        np.ceil(2.0 * (T + 1) / 4)
+    )  # patch slots sized from the target length, not one per byte
     # at the target length the semantic count charges the real patches: less than every slot
-    assert blt_flops.forward_flops_per_byte(b, T, 4.0) < blt_flops.forward_flops_per_byte(b, T, 4.0, dense=True)
+    assert blt_flops.forward_flops_per_byte(b, T, 4.0) < blt_flops.forward_flops_per_byte(
+        b, T, 4.0, dense=True
+    )

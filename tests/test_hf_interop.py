@@ -22,18 +22,20 @@ from transformers import BltConfig, BltForCausalLM, LlamaForCausalLM
 
 from bytelm.cli import main
 from bytelm.config import dump_config, load_config
-from bytelm.rundir import RunDir
 from bytelm.constants import BOS_ID, BYTE_OFFSET
 from bytelm.errors import UserError
 from bytelm.evaluation.evaluator import evaluate_runs
+from bytelm.families import task_class
+from bytelm.families.blt.model import REFERENCE_PRIMES, reference_ngram_hashes
 from bytelm.interop.hf import export_hf, write_run
 from bytelm.interop.safetensors import SafetensorsFolder, write_safetensors
-from bytelm.families.blt.model import REFERENCE_PRIMES, reference_ngram_hashes
-from bytelm.families import task_class
+from bytelm.rundir import RunDir
 from bytelm.training.loop import train
 from bytelm.training.restore import restore_model, restore_trainer
 
-TEXT = "Byte-level models read raw bytes: naïve café, 東京, and numbers like 3.14159 need no tokenizer.".encode()
+TEXT = (
+    "Byte-level models read raw bytes: naïve café, 東京, and numbers like 3.14159 need no tokenizer.".encode()
+)
 
 
 def _reference_hash(ids: np.ndarray, n: int, m: int, prime: int) -> np.ndarray:
@@ -49,7 +51,10 @@ def _reference_hash(ids: np.ndarray, n: int, m: int, prime: int) -> np.ndarray:
     return out
 
 
-@pytest.mark.parametrize("n, m, prime", [(3, 500002, REFERENCE_PRIMES[0]), (8, 30000, REFERENCE_PRIMES[1]), (6, 97, REFERENCE_PRIMES[6])])
+@pytest.mark.parametrize(
+    "n, m, prime",
+    [(3, 500002, REFERENCE_PRIMES[0]), (8, 30000, REFERENCE_PRIMES[1]), (6, 97, REFERENCE_PRIMES[6])],
+)
 def test_reference_hash_is_the_int64_polynomial_exactly(n, m, prime):
     ids = np.random.default_rng(n).integers(0, 260, size=(3, 40))
     ids[0, :5] = 259  # large ids at the start (most of the window still padding)
@@ -59,12 +64,21 @@ def test_reference_hash_is_the_int64_polynomial_exactly(n, m, prime):
 
 def test_reference_variant_config_is_checked():
     base = ["model.family=blt", "model.entropy_run=unused"]
-    assert load_config(None, [*base, "model.variant=reference", "model.hash_functions=3"]).model.hash_functions == 3
+    assert (
+        load_config(None, [*base, "model.variant=reference", "model.hash_functions=3"]).model.hash_functions
+        == 3
+    )
     for bad, match in [
         (["model.variant=meta"], "model.variant must be one of"),
         (["model.hash_functions=2"], "must be 1 for variant 'bytelm'"),
-        (["model.variant=reference", "model.encoder_cross_all_layers=true"], "only the last cross-attention counts"),
-        (["model.variant=reference", "model.hash_table_size=16777216"], r"model.hash_table_size must be in \[1, 2\^24\)"),
+        (
+            ["model.variant=reference", "model.encoder_cross_all_layers=true"],
+            "only the last cross-attention counts",
+        ),
+        (
+            ["model.variant=reference", "model.hash_table_size=16777216"],
+            r"model.hash_table_size must be in \[1, 2\^24\)",
+        ),
         (["model.norm_eps=0"], "model.norm_eps must be > 0"),
     ]:
         with pytest.raises(UserError, match=match):
@@ -77,15 +91,39 @@ def _hf_blt(tmp_path, name, *, window, enc_all, dec_all, k, d_global, functions,
     the threshold, where float32 rounding on either side could flip it); returns its folder."""
     torch.manual_seed(seed)
     rope = {"rope_type": "default", "rope_theta": 10000.0}
-    local = dict(hidden_size=32, num_attention_heads=2, intermediate_size=48, hidden_size_global=d_global, cross_attn_k=k, rope_parameters=rope)
+    local = dict(
+        hidden_size=32,
+        num_attention_heads=2,
+        intermediate_size=48,
+        hidden_size_global=d_global,
+        cross_attn_k=k,
+        rope_parameters=rope,
+    )
     cfg = BltConfig(
-        patching_threshold=1.0, local_attention_window_len=window, cross_attn_k=k, encoder_hash_byte_group_size=[3, 5],
-        encoder_hash_byte_group_vocab=101, encoder_hash_byte_group_nb_functions=functions, rope_parameters=rope,
+        patching_threshold=1.0,
+        local_attention_window_len=window,
+        cross_attn_k=k,
+        encoder_hash_byte_group_size=[3, 5],
+        encoder_hash_byte_group_vocab=101,
+        encoder_hash_byte_group_nb_functions=functions,
+        rope_parameters=rope,
         encoder_config=dict(local, num_hidden_layers=2, cross_attn_all_layers=enc_all),
         decoder_config=dict(local, num_hidden_layers=2, cross_attn_all_layers=dec_all),
-        global_config=dict(hidden_size=d_global, num_attention_heads=2, num_hidden_layers=2, intermediate_size=64, rope_parameters=rope),
-        patcher_config=dict(hidden_size=32, num_attention_heads=2, num_hidden_layers=2, intermediate_size=48, sliding_window=window,
-                            rope_parameters={"rope_type": "default", "rope_theta": 500.0}),
+        global_config=dict(
+            hidden_size=d_global,
+            num_attention_heads=2,
+            num_hidden_layers=2,
+            intermediate_size=64,
+            rope_parameters=rope,
+        ),
+        patcher_config=dict(
+            hidden_size=32,
+            num_attention_heads=2,
+            num_hidden_layers=2,
+            intermediate_size=48,
+            sliding_window=window,
+            rope_parameters={"rope_type": "default", "rope_theta": 500.0},
+        ),
     )
     model = BltForCausalLM(cfg).eval()
     with torch.no_grad():
@@ -93,7 +131,9 @@ def _hf_blt(tmp_path, name, *, window, enc_all, dec_all, k, d_global, functions,
             if pname.endswith("norm.weight") or "layernorm" in pname:
                 p.add_(0.2 * torch.randn_like(p))  # norms away from 1, so a swapped norm shows
         model.model.patcher.lm_head.weight.mul_(12.0)  # spread the entropies, so patches vary in length
-        ent = np.concatenate([model.model.patcher(torch.tensor(x[None]))[0][0, 1:].numpy() for x in _inputs()])
+        ent = np.concatenate(
+            [model.model.patcher(torch.tensor(x[None]))[0][0, 1:].numpy() for x in _inputs()]
+        )
     ent = np.sort(ent[(ent > np.quantile(ent, 0.25)) & (ent < np.quantile(ent, 0.75))])
     gap = int(np.argmax(np.diff(ent)))
     model.config.patching_threshold = float((ent[gap] + ent[gap + 1]) / 2)
@@ -128,7 +168,9 @@ def _bytelm_outputs(trainer, model, rows):
     lengths = task.patcher.lengths(window, task.max_patches)
     graphdef, state = nnx.split(model)
     forward = jax.jit(lambda st, x, n: nnx.merge(graphdef, st)(x, n))
-    logits = np.asarray(forward(state, jnp.asarray(window[:, :-1], jnp.int32), jnp.asarray(lengths)))[..., :260]
+    logits = np.asarray(forward(state, jnp.asarray(window[:, :-1], jnp.int32), jnp.asarray(lengths)))[
+        ..., :260
+    ]
     starts = task.patcher.starts(window)
     out = []
     for b, r in enumerate(rows):
@@ -160,7 +202,9 @@ def test_hf_blt_converts_with_identical_patches_entropies_and_logits(tmp_path, c
         np.testing.assert_array_equal(starts, ref_starts)
         np.testing.assert_allclose(logits, ref_logits, atol=1e-4, rtol=0)
         counts.append(len(ref_starts))
-    assert all(2 < c < len(ids) for c, ids in zip(counts, _inputs()))  # real patches: neither all bytes nor one
+    assert all(
+        2 < c < len(ids) for c, ids in zip(counts, _inputs())
+    )  # real patches: neither all bytes nor one
 
     # the round trip: bytelm's export is the reference's folder, tensor for tensor, and loads in transformers
     back = tmp_path / "back"
@@ -169,14 +213,20 @@ def test_hf_blt_converts_with_identical_patches_entropies_and_logits(tmp_path, c
     # (a reference encoder that cross-attends after every layer keeps only the last one's output,
     # which bytelm keeps as its one cross-attention, exported as the first)
     cross = "model.local_encoder.cross_attn_layers."
-    source = {n: n.replace(f"{cross}0.", f"{cross}1.") if CASES[case]["enc_all"] else n for n in exported.names()}
-    assert sorted(source.values()) == [n for n in original.names() if not (CASES[case]["enc_all"] and n.startswith(f"{cross}0."))]
+    source = {
+        n: n.replace(f"{cross}0.", f"{cross}1.") if CASES[case]["enc_all"] else n for n in exported.names()
+    }
+    assert sorted(source.values()) == [
+        n for n in original.names() if not (CASES[case]["enc_all"] and n.startswith(f"{cross}0."))
+    ]
     for name in exported.names():
         np.testing.assert_array_equal(exported.get(name), original.get(source[name]), err_msg=name)
     reloaded = BltForCausalLM.from_pretrained(back).eval()
     assert reloaded.config.patching_threshold == pytest.approx(model.config.patching_threshold)
     for ids in _inputs():
-        np.testing.assert_allclose(_hf_outputs(reloaded, ids)[2], _hf_outputs(model, ids)[2], atol=1e-5, rtol=0)
+        np.testing.assert_allclose(
+            _hf_outputs(reloaded, ids)[2], _hf_outputs(model, ids)[2], atol=1e-5, rtol=0
+        )
 
 
 def _random_model(cfg, seed: int, modules=None) -> nnx.Module:
@@ -197,8 +247,19 @@ def _random_model(cfg, seed: int, modules=None) -> nnx.Module:
 
 def test_bytelm_models_export_to_transformers_with_matching_logits(tmp_path):
     # a byte LM as Llama
-    cfg = load_config(None, ["model.family=byte", "model.d_model=32", "model.n_layers=2", "model.n_heads=2", "model.mlp_dim=48",
-                             "model.norm_eps=1e-5", "model.rope_base=1000", "train.seq_len=64"])
+    cfg = load_config(
+        None,
+        [
+            "model.family=byte",
+            "model.d_model=32",
+            "model.n_layers=2",
+            "model.n_heads=2",
+            "model.mlp_dim=48",
+            "model.norm_eps=1e-5",
+            "model.rope_base=1000",
+            "train.seq_len=64",
+        ],
+    )
     byte_lm = _random_model(cfg, 3)
     write_run(tmp_path / "byte", cfg, byte_lm, {})
     assert export_hf(tmp_path / "byte", tmp_path / "llama") == "LlamaForCausalLM"
@@ -207,22 +268,55 @@ def test_bytelm_models_export_to_transformers_with_matching_logits(tmp_path):
     with torch.no_grad():
         ref = llama(torch.tensor(ids), use_cache=False).logits[0].numpy()
     graphdef, state = nnx.split(restore_model(tmp_path / "byte"))
-    ours = np.asarray(jax.jit(lambda st, x: nnx.merge(graphdef, st)(x))(state, jnp.asarray(ids, jnp.int32)))[0, :, :260]
+    ours = np.asarray(jax.jit(lambda st, x: nnx.merge(graphdef, st)(x))(state, jnp.asarray(ids, jnp.int32)))[
+        0, :, :260
+    ]
     np.testing.assert_allclose(ours, ref, atol=1e-4, rtol=0)
 
     # bytelm's own reference-variant BLT (its own random init, perturbed) with a windowed entropy model
-    ent_cfg = load_config(None, ["model.family=byte", "model.d_model=32", "model.n_layers=1", "model.n_heads=2", "model.mlp_dim=48",
-                                 "model.window=8", "model.norm_eps=1e-5", "train.seq_len=128"])
+    ent_cfg = load_config(
+        None,
+        [
+            "model.family=byte",
+            "model.d_model=32",
+            "model.n_layers=1",
+            "model.n_heads=2",
+            "model.mlp_dim=48",
+            "model.window=8",
+            "model.norm_eps=1e-5",
+            "train.seq_len=128",
+        ],
+    )
     ent_model = _random_model(ent_cfg, 4)
     ent_model.head.set_value(ent_model.head[...] * 12.0)
     write_run(tmp_path / "entropy", ent_cfg, ent_model, {})
-    blt_cfg = load_config(None, [
-        "model.family=blt", "model.variant=reference", f"model.entropy_run={tmp_path / 'entropy'}", "model.threshold=2.5",
-        "model.max_patch_len=129", "model.max_patches=129", "model.local_d_model=32", "model.local_heads=2", "model.cross_heads=2",
-        "model.local_mlp_dim=48", "model.local_window=8", "model.encoder_layers=1", "model.decoder_layers=2",
-        "model.global_d_model=48", "model.global_heads=2", "model.global_layers=1", "model.global_mlp_dim=64",
-        "model.ngram_sizes=3,4", "model.hash_table_size=61", "model.hash_functions=2", "model.norm_eps=1e-5", "train.seq_len=128",
-    ])
+    blt_cfg = load_config(
+        None,
+        [
+            "model.family=blt",
+            "model.variant=reference",
+            f"model.entropy_run={tmp_path / 'entropy'}",
+            "model.threshold=2.5",
+            "model.max_patch_len=129",
+            "model.max_patches=129",
+            "model.local_d_model=32",
+            "model.local_heads=2",
+            "model.cross_heads=2",
+            "model.local_mlp_dim=48",
+            "model.local_window=8",
+            "model.encoder_layers=1",
+            "model.decoder_layers=2",
+            "model.global_d_model=48",
+            "model.global_heads=2",
+            "model.global_layers=1",
+            "model.global_mlp_dim=64",
+            "model.ngram_sizes=3,4",
+            "model.hash_table_size=61",
+            "model.hash_functions=2",
+            "model.norm_eps=1e-5",
+            "train.seq_len=128",
+        ],
+    )
     modules = {"entropy_run": ent_model}
     blt = _random_model(blt_cfg, 5, modules)
     write_run(tmp_path / "blt", blt_cfg, blt, {}, modules=modules)
@@ -237,7 +331,15 @@ def test_bytelm_models_export_to_transformers_with_matching_logits(tmp_path):
         np.testing.assert_allclose(logits, ref_logits, atol=1e-4, rtol=0)
 
     # what the format cannot hold is refused, naming it
-    own = load_config(None, [*(f"model.{k}={v}" for k, v in {"family": "blt", "entropy_run": tmp_path / "entropy", "threshold": 2.5}.items())])
+    own = load_config(
+        None,
+        [
+            *(
+                f"model.{k}={v}"
+                for k, v in {"family": "blt", "entropy_run": tmp_path / "entropy", "threshold": 2.5}.items()
+            )
+        ],
+    )
     with pytest.raises(UserError, match="variant"):
         write_run(tmp_path / "own", own, _random_model(own, 0, modules), {}, modules=modules)
         export_hf(tmp_path / "own", tmp_path / "own_hf")
@@ -266,21 +368,34 @@ def test_bad_folders_are_refused_naming_the_tensor_or_key(tmp_path, capsys):
     assert "global_config: num_key_value_heads 1 != num_attention_heads 2" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("option, phrase", [
-    ("model.window=8", "model.window = 8"), ("model.ngram_sizes=2,3", "model.ngram_sizes = [2, 3]"),
-    ("model.logit_softcap=30", "model.logit_softcap = 30"), ("model.qk_norm=true", "model.qk_norm = true"),
-])
+@pytest.mark.parametrize(
+    "option, phrase",
+    [
+        ("model.window=8", "model.window = 8"),
+        ("model.ngram_sizes=2,3", "model.ngram_sizes = [2, 3]"),
+        ("model.logit_softcap=30", "model.logit_softcap = 30"),
+        ("model.qk_norm=true", "model.qk_norm = true"),
+    ],
+)
 def test_byte_lm_options_llama_lacks_are_refused_before_anything_is_written(tmp_path, option, phrase):
     run = tmp_path / "run"
-    RunDir(run).write_config(dump_config(load_config(None, ["model.family=byte", option])))  # refused from its config, before any checkpoint is read
+    RunDir(run).write_config(
+        dump_config(load_config(None, ["model.family=byte", option]))
+    )  # refused from its config, before any checkpoint is read
     with pytest.raises(UserError, match=f"cannot be written as LlamaForCausalLM: {re.escape(phrase)}"):
         export_hf(run, tmp_path / "hf")
     assert not (tmp_path / "hf").exists()
     if option.startswith("model.window"):
         return  # the reference's patcher has a sliding window: a BLT's entropy model may keep one
     blt = tmp_path / "blt"  # the same byte LM as a reference BLT's entropy model (the patcher): refused too
-    RunDir(blt).write_config(dump_config(load_config(None, ["model.family=blt", "model.variant=reference", f"model.entropy_run={run}"])))
-    with pytest.raises(UserError, match=f"cannot be written as BltForCausalLM: its entropy model .* has {re.escape(phrase)}"):
+    RunDir(blt).write_config(
+        dump_config(
+            load_config(None, ["model.family=blt", "model.variant=reference", f"model.entropy_run={run}"])
+        )
+    )
+    with pytest.raises(
+        UserError, match=f"cannot be written as BltForCausalLM: its entropy model .* has {re.escape(phrase)}"
+    ):
         export_hf(blt, tmp_path / "hf")
     assert not (tmp_path / "hf").exists()
 
@@ -288,9 +403,27 @@ def test_byte_lm_options_llama_lacks_are_refused_before_anything_is_written(tmp_
 def test_converted_runs_are_evaluated_patched_and_sampled(tmp_path, capsys):
     hf_dir, _ = _hf_blt(tmp_path, "hf", **CASES["windowed"])
     out = tmp_path / "run"
-    main(["convert", "hf-blt", str(hf_dir), "--out", str(out), "--seq-len", "96", "--max-patch-len", "12", "--max-patches", "64",
-          "--set", "eval.batch_size=4",
-          "--set", "data.heldout_fraction=0.2", "--set", "data.max_eval_bytes=600"])
+    main(
+        [
+            "convert",
+            "hf-blt",
+            str(hf_dir),
+            "--out",
+            str(out),
+            "--seq-len",
+            "96",
+            "--max-patch-len",
+            "12",
+            "--max-patches",
+            "64",
+            "--set",
+            "eval.batch_size=4",
+            "--set",
+            "data.heldout_fraction=0.2",
+            "--set",
+            "data.max_eval_bytes=600",
+        ]
+    )
     corpus = tmp_path / "corpus.txt"
     corpus.write_bytes(b"".join(b"%d: " % i + TEXT[i % 40 :] + b"\n" for i in range(60)))
     spec = f"files:{corpus}?split=line"
@@ -329,7 +462,10 @@ def test_safetensors_files_and_shards_read_as_the_reference_library_writes_them(
     folder.mkdir()
     write_safetensors(folder / "model-00001-of-00002.safetensors", {"x": bf})
     write_safetensors(folder / "model-00002-of-00002.safetensors", {"y": tensors["a.weight"]})
-    index = {"metadata": {}, "weight_map": {"x": "model-00001-of-00002.safetensors", "y": "model-00002-of-00002.safetensors"}}
+    index = {
+        "metadata": {},
+        "weight_map": {"x": "model-00001-of-00002.safetensors", "y": "model-00002-of-00002.safetensors"},
+    }
     (folder / "model.safetensors.index.json").write_text(json.dumps(index))
     shards = SafetensorsFolder(folder)
     assert shards.names() == ["x", "y"]

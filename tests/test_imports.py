@@ -22,8 +22,16 @@ def module_graph() -> dict[str, set[str]]:
     for name, path in modules.items():
         for node in ast.walk(ast.parse(path.read_text())):
             targets = []
-            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("bytelm") and node.level == 0:
-                targets = [f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in modules else node.module for a in node.names]
+            if (
+                isinstance(node, ast.ImportFrom)
+                and node.module
+                and node.module.startswith("bytelm")
+                and node.level == 0
+            ):
+                targets = [
+                    f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in modules else node.module
+                    for a in node.names
+                ]
             elif isinstance(node, ast.Import):
                 targets = [a.name for a in node.names if a.name.startswith("bytelm")]
             graph[name] |= {t for t in targets if t in modules and t != name}
@@ -74,11 +82,26 @@ def test_no_import_cycle_between_modules():
 def test_no_import_cycle_between_packages():
     packages: dict[str, set[str]] = {}
     for module, targets in module_graph().items():
-        packages.setdefault(package_of(module), set()).update(package_of(t) for t in targets if package_of(t) != package_of(module))
+        packages.setdefault(package_of(module), set()).update(
+            package_of(t) for t in targets if package_of(t) != package_of(module)
+        )
     assert cycles(packages) == []
     # the layers the design names: nothing below the families reaches up to them, or to training
-    for low in ("bytelm.data", "bytelm.models", "bytelm.patching", "bytelm.sampling", "bytelm.baselines", "bytelm.ledger", "bytelm.bpb"):
-        assert not packages.get(low, set()) & {"bytelm.families", "bytelm.training", "bytelm.evaluation", "bytelm.experiments"}, low
+    for low in (
+        "bytelm.data",
+        "bytelm.models",
+        "bytelm.patching",
+        "bytelm.sampling",
+        "bytelm.baselines",
+        "bytelm.ledger",
+        "bytelm.bpb",
+    ):
+        assert not packages.get(low, set()) & {
+            "bytelm.families",
+            "bytelm.training",
+            "bytelm.evaluation",
+            "bytelm.experiments",
+        }, low
     assert "bytelm.sampling" not in packages["bytelm.training"]
 
 

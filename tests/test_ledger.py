@@ -6,10 +6,10 @@ from flax import nnx
 
 from bytelm.config import load_config
 from bytelm.errors import UserError
-from bytelm.families.byte.model import ByteLM
-from bytelm.ledger import Ledger, run_total_flops
 from bytelm.families.blt import BLTTask
 from bytelm.families.byte import ByteTask
+from bytelm.families.byte.model import ByteLM
+from bytelm.ledger import Ledger, run_total_flops
 
 
 def test_ledger_arithmetic():
@@ -30,12 +30,31 @@ def test_ledger_arithmetic():
     assert run_total_flops({"ledger": Ledger(1.0, unknown=("x",)).record(), "step": 3}) is None
 
 
-ENTROPY = ["model.family=byte", "model.d_model=32", "model.n_layers=1", "model.n_heads=2", "model.mlp_dim=64", "model.window=16"]
+ENTROPY = [
+    "model.family=byte",
+    "model.d_model=32",
+    "model.n_layers=1",
+    "model.n_heads=2",
+    "model.mlp_dim=64",
+    "model.window=16",
+]
 BLT = [
-    "model.family=blt", "model.threshold=1.0", "model.local_d_model=32", "model.local_heads=2", "model.local_mlp_dim=64",
-    "model.local_window=16", "model.encoder_layers=1", "model.decoder_layers=1", "model.global_d_model=48", "model.global_heads=2",
-    "model.global_mlp_dim=96", "model.global_layers=1", "model.hash_table_size=512", "model.ngram_sizes=3,4,5",
-    "train.seq_len=64", "train.batch_size=8",
+    "model.family=blt",
+    "model.threshold=1.0",
+    "model.local_d_model=32",
+    "model.local_heads=2",
+    "model.local_mlp_dim=64",
+    "model.local_window=16",
+    "model.encoder_layers=1",
+    "model.decoder_layers=1",
+    "model.global_d_model=48",
+    "model.global_heads=2",
+    "model.global_mlp_dim=96",
+    "model.global_layers=1",
+    "model.hash_table_size=512",
+    "model.ngram_sizes=3,4,5",
+    "train.seq_len=64",
+    "train.batch_size=8",
 ]
 
 
@@ -53,13 +72,22 @@ def test_blt_pays_for_its_entropy_model_by_hand():
     ledger = task.ledger()
     assert ledger.own_per_step == task.train_flops_per_position() * 8 * 64
     assert ledger.auxiliary_per_step == pytest.approx(8 * per_window)  # every id of every window of a step
-    assert ledger.auxiliary_fixed == pytest.approx({"entropy model training": 7.0e6,
-                                                    "entropy model forward over the calibration sample": 64 * per_window})
+    assert ledger.auxiliary_fixed == pytest.approx(
+        {
+            "entropy model training": 7.0e6,
+            "entropy model forward over the calibration sample": 64 * per_window,
+        }
+    )
     budget = 7.0e6 + 64 * per_window + 10 * (ledger.own_per_step + 8 * per_window)
     assert ledger.steps_for(budget) == 10 and ledger.total(10) == pytest.approx(budget)
     # a converted entropy model (no training record): its training is unknown, and said to be
-    unknown = BLTTask(cfg, None, None, modules={"entropy_run": entropy}, records={"entropy_run": {"step": 0}}).ledger()
-    assert unknown.unknown == ("entropy model training",) and "entropy model training" not in unknown.auxiliary_fixed
+    unknown = BLTTask(
+        cfg, None, None, modules={"entropy_run": entropy}, records={"entropy_run": {"step": 0}}
+    ).ledger()
+    assert (
+        unknown.unknown == ("entropy model training",)
+        and "entropy model training" not in unknown.auxiliary_fixed
+    )
     # space patching needs no entropy model: nothing auxiliary; a byte LM neither
     space = BLTTask(load_config(None, [*BLT, "model.patching=space"]), None, None).ledger()
     assert space.auxiliary_per_step == 0 and not space.auxiliary_fixed

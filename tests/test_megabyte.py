@@ -51,7 +51,9 @@ def test_causality_by_gradient_across_patches(P, T):
     jac = jax.jit(jax.jacrev(lambda x: jax.nn.log_softmax(model(x))[0, :T, 9]))(x)
     dep = np.abs(np.asarray(jac)).sum(-1)[:, 0, :T]
     for t in range(T):  # patch starts, middles and ends alike
-        assert np.all(dep[t, t:] == 0), f"P={P} T={T}: NLL at byte {t} depends on bytes {np.flatnonzero(dep[t, t:]) + t}"
+        assert np.all(dep[t, t:] == 0), (
+            f"P={P} T={T}: NLL at byte {t} depends on bytes {np.flatnonzero(dep[t, t:]) + t}"
+        )
         if t > 0:
             assert dep[t, t - 1] > 0 and dep[t, 0] > 0, f"P={P}: byte {t} ignores its past"
 
@@ -61,9 +63,20 @@ def test_p1_reduces_to_plain_byte_transformer():
     transformer whose first input is the global pad patch: it must equal ByteLM fed [BOS, x0..x_{T-2}]
     when the pad patch is ByteLM's BOS embedding. This pins the one-patch shift down."""
     d = 16
-    lm_cfg = load_config(None, ["model.family=byte", f"model.d_model={d}", "model.n_layers=2", "model.n_heads=2", "model.mlp_dim=32"]).model
+    lm_cfg = load_config(
+        None,
+        [
+            "model.family=byte",
+            f"model.d_model={d}",
+            "model.n_layers=2",
+            "model.n_heads=2",
+            "model.mlp_dim=32",
+        ],
+    ).model
     lm = ByteLM(lm_cfg, rngs=nnx.Rngs(0))
-    cfg = mb_cfg(1, embed_dim=d, global_d_model=d, global_layers=2, global_mlp_dim=32, local_d_model=d, local_layers=0)
+    cfg = mb_cfg(
+        1, embed_dim=d, global_d_model=d, global_layers=2, global_mlp_dim=32, local_d_model=d, local_layers=0
+    )
     mb = MegaByte(cfg, rngs=nnx.Rngs(1))
     mb.global_embed = lm.embed
     mb.global_stack = lm.stack
@@ -118,28 +131,50 @@ def test_jit_and_no_jit_agree():
 
 def test_no_padding_mode_requires_divisible_length():
     model = MegaByte(mb_cfg(4, pad_to_patch=False), rngs=nnx.Rngs(0))
-    with pytest.raises(ValueError, match="not a multiple of model.patch_size 4 and model.pad_to_patch is false"):
+    with pytest.raises(
+        ValueError, match="not a multiple of model.patch_size 4 and model.pad_to_patch is false"
+    ):
         model.score({"ids": jnp.ones((1, 13), jnp.int32) * 9})  # the BOS and 12 bytes: 13 positions
     assert model.score({"ids": jnp.ones((1, 12), jnp.int32) * 9}).nll_BxT.shape == (1, 11)
 
 
 def test_bad_configs_are_clear():
-    with pytest.raises(UserError, match=r"global_d_model 100 must equal model.patch_size 4 x model.embed_dim 8 = 32"):
+    with pytest.raises(
+        UserError, match=r"global_d_model 100 must equal model.patch_size 4 x model.embed_dim 8 = 32"
+    ):
         mb_cfg(4, global_d_model=100)
     with pytest.raises(UserError, match="patch_size must be >= 1"):
         mb_cfg(0, global_d_model=0)
 
 
 def test_task_rejects_indivisible_context_without_padding(tmp_path):
-    from bytelm.training.restore import make_task
-
     from conftest import write_files
 
+    from bytelm.training.restore import make_task
+
     root = write_files(tmp_path / "c", {f"{i}.txt": b"abc " * 50 for i in range(40)})
-    cfg = load_config(None, [f"data.source=files:{root}", "train.seq_len=30", *(f"{k}={v}" for k, v in {
-        "model.family": "megabyte", "model.patch_size": 4, "model.embed_dim": 8, "model.global_d_model": 32,
-        "model.global_heads": 2, "model.pad_to_patch": "false"}.items())])
-    with pytest.raises(UserError, match=r"a window \(the BOS and train.seq_len bytes\) of 31 is not a multiple of model.patch_size 4"):
+    cfg = load_config(
+        None,
+        [
+            f"data.source=files:{root}",
+            "train.seq_len=30",
+            *(
+                f"{k}={v}"
+                for k, v in {
+                    "model.family": "megabyte",
+                    "model.patch_size": 4,
+                    "model.embed_dim": 8,
+                    "model.global_d_model": 32,
+                    "model.global_heads": 2,
+                    "model.pad_to_patch": "false",
+                }.items()
+            ),
+        ],
+    )
+    with pytest.raises(
+        UserError,
+        match=r"a window \(the BOS and train.seq_len bytes\) of 31 is not a multiple of model.patch_size 4",
+    ):
         make_task(cfg, corpus=None)
 
 
@@ -148,15 +183,27 @@ def test_golden_one_step_loss(tmp_path):
     a change is *meant* to alter initialisation, the data order or the numerics (say so in the commit)."""
     import json
 
-    from bytelm.training.loop import train
+    from conftest import word_corpus
     from test_training import tiny_overrides
 
-    from conftest import word_corpus
+    from bytelm.training.loop import train
 
     root = word_corpus(tmp_path / "c")
-    mb = {"model.family": "megabyte", "model.patch_size": 4, "model.embed_dim": 8, "model.global_d_model": 32,
-          "model.global_heads": 2, "model.global_mlp_dim": 64, "model.global_layers": 1, "model.local_d_model": 16,
-          "model.local_heads": 2, "model.local_mlp_dim": 32, "model.local_layers": 1, "train.steps": 2, "eval.every": 0}
+    mb = {
+        "model.family": "megabyte",
+        "model.patch_size": 4,
+        "model.embed_dim": 8,
+        "model.global_d_model": 32,
+        "model.global_heads": 2,
+        "model.global_mlp_dim": 64,
+        "model.global_layers": 1,
+        "model.local_d_model": 16,
+        "model.local_heads": 2,
+        "model.local_mlp_dim": 32,
+        "model.local_layers": 1,
+        "train.steps": 2,
+        "eval.every": 0,
+    }
     lm_keys = ("model.d_model", "model.n_layers", "model.n_heads", "model.mlp_dim")
     cfg = load_config(None, [o for o in tiny_overrides(root, **mb) if o.split("=")[0] not in lm_keys])
     train(cfg, tmp_path / "run")

@@ -9,9 +9,9 @@ from flax import nnx
 from bytelm.config import load_config
 from bytelm.constants import BYTE_OFFSET
 from bytelm.families.byte.model import ByteLM
+from bytelm.models import flops
 from bytelm.models.attention import attend, halving_causal_attention
 from bytelm.models.core import Attention, rotary, swiglu_mlp
-from bytelm.models import flops
 
 jax.config.update("jax_numpy_rank_promotion", "raise")
 
@@ -59,7 +59,9 @@ def attn():
 def test_causal_attention_matches_numpy(attn):
     x = np.random.default_rng(0).normal(size=(2, 9, 32)).astype(np.float32)
     mask = np.broadcast_to(np.tril(np.ones((9, 9), bool)), (2, 9, 9))
-    np.testing.assert_allclose(run_attention(attn, x), reference_self_attention(attn, x, mask), rtol=2e-4, atol=2e-5)
+    np.testing.assert_allclose(
+        run_attention(attn, x), reference_self_attention(attn, x, mask), rtol=2e-4, atol=2e-5
+    )
 
 
 @pytest.mark.parametrize("T, window", [(16, 0), (24, 0), (13, 0), (16, 3), (23, 6)])
@@ -81,8 +83,14 @@ def test_halving_attention_gradients_equal_dense():
         return lambda q, k, v: jnp.sum(f(q, k, v) * w)
 
     # jitted: one program each (eager differentiation compiles every op on its own)
-    halving = jax.jit(jax.grad(loss(lambda q, k, v: halving_causal_attention(q, k, v, block=4)), argnums=(0, 1, 2)))(q, k, v)
-    dense = jax.jit(jax.grad(loss(lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=True)), argnums=(0, 1, 2)))(q, k, v)
+    halving = jax.jit(
+        jax.grad(loss(lambda q, k, v: halving_causal_attention(q, k, v, block=4)), argnums=(0, 1, 2))
+    )(q, k, v)
+    dense = jax.jit(
+        jax.grad(
+            loss(lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=True)), argnums=(0, 1, 2)
+        )
+    )(q, k, v)
     for a, b in zip(halving, dense):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
 
@@ -97,8 +105,14 @@ def test_deep_halving_recursion_equals_dense():
     def loss(f):
         return lambda q, k, v: jnp.sum(f(q, k, v) * w)
 
-    halving = jax.jit(jax.value_and_grad(loss(lambda q, k, v: halving_causal_attention(q, k, v, block=2)), argnums=(0, 1, 2)))
-    dense = jax.value_and_grad(loss(lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=True)), argnums=(0, 1, 2))
+    halving = jax.jit(
+        jax.value_and_grad(
+            loss(lambda q, k, v: halving_causal_attention(q, k, v, block=2)), argnums=(0, 1, 2)
+        )
+    )
+    dense = jax.value_and_grad(
+        loss(lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=True)), argnums=(0, 1, 2)
+    )
     (h_val, h_grads), (d_val, d_grads) = halving(q, k, v), dense(q, k, v)
     # two differently shaped programs summing 8192 float32 terms: reassociation error ~1e-6 relative,
     # and an atol because a weighted sum of random terms can land near 0
@@ -111,11 +125,16 @@ def test_swiglu_mlp_backward_equals_autodiff():
     """The hand-written MLP backward against autodiff of the plain formula (random shapes, a
     nonlinear loss so that every output gets a different cotangent)."""
     rng = np.random.default_rng(3)
-    x, wg, wu, wd = (jnp.asarray(rng.standard_normal(s), jnp.float32) for s in [(10, 6), (6, 9), (6, 9), (9, 6)])
+    x, wg, wu, wd = (
+        jnp.asarray(rng.standard_normal(s), jnp.float32) for s in [(10, 6), (6, 9), (6, 9), (9, 6)]
+    )
     plain = lambda x, wg, wu, wd: jnp.sum(jnp.sin((jax.nn.silu(x @ wg) * (x @ wu)) @ wd))  # noqa: E731
     ours = lambda x, wg, wu, wd: jnp.sum(jnp.sin(swiglu_mlp(x, wg, wu, wd)))  # noqa: E731
     np.testing.assert_allclose(ours(x, wg, wu, wd), plain(x, wg, wu, wd), rtol=1e-5)
-    for a, b in zip(jax.grad(ours, argnums=(0, 1, 2, 3))(x, wg, wu, wd), jax.grad(plain, argnums=(0, 1, 2, 3))(x, wg, wu, wd)):
+    for a, b in zip(
+        jax.grad(ours, argnums=(0, 1, 2, 3))(x, wg, wu, wd),
+        jax.grad(plain, argnums=(0, 1, 2, 3))(x, wg, wu, wd),
+    ):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
 
 
@@ -141,7 +160,9 @@ def test_qk_norm_attention_matches_numpy_and_ignores_the_scale_of_queries_and_ke
         if qk_norm:
             attn.q_norm.scale[...] = jnp.asarray(rng.uniform(0.5, 2.0, size=8), jnp.float32)
             attn.k_norm.scale[...] = jnp.asarray(rng.uniform(0.5, 2.0, size=8), jnp.float32)
-            np.testing.assert_allclose(run_attention(attn, x), reference_self_attention(attn, x, causal), rtol=2e-4, atol=2e-5)
+            np.testing.assert_allclose(
+                run_attention(attn, x), reference_self_attention(attn, x, causal), rtol=2e-4, atol=2e-5
+            )
         before = run_attention(attn, x)
         attn.wq[...], attn.wk[...] = 7.0 * attn.wq[...], 0.3 * attn.wk[...]
         outs[qk_norm] = before, run_attention(attn, x)
@@ -170,13 +191,22 @@ def test_rotary_is_relative():
     rng = np.random.default_rng(3)
     q = jnp.asarray(rng.normal(size=(1, 1, 1, 8)), jnp.float32)
     k = jnp.asarray(rng.normal(size=(1, 1, 1, 8)), jnp.float32)
-    dot = lambda i, j: float(jnp.sum(rotary(q, jnp.array([[i]]), 10000.0) * rotary(k, jnp.array([[j]]), 10000.0)))  # noqa: E731
+
+    def dot(i, j):
+        return float(jnp.sum(rotary(q, jnp.array([[i]]), 10000.0) * rotary(k, jnp.array([[j]]), 10000.0)))
+
     assert dot(5, 2) == pytest.approx(dot(13, 10), rel=1e-5)
     assert dot(5, 2) != pytest.approx(dot(5, 3), rel=1e-3)
 
 
 def tiny_cfg(**kw):
-    overrides = ["model.family=byte", "model.d_model=32", "model.n_layers=2", "model.n_heads=2", "model.mlp_dim=64"]
+    overrides = [
+        "model.family=byte",
+        "model.d_model=32",
+        "model.n_layers=2",
+        "model.n_heads=2",
+        "model.mlp_dim=64",
+    ]
     return load_config(None, overrides + [f"model.{k}={v}" for k, v in kw.items()]).model
 
 
@@ -241,7 +271,14 @@ def test_scores_mask_control_targets(byte_model):
 @pytest.mark.parametrize("seq_len", [64, 256])
 def test_flops_formula_matches_xla_cost_analysis(seq_len):
     cfg = load_config(
-        None, ["model.family=byte", "model.d_model=128", "model.n_layers=2", "model.n_heads=4", "model.mlp_dim=384"]
+        None,
+        [
+            "model.family=byte",
+            "model.d_model=128",
+            "model.n_layers=2",
+            "model.n_heads=4",
+            "model.mlp_dim=384",
+        ],
     ).model
     model = ByteLM(cfg, rngs=nnx.Rngs(0))
     graphdef, state = nnx.split(model)
@@ -283,8 +320,18 @@ def test_ngram_embedding_sums_the_rows_of_each_ngram():
 
 
 def test_byte_lm_with_ngrams_is_causal_and_reads_them():
-    cfg = load_config(None, ["model.family=byte", "model.d_model=32", "model.n_layers=2", "model.n_heads=2", "model.mlp_dim=64", "model.ngram_sizes=2,4",
-                             "model.hash_table_size=101"]).model
+    cfg = load_config(
+        None,
+        [
+            "model.family=byte",
+            "model.d_model=32",
+            "model.n_layers=2",
+            "model.n_heads=2",
+            "model.mlp_dim=64",
+            "model.ngram_sizes=2,4",
+            "model.hash_table_size=101",
+        ],
+    ).model
     model = ByteLM(cfg, rngs=nnx.Rngs(0))
     assert [t.table.shape for t in model.ngrams.tables] == [(101, 32), (101, 32)]
     ids = np.random.default_rng(1).integers(BYTE_OFFSET, 260, size=(1, 16)).astype(np.int32)
@@ -293,7 +340,9 @@ def test_byte_lm_with_ngrams_is_causal_and_reads_them():
     changed = ids.copy()
     changed[0, k] = BYTE_OFFSET + (changed[0, k] - BYTE_OFFSET + 1) % 256
     out = np.asarray(model(jnp.asarray(changed)))
-    np.testing.assert_allclose(out[:, :k], base[:, :k], rtol=1e-5, atol=1e-5)  # the past never sees position k
+    np.testing.assert_allclose(
+        out[:, :k], base[:, :k], rtol=1e-5, atol=1e-5
+    )  # the past never sees position k
     assert np.abs(out[:, k] - base[:, k]).max() > 1e-3
     # the same weights without the tables' rows give other logits: the n-grams are read
     for t in model.ngrams.tables:
@@ -302,15 +351,29 @@ def test_byte_lm_with_ngrams_is_causal_and_reads_them():
 
 
 @pytest.mark.parametrize("family", ["byte", "blt", "blt-reference"])
-@pytest.mark.parametrize("bad, match", [("model.ngram_sizes=0,2", "ngram_sizes"), ("model.ngram_sizes=3,3", "ngram_sizes"),
-                                        ("model.ngram_sizes=2,65", "ngram_sizes"), ("model.hash_table_size=0", "hash_table_size"),
-                                        (f"model.hash_table_size={2**24}", "hash_table_size")])
+@pytest.mark.parametrize(
+    "bad, match",
+    [
+        ("model.ngram_sizes=0,2", "ngram_sizes"),
+        ("model.ngram_sizes=3,3", "ngram_sizes"),
+        ("model.ngram_sizes=2,65", "ngram_sizes"),
+        ("model.hash_table_size=0", "hash_table_size"),
+        (f"model.hash_table_size={2**24}", "hash_table_size"),
+    ],
+)
 def test_ngram_config_is_checked(family, bad, match):
     """The byte LM and both BLT variants take one rule for their hashed n-gram tables (the
     reference hash is exact only for n <= 64 and tables under 2^24 rows), and a config without
     n-gram tables is valid for each (the reference variant's check once failed on an empty list)."""
-    base = {"byte": ["model.family=byte"], "blt": ["model.family=blt"],
-            "blt-reference": ["model.family=blt", "model.variant=reference", "model.encoder_cross_all_layers=false"]}[family]
+    base = {
+        "byte": ["model.family=byte"],
+        "blt": ["model.family=blt"],
+        "blt-reference": [
+            "model.family=blt",
+            "model.variant=reference",
+            "model.encoder_cross_all_layers=false",
+        ],
+    }[family]
     load_config(None, [*base, "model.ngram_sizes=[]"])
     with pytest.raises(ValueError, match=match):
         load_config(None, [*base, "model.ngram_sizes=2", bad] if "hash" in bad else [*base, bad])

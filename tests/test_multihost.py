@@ -23,13 +23,12 @@ import textwrap
 import jax
 import numpy as np
 import pytest
+from conftest import subprocess_env, word_corpus
 from flax import nnx
 
 from bytelm.config import load_config
 from bytelm.training.loop import train
 from bytelm.training.restore import restore_model
-
-from conftest import subprocess_env, word_corpus
 
 WORKER = textwrap.dedent(
     """
@@ -60,8 +59,13 @@ def _job(jobs: list) -> list[dict]:
     each job's ``train`` returned, as both processes saw it."""
     port = _free_port()
     procs = [
-        subprocess.Popen([sys.executable, "-c", WORKER, str(port), str(pid), json.dumps(jobs)], env=subprocess_env(2),
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        subprocess.Popen(
+            [sys.executable, "-c", WORKER, str(port), str(pid), json.dumps(jobs)],
+            env=subprocess_env(2),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         for pid in range(2)
     ]
     outs = [p.communicate(timeout=600) for p in procs]
@@ -78,26 +82,60 @@ def _flat(model) -> dict:
 
 
 def _records(run_dir, kind: str) -> list[dict]:
-    return [r for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines()) if r["kind"] == kind]
+    return [
+        r for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines()) if r["kind"] == kind
+    ]
 
 
 def _runs(root):
     """The two-process job and the one-process references (in this process), under ``root``."""
     corpus = word_corpus(root / "corpus")
     base = [
-        f"data.source=files:{corpus}", "data.segment_bytes=64", "data.max_eval_bytes=2048", "train.batch_size=8",
-        "train.seq_len=64", "train.steps=3", "train.learning_rate=1e-3", "train.warmup_steps=2", "train.log_every=1",
-        "train.checkpoint_every=2", "train.peak_flops=1e11", "eval.every=3",
+        f"data.source=files:{corpus}",
+        "data.segment_bytes=64",
+        "data.max_eval_bytes=2048",
+        "train.batch_size=8",
+        "train.seq_len=64",
+        "train.steps=3",
+        "train.learning_rate=1e-3",
+        "train.warmup_steps=2",
+        "train.log_every=1",
+        "train.checkpoint_every=2",
+        "train.peak_flops=1e11",
+        "eval.every=3",
     ]
-    entropy = ["model.family=byte", "model.d_model=32", "model.n_layers=1", "model.n_heads=2", "model.mlp_dim=64", "model.window=16"]
+    entropy = [
+        "model.family=byte",
+        "model.d_model=32",
+        "model.n_layers=1",
+        "model.n_heads=2",
+        "model.mlp_dim=64",
+        "model.window=16",
+    ]
     train(load_config(None, [*base, *entropy, "train.steps=2", "eval.every=0"]), root / "entropy")
     families = {
-        "byte": ["model.family=byte", "model.d_model=32", "model.n_layers=1", "model.n_heads=2", "model.mlp_dim=64"],
+        "byte": [
+            "model.family=byte",
+            "model.d_model=32",
+            "model.n_layers=1",
+            "model.n_heads=2",
+            "model.mlp_dim=64",
+        ],
         "blt": [
-            "model.family=blt", f"model.entropy_run={root / 'entropy'}", "model.target_patch_len=3.0", "model.local_d_model=32",
-            "model.local_heads=2", "model.local_mlp_dim=64", "model.local_window=16", "model.global_d_model=32",
-            "model.global_heads=2", "model.global_mlp_dim=64", "model.global_layers=1", "model.hash_table_size=64",
-            "model.ngram_sizes=3", "model.decoder_layers=1",
+            "model.family=blt",
+            f"model.entropy_run={root / 'entropy'}",
+            "model.target_patch_len=3.0",
+            "model.local_d_model=32",
+            "model.local_heads=2",
+            "model.local_mlp_dim=64",
+            "model.local_window=16",
+            "model.global_d_model=32",
+            "model.global_heads=2",
+            "model.global_mlp_dim=64",
+            "model.global_layers=1",
+            "model.hash_table_size=64",
+            "model.ngram_sizes=3",
+            "model.decoder_layers=1",
         ],
     }
     # the byte LM stops after 2 steps and resumes; BLT trains its 3 steps in one go
@@ -118,7 +156,9 @@ def test_two_processes_agree_with_one_across_a_resume(tmp_path):
 
 def _check_family(root, results, family, reference):
     two, one = root / f"two-{family}", root / f"one-{family}"
-    assert [(r["step"], r["status"]) for r in results[family]] == [(2, "stopped"), (3, "finished")][-len(results[family]):]
+    assert [(r["step"], r["status"]) for r in results[family]] == [(2, "stopped"), (3, "finished")][
+        -len(results[family]) :
+    ]
     run = json.loads((two / "run.json").read_text())
     assert run["devices"] == 4 and run["step"] == 3
     # process 0 alone wrote the records: one line per step (the byte LM's first lines kept on resume)
@@ -126,7 +166,9 @@ def _check_family(root, results, family, reference):
     for a, b in zip(_records(two, "train"), _records(one, "train")):
         assert a["loss"] == pytest.approx(b["loss"], abs=1e-5)
     (eval_two,), (eval_one,) = _records(two, "eval"), _records(one, "eval")
-    assert eval_two["bytes"] == eval_one["bytes"] and eval_two["bpb"] == pytest.approx(eval_one["bpb"], abs=1e-5)
+    assert eval_two["bytes"] == eval_one["bytes"] and eval_two["bpb"] == pytest.approx(
+        eval_one["bpb"], abs=1e-5
+    )
     assert sorted(p.name for p in (two / "checkpoints").iterdir() if p.name.isdigit()) == ["2", "3"]
     # the two-process checkpoint restores onto this process's single-device mesh
     params_two, params_one = _flat(restore_model(two)), _flat(nnx.merge(reference.graphdef, reference.params))
@@ -140,7 +182,10 @@ def _check_family(root, results, family, reference):
     [
         ({"coordinator": "127.0.0.1:1234"}, "missing --num-processes, --process-id"),
         ({"coordinator": "127.0.0.1", "num_processes": 2, "process_id": 0}, "must be HOST:PORT"),
-        ({"coordinator": "h:1", "num_processes": 2, "process_id": 2}, "--process-id must lie in [0, --num-processes 2)"),
+        (
+            {"coordinator": "h:1", "num_processes": 2, "process_id": 2},
+            "--process-id must lie in [0, --num-processes 2)",
+        ),
         ({"coordinator": "h:1", "num_processes": 0, "process_id": 0}, "--num-processes must be >= 1"),
         ({"auto": True, "process_id": 1}, "drop --process-id or --distributed"),
     ],

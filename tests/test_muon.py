@@ -27,20 +27,25 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import subprocess_env
 from flax import nnx
+from test_scan import LM
+from test_training import corpus_dir, tiny_overrides  # noqa: F401  (corpus_dir: a fixture)
 
 from bytelm.config import load_config
 from bytelm.families.byte.model import ByteLM
 from bytelm.models.core import LAYER_AXIS
-from bytelm.training.optim import MUON_RMS, make_optimizer, muon_dimensions, schedule_plan
 from bytelm.training.loop import train
+from bytelm.training.optim import MUON_RMS, make_optimizer, muon_dimensions, schedule_plan
 from bytelm.training.restore import restore_trainer
 
-from conftest import subprocess_env
-from test_scan import LM
-from test_training import corpus_dir, tiny_overrides  # noqa: F401  (corpus_dir: a fixture)
-
-ONE_STEP = ["train.optimizer=muon", "train.grad_clip=0", "train.weight_decay=0", "train.warmup_steps=0", "train.learning_rate=0.01"]
+ONE_STEP = [
+    "train.optimizer=muon",
+    "train.grad_clip=0",
+    "train.weight_decay=0",
+    "train.warmup_steps=0",
+    "train.learning_rate=0.01",
+]
 
 
 @pytest.mark.parametrize(
@@ -142,7 +147,13 @@ def test_scanned_stack_orthogonalises_each_layer():
             continue
         i = path.index(LAYER_AXIS)
         for layer in range(upd.shape[0]):
-            np.testing.assert_allclose(upd[layer], u[(*path[:i], "blocks", layer, *path[i + 1 :])][1], rtol=1e-4, atol=1e-6, err_msg=str(path))
+            np.testing.assert_allclose(
+                upd[layer],
+                u[(*path[:i], "blocks", layer, *path[i + 1 :])][1],
+                rtol=1e-4,
+                atol=1e-6,
+                err_msg=str(path),
+            )
         n += 1
     assert n == 7 + 2  # the stacked matrices and norms
 
@@ -154,10 +165,16 @@ def test_resumed_muon_run_ends_with_the_uninterrupted_parameters(corpus_dir, tmp
     train(cfg, tmp_path / "resumed")
     train(cfg, tmp_path / "straight")
     train(load_config(None, tiny_overrides(corpus_dir, **over)), tmp_path / "adamw")
-    params = {name: jax.tree.leaves(restore_trainer(tmp_path / name).params) for name in ("resumed", "straight", "adamw")}
+    params = {
+        name: jax.tree.leaves(restore_trainer(tmp_path / name).params)
+        for name in ("resumed", "straight", "adamw")
+    }
     for a, b in zip(params["resumed"], params["straight"]):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
-    assert any(np.abs(np.asarray(a) - np.asarray(b)).max() > 1e-4 for a, b in zip(params["straight"], params["adamw"]))
+    assert any(
+        np.abs(np.asarray(a) - np.asarray(b)).max() > 1e-4
+        for a, b in zip(params["straight"], params["adamw"])
+    )
 
 
 def test_config_refuses_an_unknown_optimizer():
@@ -173,7 +190,9 @@ def test_split_axis_prefers_the_layers_then_the_longest_axis():
     from bytelm.training.optim import split_axis
 
     assert split_axis((4, 192, 3, 64), D((1,), (2, 3)), 2) == 0  # a scanned stack: whole layers per device
-    assert split_axis((3, 192, 3, 64), D((1,), (2, 3)), 2) == 1  # 3 layers do not split in 2: the longest axis
+    assert (
+        split_axis((3, 192, 3, 64), D((1,), (2, 3)), 2) == 1
+    )  # 3 layers do not split in 2: the longest axis
     assert split_axis((192, 512), D((0,), (1,)), 2) == 1
     assert split_axis((3, 5), D((0,), (1,)), 2) is None
 

@@ -10,6 +10,7 @@ import pytest
 from flax import nnx
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from test_training import WORDS, corpus_dir, tiny_overrides  # noqa: F401  (corpus_dir is a fixture)
 
 from bytelm import cli
 from bytelm.constants import BOS_ID, BYTE_OFFSET, EOS_ID, PAD_ID
@@ -32,8 +33,6 @@ from bytelm.patching import (
     static_starts,
     text_ids,
 )
-
-from test_training import WORDS, corpus_dir, tiny_overrides  # noqa: F401  (corpus_dir is a fixture)
 
 jax.config.update("jax_numpy_rank_promotion", "raise")
 
@@ -100,9 +99,13 @@ def test_bos_rule_and_padding():
     assert real_lengths(ids) == 8
     # eval row: BOS alone, then bytes; trailing PAD belongs to no patch
     ids = np.array([BOS_ID, a, b, c, PAD_ID, PAD_ID])
-    np.testing.assert_array_equal(entropy_starts(ids, np.full(6, 9.0, np.float32), threshold=1.0), at(6, 0, 1, 2, 3))
+    np.testing.assert_array_equal(
+        entropy_starts(ids, np.full(6, 9.0, np.float32), threshold=1.0), at(6, 0, 1, 2, 3)
+    )
     np.testing.assert_array_equal(static_starts(ids, 2), at(6, 0, 1, 2))
-    np.testing.assert_array_equal(entropy_starts(np.zeros(4, int), np.zeros(4), threshold=0.0), np.zeros(4, bool))
+    np.testing.assert_array_equal(
+        entropy_starts(np.zeros(4, int), np.zeros(4), threshold=0.0), np.zeros(4, bool)
+    )
 
 
 def test_apply_max_len_matches_a_left_to_right_scan():
@@ -129,9 +132,25 @@ MULTILINGUAL = [
     # G r \xc3\xbc \xc3\x9f e ' ' a u s ' ' K \xc3\xb6 l n .
     ("Grüße aus Köln.", [b"Gr\xc3", b"\xbc\xc3", b"\x9fe ", b"aus ", b"K\xc3", b"\xb6ln."]),
     # Γ=ce 93 ε=ce b5 ι=ce b9 ά=ce ac ' ' σ=cf 83 ο=ce bf υ=cf 85
-    ("Γειά σου", [b"\xce", b"\x93\xce", b"\xb5\xce", b"\xb9\xce", b"\xac ", b"\xcf", b"\x83\xce", b"\xbf\xcf", b"\x85"]),
+    (
+        "Γειά σου",
+        [
+            b"\xce",
+            b"\x93\xce",
+            b"\xb5\xce",
+            b"\xb9\xce",
+            b"\xac ",
+            b"\xcf",
+            b"\x83\xce",
+            b"\xbf\xcf",
+            b"\x85",
+        ],
+    ),
     # 你=e4 bd a0 好=e5 a5 bd ，=ef bc 8c 世=e4 b8 96 界=e7 95 8c
-    ("你好，世界", [b"\xe4", b"\xbd\xa0\xe5", b"\xa5\xbd\xef", b"\xbc\x8c\xe4", b"\xb8\x96\xe7", b"\x95\x8c"]),
+    (
+        "你好，世界",
+        [b"\xe4", b"\xbd\xa0\xe5", b"\xa5\xbd\xef", b"\xbc\x8c\xe4", b"\xb8\x96\xe7", b"\x95\x8c"],
+    ),
     # Ж=d0 96 ' ' 1 9 - x _ y \t
     ("Ж 19-x_y\t", [b"\xd0", b"\x96 ", b"19-", b"x_", b"y\t"]),
 ]
@@ -177,7 +196,9 @@ def test_boundaries_are_prefix_stable(ids, data, threshold, mono, max_len, patch
     if threshold is None and mono is None:
         threshold = 2.0
     full = entropy_starts(ids, h, threshold=threshold, monotonic_threshold=mono, max_patch_len=max_len)
-    prefix = entropy_starts(ids[:k], h[:k], threshold=threshold, monotonic_threshold=mono, max_patch_len=max_len)
+    prefix = entropy_starts(
+        ids[:k], h[:k], threshold=threshold, monotonic_threshold=mono, max_patch_len=max_len
+    )
     np.testing.assert_array_equal(prefix, full[:k])
     np.testing.assert_array_equal(space_starts(ids[:k]), space_starts(ids)[:k])
     np.testing.assert_array_equal(static_starts(ids[:k], patch_size), static_starts(ids, patch_size)[:k])
@@ -225,7 +246,9 @@ def test_layout_examples_and_bad_input():
     starts = np.array([[1, 1, 0, 0, 1, 0, 0], [1, 0, 1, 0, 0, 0, 0]], bool)
     lengths = starts_to_lengths(starts, [5, 3], 4)
     np.testing.assert_array_equal(lengths, [[1, 3, 1, 0], [2, 1, 0, 0]])
-    np.testing.assert_array_equal(lengths_to_patch_ids(lengths, 7), [[0, 1, 1, 1, 2, 3, 3], [0, 0, 1, 2, 2, 2, 2]])
+    np.testing.assert_array_equal(
+        lengths_to_patch_ids(lengths, 7), [[0, 1, 1, 1, 2, 3, 3], [0, 0, 1, 2, 2, 2, 2]]
+    )
     with pytest.raises(ValueError, match="position 0"):
         starts_to_lengths(np.array([[0, 1, 0]], bool), [3], 3)
     with pytest.raises(ValueError, match="zero-padded"):
@@ -272,7 +295,10 @@ def synthetic_words(seed=1):
 
 
 @pytest.mark.parametrize("make", [synthetic_gamma, synthetic_words])
-@pytest.mark.parametrize("target, kwargs", [(2.0, {}), (4.0, {}), (6.0, {"max_patch_len": 12}), (4.0, {"monotonic_threshold": 2.5})])
+@pytest.mark.parametrize(
+    "target, kwargs",
+    [(2.0, {}), (4.0, {}), (6.0, {"max_patch_len": 12}), (4.0, {"monotonic_threshold": 2.5})],
+)
 def test_calibration_hits_target_on_synthetic_distributions(make, target, kwargs):
     h, ids = make()
     theta, achieved = calibrate_threshold(h, ids, target, **kwargs)
@@ -310,7 +336,9 @@ def entropy_run(corpus_dir, tmp_path_factory):  # noqa: F811
     from bytelm.training.loop import train  # noqa: PLC0415
 
     run = tmp_path_factory.mktemp("entropy") / "run"
-    overrides = tiny_overrides(corpus_dir, **{"train.steps": 4, "train.checkpoint_every": 4, "eval.every": 0, "model.window": 16})
+    overrides = tiny_overrides(
+        corpus_dir, **{"train.steps": 4, "train.checkpoint_every": 4, "eval.every": 0, "model.window": 16}
+    )
     train(load_config(None, overrides), run)
     return run
 
@@ -327,6 +355,7 @@ def tiny_byte_lm(entropy_run):
 @pytest.fixture(scope="module")
 def trained_model(tiny_byte_lm):
     return EntropyModel(tiny_byte_lm)
+
 
 def test_entropy_model_matches_numpy_reference_and_compiles_once(tiny_byte_lm):
     em = EntropyModel(tiny_byte_lm)
@@ -386,7 +415,10 @@ def test_prefix_stability_with_the_entropy_model_on_real_bytes(tiny_byte_lm):
     batch = np.stack([np.pad(r, (0, W - len(r))) for r in rows])
     h = em.entropies(batch)
     theta = float(np.median(h[0, : len(x)]))  # about half the positions end a patch
-    for kw in ({"threshold": theta}, {"threshold": theta + 0.2, "monotonic_threshold": 0.1, "max_patch_len": 5}):
+    for kw in (
+        {"threshold": theta},
+        {"threshold": theta + 0.2, "monotonic_threshold": 0.1, "max_patch_len": 5},
+    ):
         starts = entropy_starts(batch, h, **kw)
         assert 4 < starts[0].sum() < len(x) - 4  # not a trivial patching
         for b, r in enumerate(rows[1:], start=1):
@@ -408,8 +440,15 @@ def test_entropy_patcher_lengths_and_overflow(tiny_byte_lm):
     assert EntropyPatcher.from_settings(em, rec).settings() == patcher.settings()
     # every position a boundary, 16 slots: the slot rule caps each row causally and counts the rest
     layout = EntropyPatcher(em, threshold=-1.0).layout(ids, 16)
-    np.testing.assert_array_equal(layout.lengths_BxP, np.broadcast_to([1] * 15 + [ids.shape[1] - 15], (2, 16)))
-    assert layout.stats() == {"windows": 2, "overflow_windows": 2, "positions": 2 * ids.shape[1], "overflow_positions": 2 * (ids.shape[1] - 16)}
+    np.testing.assert_array_equal(
+        layout.lengths_BxP, np.broadcast_to([1] * 15 + [ids.shape[1] - 15], (2, 16))
+    )
+    assert layout.stats() == {
+        "windows": 2,
+        "overflow_windows": 2,
+        "positions": 2 * ids.shape[1],
+        "overflow_positions": 2 * (ids.shape[1] - 16),
+    }
 
 
 @settings(max_examples=150, deadline=None)
@@ -461,7 +500,9 @@ def test_calibration_hits_target_with_a_trained_model(trained_model, words):
     for target in (3.0, 5.0):
         theta, achieved = calibrate_threshold(h, ids, target)
         assert abs(achieved - target) <= 0.02 * target
-        assert mean_patch_length(entropy_starts(ids, h, threshold=theta), real_lengths(ids)) == pytest.approx(achieved)
+        assert mean_patch_length(entropy_starts(ids, h, threshold=theta), real_lengths(ids)) == pytest.approx(
+            achieved
+        )
 
 
 def test_cli_prints_marked_text_and_writes_png(entropy_run, trained_model, tmp_path, capsys):
@@ -475,7 +516,9 @@ def test_cli_prints_marked_text_and_writes_png(entropy_run, trained_model, tmp_p
     expected = [text.encode()[a:b] for a, b in zip(cuts[:-1], cuts[1:])]
     assert out[0] == format_patches(expected)
     assert out[0].replace("|", "") == text
-    assert any(line.startswith("mean patch len") and f"{len(text) / len(expected):.3f}" in line for line in out)
+    assert any(
+        line.startswith("mean patch len") and f"{len(text) / len(expected):.3f}" in line for line in out
+    )
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
 
     assert cli.main(["patch", str(entropy_run), "--text", text * 3, "--target-len", "4"]) == 0
@@ -487,7 +530,9 @@ def test_cli_on_a_blt_run(entropy_run, trained_model, tmp_path, capsys):
     blt = tmp_path / "blt"
     blt.mkdir()
     patching = {"threshold": 100.0, "monotonic_threshold": None, "max_patch_len": 3}
-    (blt / "run.json").write_text(json.dumps({"family": "blt", "entropy_run": str(entropy_run), "patching": patching}))
+    (blt / "run.json").write_text(
+        json.dumps({"family": "blt", "entropy_run": str(entropy_run), "patching": patching})
+    )
     (tmp_path / "t.txt").write_bytes("abcdefgh\nij\xe9".encode())
     assert cli.main(["patch", str(blt), "--file", str(tmp_path / "t.txt")]) == 0
     out = capsys.readouterr().out.splitlines()
@@ -498,7 +543,9 @@ def test_cli_on_a_blt_run(entropy_run, trained_model, tmp_path, capsys):
     assert read_patch_source(blt).entropy_run == entropy_run
     # a recorded fingerprint must match the entropy model
     patching["entropy_fingerprint"] = "0" * 64
-    (blt / "run.json").write_text(json.dumps({"family": "blt", "entropy_run": str(entropy_run), "patching": patching}))
+    (blt / "run.json").write_text(
+        json.dumps({"family": "blt", "entropy_run": str(entropy_run), "patching": patching})
+    )
     assert cli.main(["patch", str(blt), "--text", "abc"]) == 2
     assert "not the one the BLT run" in capsys.readouterr().err
 
@@ -529,7 +576,13 @@ def test_cli_bad_run_dirs(entropy_run, tmp_path, capsys):
 def test_space_patcher_layout_follows_the_space_rule_and_covers_every_byte():
     """BLT's space patching (model.patching = "space"): starts after every space-like byte, split at
     max_patch_len, and the layout's lengths tile each row's real positions."""
-    from bytelm.patching import SpacePatcher, apply_max_len, real_lengths, starts_to_lengths, valid_mask  # noqa: PLC0415
+    from bytelm.patching import (  # noqa: PLC0415
+        SpacePatcher,
+        apply_max_len,
+        real_lengths,
+        starts_to_lengths,
+        valid_mask,
+    )
 
     text = [b"def f(x):  return x + 1\n", b"aaaaaaaaaaaaaaaaaaaaaaaaa b", "zwölf Boxkämpfer".encode()]
     ids = np.full((3, 32), PAD_ID, np.int32)

@@ -34,7 +34,9 @@ def test_an_interior_best_needs_no_extension():
 
 
 def test_best_at_the_upper_end_extends_up_by_the_grids_ratio_until_bracketed():
-    choice, rounds = run_search(bowl(0.1))  # 0.03 best of the grid -> 0.09 (x3) is better -> 0.27 is worse: bracketed
+    choice, rounds = run_search(
+        bowl(0.1)
+    )  # 0.03 best of the grid -> 0.09 (x3) is better -> 0.27 is worse: bracketed
     assert rounds == [list(GRID), [0.09], [0.27]]
     assert choice.chosen == 0.09 and choice.extensions == 2 and not choice.at_edge
     assert set(choice.scores) == {*GRID, 0.09, 0.27}
@@ -68,7 +70,9 @@ def test_a_failed_rate_loses_and_brackets_the_search():
 
 
 def test_ties_pick_the_lower_rate_and_a_single_rate_is_not_extended():
-    choice, rounds = run_search(lambda lr: 2.0 if lr < 5e-3 else 1.0)  # 0.01 and 0.03 tie: the lower, an interior rate
+    choice, rounds = run_search(
+        lambda lr: 2.0 if lr < 5e-3 else 1.0
+    )  # 0.01 and 0.03 tie: the lower, an interior rate
     assert choice.chosen == 1e-2 and rounds == [list(GRID)]
     single, rounds = run_search(lambda lr: 1.0, grid=(1e-3,))
     assert rounds == [[1e-3]] and single.chosen == 1e-3 and not single.at_edge

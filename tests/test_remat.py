@@ -11,14 +11,17 @@ import jax
 import jax.numpy as jnp
 import pytest
 from flax import nnx
+from test_dtypes import FAMILIES, batch_for, loss_and_grads
 
 from bytelm.config import load_config
-from test_dtypes import FAMILIES, batch_for, loss_and_grads
 
 
 def build(family, remat):
     cls, kw = FAMILIES[family]
-    return cls(load_config(None, [f"model.{k}={v}" for k, v in {**kw, "remat": remat}.items()]).model, rngs=nnx.Rngs(0))
+    return cls(
+        load_config(None, [f"model.{k}={v}" for k, v in {**kw, "remat": remat}.items()]).model,
+        rngs=nnx.Rngs(0),
+    )
 
 
 def primitives(jaxpr) -> set[str]:
@@ -42,7 +45,9 @@ def test_remat_changes_memory_not_results(family):
         assert loss == pytest.approx(base_loss, abs=1e-6)
         assert max(float(jnp.max(jnp.abs(a - b))) for a, b in zip(grads, base_grads)) < 1e-6, remat
         graphdef, params = nnx.split(model, nnx.Param)
-        jaxpr = jax.make_jaxpr(jax.grad(lambda p: jnp.sum(nnx.merge(graphdef, p).score(batch).nll_BxT)))(params)
+        jaxpr = jax.make_jaxpr(jax.grad(lambda p: jnp.sum(nnx.merge(graphdef, p).score(batch).nll_BxT)))(
+            params
+        )
         assert "remat2" in primitives(jaxpr.jaxpr), remat
     graphdef, params = nnx.split(build(family, "none"), nnx.Param)
     jaxpr = jax.make_jaxpr(jax.grad(lambda p: jnp.sum(nnx.merge(graphdef, p).score(batch).nll_BxT)))(params)

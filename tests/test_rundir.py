@@ -23,14 +23,18 @@ def test_only_rundir_names_the_run_files():
 def test_record_status_and_metrics(tmp_path, caplog):
     rd = RunDir(tmp_path / "run")
     assert not rd.started() and rd.info_or_empty() == {} and not rd.finished() and rd.metrics() == []
-    with pytest.raises(UserError, match=r"is not a trained run directory \(no run.json\); train one with 'bytelm train"):
+    with pytest.raises(
+        UserError, match=r"is not a trained run directory \(no run.json\); train one with 'bytelm train"
+    ):
         rd.info()
     rd.write_info({"status": "finished", "step": 7, "converted_from": "x"})
     assert rd.finished() and rd.finished(7) and not rd.finished(8) and rd.converted()
     rd.write_config("[train]\nsteps = 7\n")
     assert rd.started() and rd.require_config().read_text().startswith("[train]")
     # a torn last line (a crash mid-write) is left out with a warning; damage elsewhere is an error
-    rd.metrics_path.write_text(json.dumps({"step": 1}) + "\n" + json.dumps({"step": 2}) + "\n" + '{"step": 3, "lo')
+    rd.metrics_path.write_text(
+        json.dumps({"step": 1}) + "\n" + json.dumps({"step": 2}) + "\n" + '{"step": 3, "lo'
+    )
     assert [r["step"] for r in rd.metrics()] == [1, 2] and "incomplete" in caplog.text
     rd.metrics_path.write_text('{"step": 1}\nnot json\n{"step": 3}\n')
     with pytest.raises(UserError, match="line 2 is not JSON"):

@@ -23,20 +23,20 @@ from bytelm.baselines.bpe import train_bpe
 from bytelm.config import load_config
 from bytelm.constants import BOS_ID, BYTE_OFFSET, EOS_ID
 from bytelm.errors import UserError
+from bytelm.families.blt.decoder import BLTDecoder
 from bytelm.families.blt.model import BLT
-from bytelm.families.byte.model import ByteLM
-from bytelm.families.megabyte.model import MegaByte
+from bytelm.families.bpe import token_decoder
 from bytelm.families.bpe.model import TokenLM
+from bytelm.families.byte import byte_decoder
+from bytelm.families.byte.model import ByteLM
+from bytelm.families.megabyte.decoder import MegaByteDecoder
+from bytelm.families.megabyte.model import MegaByte
+from bytelm.generate import generate, stream, text_pieces
 from bytelm.patching import EntropyModel
 from bytelm.patching.lengths import cap_starts
 from bytelm.patching.online import OnlineStarts
 from bytelm.patching.patchers import entropy_starts
-from bytelm.families.blt.decoder import BLTDecoder
-from bytelm.families.bpe import token_decoder
-from bytelm.families.byte import byte_decoder
-from bytelm.families.megabyte.decoder import MegaByteDecoder
 from bytelm.sampling.decoders import byte_units
-from bytelm.generate import generate, stream, text_pieces
 from bytelm.sampling.sampler import SamplingOptions, choose
 
 CONTEXT = 32  # long enough to cross many patches, short enough to recompute at every step
@@ -66,7 +66,9 @@ def check_every_step(decoder, prompt: bytes, seed: int) -> list[int]:
     logits, units = decoder.start(prompt), []
     while True:
         ref = decoder.recompute(prompt, units)
-        np.testing.assert_allclose(softmax(logits, allowed), softmax(ref, allowed), rtol=0, atol=TOL, err_msg=f"step {len(units)}")
+        np.testing.assert_allclose(
+            softmax(logits, allowed), softmax(ref, allowed), rtol=0, atol=TOL, err_msg=f"step {len(units)}"
+        )
         unit = choose(logits, allowed, SamplingOptions(), rng)
         try:
             decoder.recompute(prompt, [*units, unit])
@@ -77,8 +79,14 @@ def check_every_step(decoder, prompt: bytes, seed: int) -> list[int]:
 
 
 @pytest.mark.parametrize(
-    "extra", [dict(window=0), dict(window=8), dict(window=0, ngram_sizes="2,3", hash_table_size=97), dict(window=0, logit_softcap=1.5),
-              dict(window=0, qk_norm="true")]
+    "extra",
+    [
+        dict(window=0),
+        dict(window=8),
+        dict(window=0, ngram_sizes="2,3", hash_table_size=97),
+        dict(window=0, logit_softcap=1.5),
+        dict(window=0, qk_norm="true"),
+    ],
 )
 def test_byte_lm_cache_equals_full_pass(extra):
     dec = byte_decoder(ByteLM(model_cfg(family="byte", **extra, **LM), rngs=nnx.Rngs(0)), CONTEXT)
@@ -88,7 +96,9 @@ def test_byte_lm_cache_equals_full_pass(extra):
 
 
 def test_token_lm_cache_equals_full_pass():
-    tok = train_bpe([TEXT.encode() * 4], vocab_size=300, pattern="gpt2", special_tokens=["<|eot|>"], num_workers=1)
+    tok = train_bpe(
+        [TEXT.encode() * 4], vocab_size=300, pattern="gpt2", special_tokens=["<|eot|>"], num_workers=1
+    )
     model = TokenLM(model_cfg(family="bpe", **LM), tok.n_vocab, rngs=nnx.Rngs(1))
     dec = token_decoder(model, tok, CONTEXT)
     assert not dec.allowed_V[tok.special_tokens["<|eot|>"] + BYTE_OFFSET]  # never generated
@@ -99,8 +109,19 @@ def test_token_lm_cache_equals_full_pass():
 
 @pytest.mark.parametrize("patch_size", [4, 5])
 def test_megabyte_cache_equals_full_pass_across_patches(patch_size):
-    cfg = model_cfg(family="megabyte", patch_size=patch_size, embed_dim=8, global_d_model=8 * patch_size, global_layers=2,
-                    global_heads=2, global_mlp_dim=64, local_d_model=16, local_layers=2, local_heads=2, local_mlp_dim=32)
+    cfg = model_cfg(
+        family="megabyte",
+        patch_size=patch_size,
+        embed_dim=8,
+        global_d_model=8 * patch_size,
+        global_layers=2,
+        global_heads=2,
+        global_mlp_dim=64,
+        local_d_model=16,
+        local_layers=2,
+        local_heads=2,
+        local_mlp_dim=32,
+    )
     dec = MegaByteDecoder(MegaByte(cfg, rngs=nnx.Rngs(2)), CONTEXT)
     for i, prompt in enumerate([b"", b"abc", b"abcdefg"]):  # prompts ending at several points of a patch
         calls = dec.global_calls
@@ -112,14 +133,26 @@ def test_megabyte_cache_equals_full_pass_across_patches(patch_size):
 
 
 BLT_KW = dict(
-    family="blt", local_d_model=32, local_heads=2, local_mlp_dim=64, local_window=8, global_d_model=48,
-    global_heads=2, global_mlp_dim=96, global_layers=2, hash_table_size=101, ngram_sizes="3,4,5", decoder_layers=2,
+    family="blt",
+    local_d_model=32,
+    local_heads=2,
+    local_mlp_dim=64,
+    local_window=8,
+    global_d_model=48,
+    global_heads=2,
+    global_mlp_dim=96,
+    global_layers=2,
+    hash_table_size=101,
+    ngram_sizes="3,4,5",
+    decoder_layers=2,
 )
 
 
 @pytest.fixture(scope="module")
 def entropy_lm():
-    return ByteLM(model_cfg(family="byte", d_model=16, n_layers=1, n_heads=2, mlp_dim=32, window=8), rngs=nnx.Rngs(5))
+    return ByteLM(
+        model_cfg(family="byte", d_model=16, n_layers=1, n_heads=2, mlp_dim=32, window=8), rngs=nnx.Rngs(5)
+    )
 
 
 def batch_starts(entropy_lm, ids, settings, max_patches):
@@ -134,9 +167,17 @@ def batch_starts(entropy_lm, ids, settings, max_patches):
     [
         ({}, {"threshold": "median", "max_patch_len": 5}, 30),
         ({"cross_attention": False}, {"threshold": "median", "max_patch_len": 5}, 30),
-        ({"encoder_layers": 2, "encoder_cross_all_layers": True}, {"monotonic_threshold": 0.0, "max_patch_len": 4}, 30),
+        (
+            {"encoder_layers": 2, "encoder_cross_all_layers": True},
+            {"monotonic_threshold": 0.0, "max_patch_len": 4},
+            30,
+        ),
         # the slots run out; Meta's architecture (its hash with two functions, doubled residuals, no global norm)
-        ({"decoder_cross_all_layers": False, "variant": "reference", "hash_functions": 2}, {"threshold": "low", "max_patch_len": 3}, 8),
+        (
+            {"decoder_cross_all_layers": False, "variant": "reference", "hash_functions": 2},
+            {"threshold": "low", "max_patch_len": 3},
+            8,
+        ),
     ],
 )
 def test_blt_cache_equals_full_pass_and_patches_online_as_in_training(entropy_lm, kw, rule, max_patches):
@@ -158,7 +199,9 @@ def test_blt_cache_equals_full_pass_and_patches_online_as_in_training(entropy_lm
         assert n_patches >= 6  # several boundaries crossed
         # the global model ran once per closed patch (all the prompt's in one prefill call)
         closed_in_prompt = int(np.asarray(dec.starts[1 : len(prompt) + 2]).sum())
-        assert dec.global_calls - calls == 1 + (int(np.asarray(dec.starts[1 : len(full) + 1]).sum()) - closed_in_prompt)
+        assert dec.global_calls - calls == 1 + (
+            int(np.asarray(dec.starts[1 : len(full) + 1]).sum()) - closed_in_prompt
+        )
     if max_patches == 8:
         assert int(np.asarray(dec.starts).sum()) == 8  # capped as in training
 
@@ -178,7 +221,9 @@ def test_past_the_context_a_full_attention_cache_is_a_sliding_window():
         row = np.zeros((1, width), np.int32)
         row[0, : len(ids)] = ids
         ref = np.asarray(full(row))[0, len(ids) - 1, : len(allowed)]
-        np.testing.assert_allclose(softmax(logits, allowed), softmax(ref, allowed), rtol=0, atol=TOL, err_msg=f"{len(ids)} ids")
+        np.testing.assert_allclose(
+            softmax(logits, allowed), softmax(ref, allowed), rtol=0, atol=TOL, err_msg=f"{len(ids)} ids"
+        )
         unit = choose(logits, allowed, SamplingOptions(), rng)
         ids.append(unit)
         logits = dec.step(unit)
@@ -187,15 +232,25 @@ def test_past_the_context_a_full_attention_cache_is_a_sliding_window():
 
 def test_blt_past_the_context_lifts_the_slot_rule_and_splits_long_patches(entropy_lm):
     model = BLT(model_cfg(**BLT_KW), rngs=nnx.Rngs(3))
-    settings = {"threshold": 100.0, "max_patch_len": 4}  # no entropy boundary: patches end by max_patch_len or the slots
+    settings = {
+        "threshold": 100.0,
+        "max_patch_len": 4,
+    }  # no entropy boundary: patches end by max_patch_len or the slots
     dec = BLTDecoder(model, entropy_lm, settings, 24, 4)  # 4 slots in a window of 25 ids: they run out
     out = generate(dec, b"ab", max_bytes=70, options=SamplingOptions(seed=1))
     assert len(out) == 70
     starts = np.flatnonzero(np.asarray(dec.starts))
-    assert list(starts[:4]) == [0, 1, 5, 9]  # in the window: BOS, then max_patch_len patches until the slots run out
+    assert list(starts[:4]) == [
+        0,
+        1,
+        5,
+        9,
+    ]  # in the window: BOS, then max_patch_len patches until the slots run out
     after = starts[starts >= 24 + 1]  # past the window: the slot rule lifted, the long patch split at once
     assert after[0] == 24 + 1 and set(np.diff(after)) == {4}
-    assert dec.global_calls == 1 + int(np.asarray(dec.starts[3 : dec.position + 1]).sum())  # the global ring wrapped
+    assert dec.global_calls == 1 + int(
+        np.asarray(dec.starts[3 : dec.position + 1]).sum()
+    )  # the global ring wrapped
 
 
 @settings(max_examples=60, deadline=None)
@@ -213,7 +268,13 @@ def test_online_starts_equal_the_batch_rule(h, threshold, mono, max_len, max_pat
     ids = np.full(L, BYTE_OFFSET, np.int64)
     ids[0] = BOS_ID
     H = np.asarray([*h, 0.0], np.float32)
-    want = cap_starts(entropy_starts(ids[None], H[None], threshold=threshold, monotonic_threshold=mono, max_patch_len=max_len), [L], max_patches)[0][0]
+    want = cap_starts(
+        entropy_starts(
+            ids[None], H[None], threshold=threshold, monotonic_threshold=mono, max_patch_len=max_len
+        ),
+        [L],
+        max_patches,
+    )[0][0]
     rule = OnlineStarts(threshold, mono, max_len, max_patches)
     got = [rule.start_at_zero()] + [rule.next(x) for x in H[:-1]]
     np.testing.assert_array_equal(np.asarray(got), want)
@@ -226,7 +287,9 @@ def byte_dec():
 
 def test_greedy_is_deterministic_and_a_seed_repeats(byte_dec):
     greedy = SamplingOptions(greedy=True)
-    assert generate(byte_dec, b"abc", max_bytes=20, options=greedy) == generate(byte_dec, b"abc", max_bytes=20, options=greedy)
+    assert generate(byte_dec, b"abc", max_bytes=20, options=greedy) == generate(
+        byte_dec, b"abc", max_bytes=20, options=greedy
+    )
     a = generate(byte_dec, b"abc", max_bytes=30, options=SamplingOptions(seed=3, top_k=50, top_p=0.9))
     b = generate(byte_dec, b"abc", max_bytes=30, options=SamplingOptions(seed=3, top_k=50, top_p=0.9))
     c = generate(byte_dec, b"abc", max_bytes=30, options=SamplingOptions(seed=4, top_k=50, top_p=0.9))
@@ -241,7 +304,9 @@ def test_choose_respects_top_k_top_p_and_the_allowed_ids():
     assert draws(SamplingOptions(top_k=2)) == {1, 2}
     assert draws(SamplingOptions(top_p=0.75)) == {1, 2}  # 0.5 + 0.3 reaches 0.75
     assert draws(SamplingOptions(top_p=0.5)) == {1}
-    assert choose(logits, np.asarray([False, False, True, True, True]), SamplingOptions(greedy=True), rng) == 2
+    assert (
+        choose(logits, np.asarray([False, False, True, True, True]), SamplingOptions(greedy=True), rng) == 2
+    )
     for bad in (dict(temperature=0), dict(top_k=-1), dict(top_p=0), dict(top_p=1.5)):
         with pytest.raises(UserError):
             SamplingOptions(**bad)
@@ -254,7 +319,10 @@ def test_edges_max_bytes_zero_empty_prompt_and_long_prompt(byte_dec):
         generate(byte_dec, b"x" * CONTEXT, max_bytes=1)  # with its BOS, one position too many
     assert len(generate(byte_dec, b"x" * (CONTEXT - 1), max_bytes=1)) == 1
     # generation runs on past the context (the caches slide)
-    assert len(generate(byte_dec, b"ab", max_bytes=2 * CONTEXT, options=SamplingOptions(greedy=True))) == 2 * CONTEXT
+    assert (
+        len(generate(byte_dec, b"ab", max_bytes=2 * CONTEXT, options=SamplingOptions(greedy=True)))
+        == 2 * CONTEXT
+    )
     with pytest.raises(UserError, match="max_bytes"):
         list(stream(byte_dec, b"", max_bytes=-1))
 
@@ -297,14 +365,20 @@ def test_cli_streams_utf8_and_matches_the_api(byte_run, capsysbinary):
     api = generate(byte_run, prompt, max_bytes=40, options=SamplingOptions(seed=5, top_k=40))
     assert api  # (an untrained model may draw EOS early: generation stops there)
     whole = (prompt + api).decode("utf-8", errors="replace")
-    r = run_cli(byte_run, "--prompt", prompt, "--max-bytes", 40, "--seed", 5, "--top-k", 40)  # raw bytes in argv
+    r = run_cli(
+        byte_run, "--prompt", prompt, "--max-bytes", 40, "--seed", 5, "--top-k", 40
+    )  # raw bytes in argv
     assert r.returncode == 0, r.stderr.decode()
-    assert r.stdout.decode("utf-8") == whole[len("Zw") :] + "\n"  # the prompt's open character decoded with what follows
+    assert (
+        r.stdout.decode("utf-8") == whole[len("Zw") :] + "\n"
+    )  # the prompt's open character decoded with what follows
     r = run_cli(byte_run, "--prompt", prompt, "--max-bytes", 40, "--seed", 5, "--top-k", 40, "--echo")
     assert r.stdout.decode("utf-8") == whole + "\n"
     from bytelm import cli
 
-    assert cli.main(["sample", str(byte_run), "--prompt", "hi", "--max-bytes", "0"]) == 0  # in process: no subprocess start
+    assert (
+        cli.main(["sample", str(byte_run), "--prompt", "hi", "--max-bytes", "0"]) == 0
+    )  # in process: no subprocess start
     assert capsysbinary.readouterr().out == b"\n"
 
 
@@ -328,6 +402,8 @@ def test_cli_errors(byte_run, tmp_path, capsys):
 def test_cli_json_stats(byte_run, capsys):
     from bytelm import cli
 
-    assert cli.main(["sample", str(byte_run), "--prompt", "the", "--max-bytes", "8", "--greedy", "--stats"]) == 0
+    assert (
+        cli.main(["sample", str(byte_run), "--prompt", "the", "--max-bytes", "8", "--greedy", "--stats"]) == 0
+    )
     stats = json.loads(capsys.readouterr().err.strip().splitlines()[-1])
     assert stats["generated_bytes"] == 8 and stats["family"] == "byte"

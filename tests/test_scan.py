@@ -21,6 +21,7 @@ import numpy as np
 import optax
 import pytest
 from flax import nnx
+from test_blt import blt_cfg, random_lengths
 
 from bytelm.config import load_config
 from bytelm.constants import BOS_ID, BYTE_OFFSET
@@ -30,12 +31,18 @@ from bytelm.families.megabyte.model import MegaByte
 from bytelm.training.optim import make_optimizer, schedule_plan
 from bytelm.training.sharding import logical_to_spec
 
-from test_blt import blt_cfg, random_lengths
-
 LM = ["model.family=byte", "model.d_model=32", "model.n_heads=2", "model.mlp_dim=64"]
 MEGABYTE = [
-    "model.family=megabyte", "model.patch_size=4", "model.embed_dim=8", "model.global_d_model=32", "model.global_layers=3",
-    "model.global_heads=2", "model.global_mlp_dim=64", "model.local_d_model=16", "model.local_layers=2", "model.local_heads=2",
+    "model.family=megabyte",
+    "model.patch_size=4",
+    "model.embed_dim=8",
+    "model.global_d_model=32",
+    "model.global_layers=3",
+    "model.global_heads=2",
+    "model.global_mlp_dim=64",
+    "model.local_d_model=16",
+    "model.local_layers=2",
+    "model.local_heads=2",
     "model.local_mlp_dim=32",
 ]
 
@@ -56,7 +63,9 @@ def _flat(model) -> dict:
 def _as_stacked(unrolled: dict, path: tuple[str, ...], n_layers: int, depth: int = 1) -> np.ndarray:
     """The unrolled model's weights that a scanned model holds at ``path`` (``<stack path>, layers, ...``,
     the stack's path ``depth`` long), stacked."""
-    return np.stack([unrolled[(*path[:depth], "blocks", str(i), *path[depth + 1 :])] for i in range(n_layers)])
+    return np.stack(
+        [unrolled[(*path[:depth], "blocks", str(i), *path[depth + 1 :])] for i in range(n_layers)]
+    )
 
 
 def _stacked_equals_unrolled(unrolled, scanned, stacks: list[str]) -> None:
@@ -108,7 +117,12 @@ def _byte_batch(B=2, T=24, seed=0):
 
 
 def test_scanned_byte_lm_is_the_unrolled_one():
-    unrolled, scanned = _pair(ByteLM, lambda scan: load_config(None, [*LM, "model.n_layers=3", f"model.scan_layers={str(scan).lower()}"]).model)
+    unrolled, scanned = _pair(
+        ByteLM,
+        lambda scan: (
+            load_config(None, [*LM, "model.n_layers=3", f"model.scan_layers={str(scan).lower()}"]).model
+        ),
+    )
     assert scanned.stack.scan and not unrolled.stack.scan
     _stacked_equals_unrolled(unrolled, scanned, ["stack"])
     batch = _byte_batch()
@@ -116,7 +130,9 @@ def test_scanned_byte_lm_is_the_unrolled_one():
     # the sampling caches: the same logits for a prefix, then for one more id
     ids = batch["ids"][:, :9]
     outs = []
-    extend = nnx.jit(lambda model, ids, caches, pos0: model.extend(ids, caches, pos0))  # (eagerly: an op at a time)
+    extend = nnx.jit(
+        lambda model, ids, caches, pos0: model.extend(ids, caches, pos0)
+    )  # (eagerly: an op at a time)
     for model in (unrolled, scanned):
         logits, caches = extend(model, ids[:, :8], model.init_cache(2, 16), jnp.int32(0))
         more, _ = extend(model, ids[:, 8:9], caches, jnp.int32(8))
@@ -126,7 +142,9 @@ def test_scanned_byte_lm_is_the_unrolled_one():
 
 
 def test_scanned_megabyte_and_blt_are_the_unrolled_ones():
-    unrolled, scanned = _pair(MegaByte, lambda scan: load_config(None, [*MEGABYTE, f"model.scan_layers={str(scan).lower()}"]).model)
+    unrolled, scanned = _pair(
+        MegaByte, lambda scan: load_config(None, [*MEGABYTE, f"model.scan_layers={str(scan).lower()}"]).model
+    )
     _stacked_equals_unrolled(unrolled, scanned, ["global_stack", "local_stack"])
     _same_scores(unrolled, scanned, _byte_batch(T=23))  # (gradients through the scan: the byte LM's test)
 
@@ -139,7 +157,12 @@ def test_scanned_megabyte_and_blt_are_the_unrolled_ones():
 
 
 def _program_size(n_layers: int, scan: bool) -> int:
-    model = ByteLM(load_config(None, [*LM, f"model.n_layers={n_layers}", f"model.scan_layers={str(scan).lower()}"]).model, rngs=nnx.Rngs(0))
+    model = ByteLM(
+        load_config(
+            None, [*LM, f"model.n_layers={n_layers}", f"model.scan_layers={str(scan).lower()}"]
+        ).model,
+        rngs=nnx.Rngs(0),
+    )
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
     batch = _byte_batch()
     loss = jax.jit(jax.grad(lambda p: nnx.merge(graphdef, p, rest).score(batch).nll_BxT.sum()))
@@ -158,7 +181,12 @@ def test_the_layer_axis_is_never_sharded():
         shape = {"data": 1, "fsdp": 2, "tensor": 2}
 
     # a scanned attention projection: (layers, embed, heads, kv); layers divides 2, and stays whole
-    assert tuple(logical_to_spec(("layers", "embed", "heads", "kv"), (4, 32, 2, 16), Mesh())) == (None, "fsdp", "tensor", None)
+    assert tuple(logical_to_spec(("layers", "embed", "heads", "kv"), (4, 32, 2, 16), Mesh())) == (
+        None,
+        "fsdp",
+        "tensor",
+        None,
+    )
 
 
 # a byte LM with QK-norm's gains too, and optimizer steps that are the learning rate's from the first
@@ -180,7 +208,9 @@ def test_a_scanned_stack_trains_as_the_unrolled_one(optimizer):
         state = tx.init(params)
         grad = jax.jit(jax.grad(lambda p, batch: nnx.merge(graphdef, p, rest).score(batch).nll_BxT.sum()))
         for step in range(3):
-            updates, state = tx.update(grad(params, _byte_batch(seed=step)), state, params, plan=schedule_plan(cfg.train, 10))
+            updates, state = tx.update(
+                grad(params, _byte_batch(seed=step)), state, params, plan=schedule_plan(cfg.train, 10)
+            )
             params = optax.apply_updates(params, updates)
         nnx.update(model, params)
         trained.append(model)
@@ -195,14 +225,25 @@ def test_weight_decay_takes_matrices_not_gains_scanned_or_not():
     not, the embedding and the head) shrinks by ``lr * weight_decay``, and no norm's gain moves."""
     lr, wd = 0.01, 0.5
     for scan in ("false", "true"):
-        cfg = load_config(None, [*TRAIN, f"model.scan_layers={scan}", "train.optimizer=adamw", f"train.weight_decay={wd}", f"train.learning_rate={lr}"])
+        cfg = load_config(
+            None,
+            [
+                *TRAIN,
+                f"model.scan_layers={scan}",
+                "train.optimizer=adamw",
+                f"train.weight_decay={wd}",
+                f"train.learning_rate={lr}",
+            ],
+        )
         _, params, _ = nnx.split(ByteLM(cfg.model, rngs=nnx.Rngs(0)), nnx.Param, ...)
         tx = make_optimizer(cfg.train)
         zeros = jax.tree.map(jnp.zeros_like, params)
         updates, _ = tx.update(zeros, tx.init(params), params, plan=schedule_plan(cfg.train, 10))
         before, after = _flat_state(params), _flat_state(optax.apply_updates(params, updates))
         gains = [p for p in before if p[-1] == "scale"]
-        assert len(gains) == (4 if scan == "true" else 2 * 4) + 1  # attn, mlp, q, k norms (stacked, or per block), final norm
+        assert (
+            len(gains) == (4 if scan == "true" else 2 * 4) + 1
+        )  # attn, mlp, q, k norms (stacked, or per block), final norm
         for path, value in before.items():
             want = value if path[-1] == "scale" else value * (1 - lr * wd)
             np.testing.assert_allclose(after[path], want, rtol=1e-6, atol=1e-7, err_msg=f"scan={scan} {path}")

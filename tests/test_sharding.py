@@ -16,21 +16,24 @@ import sys
 import textwrap
 
 import pytest
+from conftest import TESTS_DIR, subprocess_env, word_corpus
 
 from bytelm.baselines.bpe import train_bpe
 from bytelm.config import load_config
 from bytelm.data import load_corpus
 from bytelm.training.loop import train
 
-from conftest import TESTS_DIR, subprocess_env, word_corpus
-
 MESHES = {"data=8": (8, 1, 1), "fsdp=8": (1, 8, 1), "data=2 x fsdp=2 x tensor=2": (2, 2, 2)}
 # Every family on the mixed mesh (data, FSDP and tensor parallelism at once; pure data parallelism
 # of the byte LM: tests/test_training.py). The whole matrix (16 compiled programs, about 3 minutes
 # on 2 cores, which the suite's 10-minute budget cannot afford; pure FSDP, fsdp=8, for every family
 # among them) runs with BYTELM_TEST_ALL_MESHES=1.
-SUITE_MESHES = {"byte": ["data=2 x fsdp=2 x tensor=2"], "bpe": ["data=2 x fsdp=2 x tensor=2"],
-                "megabyte": ["data=2 x fsdp=2 x tensor=2"], "blt": ["data=2 x fsdp=2 x tensor=2"]}
+SUITE_MESHES = {
+    "byte": ["data=2 x fsdp=2 x tensor=2"],
+    "bpe": ["data=2 x fsdp=2 x tensor=2"],
+    "megabyte": ["data=2 x fsdp=2 x tensor=2"],
+    "blt": ["data=2 x fsdp=2 x tensor=2"],
+}
 
 
 def meshes_for(family: str) -> dict:
@@ -43,14 +46,33 @@ def setup(tmp_path_factory):
     root = tmp_path_factory.mktemp("sharding")
     corpus_dir = word_corpus(root / "corpus")
     base = {
-        "data.source": f"files:{corpus_dir}", "data.segment_bytes": 64, "data.max_eval_bytes": 4096, "train.batch_size": 8,
-        "train.seq_len": 64, "train.learning_rate": 1e-3, "train.warmup_steps": 2, "train.peak_flops": 1e11,
-        "eval.every": 0, "train.steps": 3,
+        "data.source": f"files:{corpus_dir}",
+        "data.segment_bytes": 64,
+        "data.max_eval_bytes": 4096,
+        "train.batch_size": 8,
+        "train.seq_len": 64,
+        "train.learning_rate": 1e-3,
+        "train.warmup_steps": 2,
+        "train.peak_flops": 1e11,
+        "eval.every": 0,
+        "train.steps": 3,
     }
     corpus = load_corpus(f"files:{corpus_dir}", segment_bytes=64, max_eval_bytes=4096)
-    train_bpe(corpus.documents("train"), vocab_size=320, pattern="cl100k", num_workers=1).save(root / "tokenizer")
-    entropy = {"model.family": "byte", "model.d_model": 32, "model.n_layers": 1, "model.n_heads": 2, "model.mlp_dim": 64, "model.window": 16}
-    train(load_config(None, [f"{k}={v}" for k, v in {**base, **entropy, "train.steps": 2}.items()]), root / "entropy")
+    train_bpe(corpus.documents("train"), vocab_size=320, pattern="cl100k", num_workers=1).save(
+        root / "tokenizer"
+    )
+    entropy = {
+        "model.family": "byte",
+        "model.d_model": 32,
+        "model.n_layers": 1,
+        "model.n_heads": 2,
+        "model.mlp_dim": 64,
+        "model.window": 16,
+    }
+    train(
+        load_config(None, [f"{k}={v}" for k, v in {**base, **entropy, "train.steps": 2}.items()]),
+        root / "entropy",
+    )
     lm = {"model.d_model": 32, "model.n_layers": 1, "model.n_heads": 2, "model.mlp_dim": 64}
     families = {
         # the byte LM's layers scanned (stacked weights: a leading "layers" axis, never sharded), the
@@ -58,15 +80,33 @@ def setup(tmp_path_factory):
         "byte": {"model.family": "byte", **lm, "model.n_layers": 2, "model.scan_layers": "true"},
         "bpe": {"model.family": "bpe", "model.tokenizer": str(root / "tokenizer"), **lm},
         "megabyte": {
-            "model.family": "megabyte", "model.patch_size": 4, "model.embed_dim": 8, "model.global_d_model": 32,
-            "model.global_layers": 1, "model.global_heads": 2, "model.global_mlp_dim": 64, "model.local_d_model": 16,
-            "model.local_layers": 1, "model.local_heads": 2, "model.local_mlp_dim": 32,
+            "model.family": "megabyte",
+            "model.patch_size": 4,
+            "model.embed_dim": 8,
+            "model.global_d_model": 32,
+            "model.global_layers": 1,
+            "model.global_heads": 2,
+            "model.global_mlp_dim": 64,
+            "model.local_d_model": 16,
+            "model.local_layers": 1,
+            "model.local_heads": 2,
+            "model.local_mlp_dim": 32,
         },
         "blt": {
-            "model.family": "blt", "model.entropy_run": str(root / "entropy"), "model.target_patch_len": 3.0,
-            "model.local_d_model": 32, "model.local_heads": 2, "model.local_mlp_dim": 64, "model.local_window": 16,
-            "model.global_d_model": 32, "model.global_heads": 2, "model.global_mlp_dim": 64, "model.global_layers": 1,
-            "model.hash_table_size": 64, "model.ngram_sizes": "3,4", "model.decoder_layers": 1,
+            "model.family": "blt",
+            "model.entropy_run": str(root / "entropy"),
+            "model.target_patch_len": 3.0,
+            "model.local_d_model": 32,
+            "model.local_heads": 2,
+            "model.local_mlp_dim": 64,
+            "model.local_window": 16,
+            "model.global_d_model": 32,
+            "model.global_heads": 2,
+            "model.global_mlp_dim": 64,
+            "model.global_layers": 1,
+            "model.hash_table_size": 64,
+            "model.ngram_sizes": "3,4",
+            "model.decoder_layers": 1,
         },
     }
     return base, families

@@ -32,8 +32,17 @@ def test_head_logits_caps_the_valid_ids_and_masks_the_padding(cap):
 
 
 def byte_model(cap: float) -> ByteLM:
-    cfg = load_config(None, ["model.family=byte", "model.d_model=32", "model.n_layers=2", "model.n_heads=2", "model.mlp_dim=64",
-                             f"model.logit_softcap={cap}"]).model
+    cfg = load_config(
+        None,
+        [
+            "model.family=byte",
+            "model.d_model=32",
+            "model.n_layers=2",
+            "model.n_heads=2",
+            "model.mlp_dim=64",
+            f"model.logit_softcap={cap}",
+        ],
+    ).model
     return ByteLM(cfg, rngs=nnx.Rngs(3))
 
 

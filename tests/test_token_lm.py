@@ -4,16 +4,14 @@ import json
 
 import numpy as np
 import pytest
+from test_training import corpus_dir, tiny_overrides  # noqa: F401  (module fixture)
 
 from bytelm.baselines.bpe import train_bpe
 from bytelm.config import load_config
 from bytelm.data import load_corpus
 from bytelm.errors import UserError
-from bytelm.training.restore import make_task
 from bytelm.training.loop import train
-from bytelm.training.restore import restore_trainer
-
-from test_training import corpus_dir, tiny_overrides  # noqa: F401  (module fixture)
+from bytelm.training.restore import make_task, restore_trainer
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +27,8 @@ def bpe_cfg(corpus_dir, tokenizer_dir, **extra):  # noqa: F811
     return load_config(
         None,
         tiny_overrides(
-            corpus_dir, **{"model.family": "bpe", "model.tokenizer": str(tokenizer_dir), "train.seq_len": 32, **extra}
+            corpus_dir,
+            **{"model.family": "bpe", "model.tokenizer": str(tokenizer_dir), "train.seq_len": 32, **extra},
         ),
     )
 
@@ -45,9 +44,15 @@ def test_token_stream_matches_tokenizer(corpus_dir, tokenizer_dir):  # noqa: F81
     # bytes per position: each target's token length, control ids count 0
     batch = next(task.train_batches(0))
     ids = batch["ids"][:, 1:]
-    lens = np.where(ids >= 4, [[len(task.tokenizer.token_bytes(int(i) - 4)) if i >= 4 else 0 for i in row] for row in ids], 0)
+    lens = np.where(
+        ids >= 4,
+        [[len(task.tokenizer.token_bytes(int(i) - 4)) if i >= 4 else 0 for i in row] for row in ids],
+        0,
+    )
     np.testing.assert_array_equal(batch["nbytes"], lens)
-    assert task.bytes_per_position() == pytest.approx(corpus.split_bytes("train") / (len(stream) - 2 * len(list(corpus.documents("train")))))
+    assert task.bytes_per_position() == pytest.approx(
+        corpus.split_bytes("train") / (len(stream) - 2 * len(list(corpus.documents("train"))))
+    )
 
 
 def test_bpe_eval_counts_segment_bytes_not_tokens(corpus_dir, tokenizer_dir, tmp_path):  # noqa: F811
@@ -77,7 +82,11 @@ def test_run_refuses_another_tokenizer(corpus_dir, tokenizer_dir, tmp_path):  # 
     corpus = load_corpus(cfg.data.source)
     other = train_bpe(corpus.documents("train"), vocab_size=300, pattern="gpt2", num_workers=1)
     other.save(tokenizer_dir.parent / "swapped")
-    text = (tmp_path / "run" / "config.toml").read_text().replace(str(tokenizer_dir), str(tokenizer_dir.parent / "swapped"))
+    text = (
+        (tmp_path / "run" / "config.toml")
+        .read_text()
+        .replace(str(tokenizer_dir), str(tokenizer_dir.parent / "swapped"))
+    )
     (tmp_path / "run" / "config.toml").write_text(text)
     with pytest.raises(UserError, match="was trained with"):
         restore_trainer(tmp_path / "run")
@@ -100,13 +109,21 @@ def test_unigram_stream_and_sampled_segmentations(corpus_dir, tmp_path):  # noqa
 
     task, viterbi = stream()
     first = next(task.corpus.documents("train"))
-    assert viterbi[1 : 1 + len(tok.encode_ordinary(first))].tolist() == [t + 4 for t in tok.encode_ordinary(first)]
+    assert viterbi[1 : 1 + len(tok.encode_ordinary(first))].tolist() == [
+        t + 4 for t in tok.encode_ordinary(first)
+    ]
     _, sampled = stream(**{"model.sample_alpha": 0.3})
     _, again = stream(**{"model.sample_alpha": 0.3})
     _, other_seed = stream(**{"model.sample_alpha": 0.3, "train.seed": 1})
-    assert np.array_equal(sampled, again) and not np.array_equal(sampled, viterbi) and not np.array_equal(sampled, other_seed)
+    assert (
+        np.array_equal(sampled, again)
+        and not np.array_equal(sampled, viterbi)
+        and not np.array_equal(sampled, other_seed)
+    )
     spell = lambda s: task.tokenizer.decode_bytes([int(t) - 4 for t in s if t >= 4])  # noqa: E731
-    assert spell(sampled) == spell(viterbi) and len(sampled) > len(viterbi)  # drawn paths are longer on average
+    assert spell(sampled) == spell(viterbi) and len(sampled) > len(
+        viterbi
+    )  # drawn paths are longer on average
     with pytest.raises(UserError, match="sample_alpha"):
         stream(**{"model.tokenizer": str(tokenizer_dir_of(corpus_dir, tmp_path)), "model.sample_alpha": 0.3})
 

@@ -1,7 +1,6 @@
 """The trainer: golden step, resume after SIGKILL, data parallelism, bad input, divergence."""
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -11,16 +10,20 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import (  # noqa: F401  (WORDS: imported by other test modules)
+    TESTS_DIR,
+    WORDS,
+    subprocess_env,
+    word_corpus,
+)
 
 from bytelm.config import load_config
 from bytelm.errors import UserError
-from bytelm.training.optim import learning_rate_schedule
 from bytelm.training.clock import Clock
 from bytelm.training.loop import train
+from bytelm.training.optim import learning_rate_schedule
 from bytelm.training.restore import restore_trainer
 from bytelm.training.trainer import TrainingDiverged
-
-from conftest import TESTS_DIR, WORDS, subprocess_env, word_corpus  # noqa: F401  (WORDS: imported by other test modules)
 
 
 @pytest.fixture(scope="module")
@@ -85,7 +88,9 @@ def test_training_reduces_loss_and_records_run(corpus_dir, tmp_path):
 
 def test_grad_accumulation_matches_full_batch(corpus_dir, tmp_path):
     a = load_config(None, tiny_overrides(corpus_dir, **{"train.steps": 3, "eval.every": 0}))
-    b = load_config(None, tiny_overrides(corpus_dir, **{"train.steps": 3, "eval.every": 0, "train.grad_accum": 4}))
+    b = load_config(
+        None, tiny_overrides(corpus_dir, **{"train.steps": 3, "eval.every": 0, "train.grad_accum": 4})
+    )
     train(a, tmp_path / "a")
     train(b, tmp_path / "b")
     la = [m["loss"] for m in metrics(tmp_path / "a")]
@@ -118,10 +123,14 @@ def test_resume_after_sigkill_equals_uninterrupted(corpus_dir, tmp_path):
     metrics_file = tmp_path / "killed" / "metrics.jsonl"
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline and proc.poll() is None:
-        if metrics_file.exists() and any(json.loads(x)["step"] >= 10 for x in metrics_file.read_text().splitlines()):
+        if metrics_file.exists() and any(
+            json.loads(x)["step"] >= 10 for x in metrics_file.read_text().splitlines()
+        ):
             break
         time.sleep(0.05)
-    assert proc.poll() is None, f"trainer ended before it could be killed: {proc.stderr.read().decode()[-2000:]}"
+    assert proc.poll() is None, (
+        f"trainer ended before it could be killed: {proc.stderr.read().decode()[-2000:]}"
+    )
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert max(json.loads(x)["step"] for x in metrics_file.read_text().splitlines()) < 16
@@ -182,11 +191,19 @@ def test_nan_loss_stops_with_step_and_keeps_last_good_checkpoint(corpus_dir, tmp
         None,
         tiny_overrides(
             corpus_dir,
-            **{"train.steps": 50, "train.learning_rate": 1e9, "train.grad_clip": 0.0, "train.warmup_steps": 0,
-               "train.checkpoint_every": 1, "eval.every": 0},
+            **{
+                "train.steps": 50,
+                "train.learning_rate": 1e9,
+                "train.grad_clip": 0.0,
+                "train.warmup_steps": 0,
+                "train.checkpoint_every": 1,
+                "eval.every": 0,
+            },
         ),
     )
-    with pytest.raises(TrainingDiverged, match=r"at step (\d+); the last good checkpoint \(step (\d+)\)") as e:
+    with pytest.raises(
+        TrainingDiverged, match=r"at step (\d+); the last good checkpoint \(step (\d+)\)"
+    ) as e:
         train(cfg, tmp_path / "run")
     run = json.loads((tmp_path / "run" / "run.json").read_text())
     assert run["status"] == "diverged" and run["last_good_checkpoint"] == run["diverged_at_step"] - 1
@@ -201,7 +218,9 @@ def test_nan_loss_stops_with_step_and_keeps_last_good_checkpoint(corpus_dir, tmp
 def test_resume_refuses_a_different_config(corpus_dir, tmp_path):
     cfg = load_config(None, tiny_overrides(corpus_dir, **{"train.steps": 2, "eval.every": 0}))
     train(cfg, tmp_path / "run")
-    other = load_config(None, tiny_overrides(corpus_dir, **{"train.steps": 2, "eval.every": 0, "model.d_model": 64}))
+    other = load_config(
+        None, tiny_overrides(corpus_dir, **{"train.steps": 2, "eval.every": 0, "model.d_model": 64})
+    )
     with pytest.raises(UserError, match=r"model.d_model: checkpoint has 32, now 64.*new --out"):
         train(other, tmp_path / "run")
     # a config.toml edited behind the checkpoint's back is caught when restoring
@@ -227,7 +246,10 @@ def test_batch_not_divisible_by_data_axis(corpus_dir, tmp_path):
     env = subprocess_env(4)
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert "ERR" in r.stdout, r.stderr[-2000:]
-    assert "micro-batch train.batch_size/train.grad_accum = 6 is not divisible by the data-parallel mesh size" in r.stdout
+    assert (
+        "micro-batch train.batch_size/train.grad_accum = 6 is not divisible by the data-parallel mesh size"
+        in r.stdout
+    )
 
 
 def test_default_cpu_mesh_fits_the_batch(corpus_dir):
@@ -255,7 +277,10 @@ def test_cli_train_bad_config_exit_2(tmp_path, capsys):
     assert "did you mean 'model.d_model'" in capsys.readouterr().err
     cfg.write_text('[model]\nfamily = "byte"\n')
     assert cli.main(["train", str(cfg), "--out", "gs://bucket/run"]) == 2
-    assert "is a URL; bytelm writes runs to a file system" in capsys.readouterr().err and not (tmp_path / "gs:").exists()
+    assert (
+        "is a URL; bytelm writes runs to a file system" in capsys.readouterr().err
+        and not (tmp_path / "gs:").exists()
+    )
 
 
 def test_resume_on_two_devices_and_finished_run_is_left_alone(corpus_dir, tmp_path):
@@ -288,7 +313,13 @@ def test_resume_on_two_devices_and_finished_run_is_left_alone(corpus_dir, tmp_pa
 BUDGET_S = 5.0
 
 
-BUDGET_OVERRIDES = {"train.steps": 1, "train.warmup_steps": 20, "train.log_every": 1, "eval.every": 0, "train.checkpoint_every": 10**6}
+BUDGET_OVERRIDES = {
+    "train.steps": 1,
+    "train.warmup_steps": 20,
+    "train.log_every": 1,
+    "eval.every": 0,
+    "train.checkpoint_every": 10**6,
+}
 
 
 def budget_cfg(corpus_dir, **extra):
@@ -302,7 +333,9 @@ def _lr_matches_the_planned_schedule(cfg, run_dir, planned):
     schedule = learning_rate_schedule(cfg.train)
     plans = metrics(run_dir, "plan")
     assert plans[-1]["planned_steps"] == planned
-    recs = [r for r in metrics(run_dir) if r["step"] > 1 + Clock.PROBE_STEPS]  # the first plan is made after the probe
+    recs = [
+        r for r in metrics(run_dir) if r["step"] > 1 + Clock.PROBE_STEPS
+    ]  # the first plan is made after the probe
     assert recs
     for r in recs:
         horizon = [p["planned_steps"] for p in plans if p["step"] < r["step"]][-1]
@@ -323,10 +356,14 @@ def test_time_budget_stops_the_run_with_a_checkpoint_and_a_final_eval(corpus_dir
     # planned after the probe, then again at doublings of the steps: inside the warmup or the first
     # fifth of the decay of the plan before, or later to correct a plan that would miss the budget
     steps_planned = [p["step"] for p in plans]
-    assert steps_planned[0] == 1 + Clock.PROBE_STEPS and all(s & (s - 1) == 0 for s in steps_planned[1:]), steps_planned
+    assert steps_planned[0] == 1 + Clock.PROBE_STEPS and all(s & (s - 1) == 0 for s in steps_planned[1:]), (
+        steps_planned
+    )
     warmup = BUDGET_OVERRIDES["train.warmup_steps"]
     for before, p in zip(plans, plans[1:]):
-        early = p["step"] < warmup or p["step"] - warmup <= Clock.REPLAN_DECAY * (before["planned_steps"] - warmup)
+        early = p["step"] < warmup or p["step"] - warmup <= Clock.REPLAN_DECAY * (
+            before["planned_steps"] - warmup
+        )
         missed = p["train_s"] + (before["planned_steps"] - p["step"]) * p["step_s"]
         assert early or abs(missed - BUDGET_S) > Clock.LATE_MISS * BUDGET_S, (before, p)
     steps = metrics(tmp_path / "run")
@@ -337,7 +374,9 @@ def test_time_budget_stops_the_run_with_a_checkpoint_and_a_final_eval(corpus_dir
     else:  # reached the horizon first: the budget is nearly spent
         assert info["step"] == info["planned_steps"] and info["train_s"] <= BUDGET_S + 2 * longest
     assert [e["step"] for e in metrics(tmp_path / "run", "eval")] == [info["step"]]  # the final evaluation
-    assert sorted(int(p.name) for p in (tmp_path / "run" / "checkpoints").iterdir() if p.name.isdigit()) == [info["step"]]
+    assert sorted(int(p.name) for p in (tmp_path / "run" / "checkpoints").iterdir() if p.name.isdigit()) == [
+        info["step"]
+    ]
     _lr_matches_the_planned_schedule(cfg, tmp_path / "run", info["planned_steps"])
     assert train(cfg, tmp_path / "run").step == info["step"]  # finished: left alone
 
@@ -383,7 +422,9 @@ def test_time_budget_replans_from_the_steady_pace(monkeypatch):
     assert abs(horizons[7] - 149) <= 1 and sum(times[:149]) < 75
     assert sum(times[: horizons[-1]]) == pytest.approx(100.0, abs=0.5)
     # no warmup: re-planned while inside the first fifth of the decay (64 > 0.2 x 176)
-    horizons, planned_at = _clock_plans(monkeypatch, [10.0, 0.9, 0.9, 0.9, 0.7, 0.7, 0.6, 0.6] + [0.5] * 200, warmup=0)
+    horizons, planned_at = _clock_plans(
+        monkeypatch, [10.0, 0.9, 0.9, 0.9, 0.7, 0.7, 0.6, 0.6] + [0.5] * 200, warmup=0
+    )
     assert planned_at == [4, 8, 16, 32] and abs(horizons[-1] - 176) <= 2
     # a slow spell over steps 129-256 (a plan at 256, inside the first fifth of the decay, takes its
     # pace), then faster steps: the doubling at 512 corrects the plan, which would have stopped the
@@ -422,7 +463,13 @@ def test_schedule_with_a_horizon_equals_optax():
     for steps, warmup in ((300, 60), (12, 2), (1, 5), (5, 0)):
         t = load_config(None, [f"train.steps={steps}", f"train.warmup_steps={warmup}"]).train
         w = min(warmup, max(steps - 1, 0))
-        ref = optax.warmup_cosine_decay_schedule(t.learning_rate / max(w, 1), t.learning_rate, w, max(steps, w + 1), t.learning_rate * t.min_lr_ratio)
+        ref = optax.warmup_cosine_decay_schedule(
+            t.learning_rate / max(w, 1),
+            t.learning_rate,
+            w,
+            max(steps, w + 1),
+            t.learning_rate * t.min_lr_ratio,
+        )
         ours = learning_rate_schedule(t)
         for c in range(steps + 3):
             # the same formula in float32 with the operations in another order: ~2e-6 apart at most

@@ -10,6 +10,8 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from test_bpe import stdlib_sample
+from test_bpe_parity import ADVERSARIAL, MULTILINGUAL
 
 from bytelm.baselines import load_tokenizer
 from bytelm.baselines.bpe import Tokenizer, train_bpe
@@ -18,8 +20,6 @@ from bytelm.baselines.unigram import UnigramTokenizer, digamma, train_unigram
 from bytelm.baselines.unigram.lattice import Chunks, Lattice, PieceIndex, find_edges
 from bytelm.baselines.unigram.trainer import learn_pieces
 from bytelm.errors import UserError
-from test_bpe import stdlib_sample
-from test_bpe_parity import ADVERSARIAL, MULTILINGUAL
 
 WORDS = r"\S+|\s+"  # a pattern that keeps each word one chunk
 
@@ -41,7 +41,11 @@ def test_ranks_longest_match_and_viterbi_segment_one_vocabulary_three_ways():
     `abcd` ranked merges give ab|cd, longest match abc|d; and Viterbi a|bc on its own worked case."""
     corpus = [b" ".join([b"ab"] * 3 + [b"cd"] * 4 + [b"abc"] * 2)]
     bpe = train_bpe(corpus, vocab_size=259, pattern=WORDS, num_workers=1)
-    assert [(bpe.token_bytes(a), bpe.token_bytes(b)) for a, b in bpe.merges] == [(b"a", b"b"), (b"c", b"d"), (b"ab", b"c")]
+    assert [(bpe.token_bytes(a), bpe.token_bytes(b)) for a, b in bpe.merges] == [
+        (b"a", b"b"),
+        (b"c", b"d"),
+        (b"ab", b"c"),
+    ]
     assert spelled(bpe, bpe.encode("abcd")) == [b"ab", b"cd"]
     longest = Tokenizer(bpe.merges, pattern=WORDS, encoder="longest")
     assert spelled(longest, longest.encode("abcd")) == [b"abc", b"d"]
@@ -58,7 +62,9 @@ def test_viterbi_ties_go_to_the_longest_last_piece_in_both_paths():
     tok = toy({b"a": -1, b"b": -1, b"c": -1, b"ab": -2, b"bc": -2})
     assert spelled(tok, tok.viterbi(b"abc")) == [b"a", b"bc"]
     assert spelled(tok, tok.viterbi(b"ab")) == [b"ab"]
-    assert tok.viterbi_many([b"abc", b"ab", b"", b"cab"]) == [tok.viterbi(p) for p in (b"abc", b"ab", b"", b"cab")]
+    assert tok.viterbi_many([b"abc", b"ab", b"", b"cab"]) == [
+        tok.viterbi(p) for p in (b"abc", b"ab", b"", b"cab")
+    ]
 
 
 def test_em_step_on_a_three_piece_vocabulary_matches_the_hand_computation():
@@ -72,13 +78,19 @@ def test_em_step_on_a_three_piece_vocabulary_matches_the_hand_computation():
     c_a = 0.06 / 0.16 + 2 * (2 * 0.012 + 0.02) / 0.032
     c_b = 0.06 / 0.16 + 2 * 0.012 / 0.032
     c_ab = 0.1 / 0.16 + 2 * 0.02 / 0.032
-    assert counts[ord("a")] == pytest.approx(c_a) and counts[ord("b")] == pytest.approx(c_b) and counts[256] == pytest.approx(c_ab)
+    assert (
+        counts[ord("a")] == pytest.approx(c_a)
+        and counts[ord("b")] == pytest.approx(c_b)
+        and counts[256] == pytest.approx(c_ab)
+    )
     assert counts.sum() == pytest.approx(c_a + c_b + c_ab)
     assert loglik == pytest.approx(math.log(0.16) + 2 * math.log(0.032))
     # the M-step's digamma against a numerical derivative of log-gamma
     for x in (0.5, 1.0, 2.75, 7.3, 1234.5):
         h = 1e-5 * x
-        assert digamma(np.array([x]))[0] == pytest.approx((math.lgamma(x + h) - math.lgamma(x - h)) / (2 * h), rel=1e-6)
+        assert digamma(np.array([x]))[0] == pytest.approx(
+            (math.lgamma(x + h) - math.lgamma(x - h)) / (2 * h), rel=1e-6
+        )
 
 
 def test_sampling_follows_the_path_probabilities():
@@ -99,7 +111,9 @@ def test_sampling_follows_the_path_probabilities():
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     docs = stdlib_sample(300_000)
-    tok = train_unigram(docs, vocab_size=1500, pattern="cl100k", special_tokens=["<|endoftext|>"], num_workers=1)
+    tok = train_unigram(
+        docs, vocab_size=1500, pattern="cl100k", special_tokens=["<|endoftext|>"], num_workers=1
+    )
     tok.add_tokens(["    return self"])
     d = tmp_path_factory.mktemp("unigram")
     tok.save(d)
@@ -111,13 +125,17 @@ def test_training_is_deterministic_and_sized(trained):
     assert tok.n_mergeable == 1500 - 1 and tok.n_vocab == 1500 + 1  # + the special, + the added token
     scores = tok.scores[256:]
     assert scores == sorted(scores, reverse=True)  # learned ids by decreasing score
-    again = train_unigram(trained["docs"], vocab_size=1500, pattern="cl100k", special_tokens=["<|endoftext|>"], num_workers=2)
+    again = train_unigram(
+        trained["docs"], vocab_size=1500, pattern="cl100k", special_tokens=["<|endoftext|>"], num_workers=2
+    )
     again.add_tokens(["    return self"])
     assert again.fingerprint == tok.fingerprint  # any number of workers, the same tokenizer
 
 
 def test_training_leaves_numpys_page_setting_as_it_was():
-    setting = pytest.importorskip("numpy._core.multiarray")._set_madvise_hugepage  # sets, returns the old value
+    setting = pytest.importorskip(
+        "numpy._core.multiarray"
+    )._set_madvise_hugepage  # sets, returns the old value
     original = setting(True)
     try:
         for wanted in (True, False):
@@ -149,7 +167,9 @@ def test_files_round_trip_and_bad_files_name_the_problem(trained, tmp_path):
 
 def test_fast_path_equals_reference_on_documents(trained):
     tok = trained["tok"]
-    docs = stdlib_sample(150_000, skip=60) + [t.encode() for t in MULTILINGUAL] + [b"\xff\xfe\x80 abc \xc3", b""]
+    docs = (
+        stdlib_sample(150_000, skip=60) + [t.encode() for t in MULTILINGUAL] + [b"\xff\xfe\x80 abc \xc3", b""]
+    )
     ids, counts = tok.encode_documents(docs, num_workers=1)
     ref = [tok.encode_ordinary(d) for d in docs]
     assert counts.tolist() == [len(r) for r in ref] and ids.tolist() == [i for r in ref for i in r]
@@ -171,7 +191,11 @@ def test_hf_unigram_and_wordpiece_give_identical_ids(trained, tmp_path):
     tokenizers = pytest.importorskip("tokenizers")
     tok = trained["tok"]
     # the adversarial strings up to 10k characters, and one of 100k (the others of 100k cost seconds, not coverage)
-    texts = [d.decode() for d in stdlib_sample(100_000, skip=80)] + MULTILINGUAL + [t for t in ADVERSARIAL if len(t) <= 10_000]
+    texts = (
+        [d.decode() for d in stdlib_sample(100_000, skip=80)]
+        + MULTILINGUAL
+        + [t for t in ADVERSARIAL if len(t) <= 10_000]
+    )
     hf = tokenizers.Tokenizer.from_file(str(trained["dir"] / "tokenizer.json"))
     for t in [*texts, "a" * 100_000]:
         assert hf.encode(t).ids == tok.encode_ordinary(t), t[:60]
@@ -195,10 +219,18 @@ def test_quality_next_to_sentencepiece_on_the_same_chunks():
     ours = UnigramTokenizer(pieces, logp.tolist())
     sp, _ = train_sentencepiece(chunks, 1500, num_threads=1)
     seen = set(b"".join(chunks))
-    held = [c for c, n in count_chunks(stdlib_sample(100_000, skip=90), pattern="cl100k", num_workers=1).items() for _ in range(n) if set(c) <= seen]
+    held = [
+        c
+        for c, n in count_chunks(stdlib_sample(100_000, skip=90), pattern="cl100k", num_workers=1).items()
+        for _ in range(n)
+        if set(c) <= seen
+    ]
     q_ours, q_sp = quality(held, ours=ours), quality(held, sp=sp)
     assert q_ours["bytes_per_token"] >= 0.98 * q_sp["bytes_per_token"], (q_ours, q_sp)
-    assert q_ours["loglik_per_byte"] >= 1.02 * q_sp["loglik_per_byte"], (q_ours, q_sp)  # log-likelihoods are negative
+    assert q_ours["loglik_per_byte"] >= 1.02 * q_sp["loglik_per_byte"], (
+        q_ours,
+        q_sp,
+    )  # log-likelihoods are negative
 
 
 def test_bad_input_is_a_value_error_naming_the_problem():

@@ -29,14 +29,17 @@ def load_tokenizer(directory):
     """The tokenizer saved in ``directory``, BPE or Unigram (by its native file)."""
     from bytelm.baselines.bpe.io import NATIVE_FILE as BPE_FILE
     from bytelm.baselines.bpe.tokenizer import Tokenizer
-    from bytelm.baselines.unigram.tokenizer import NATIVE_FILE as UNIGRAM_FILE, UnigramTokenizer
+    from bytelm.baselines.unigram.tokenizer import NATIVE_FILE as UNIGRAM_FILE
+    from bytelm.baselines.unigram.tokenizer import UnigramTokenizer
 
     d = Path(directory)
     if (d / UNIGRAM_FILE).is_file():
         return UnigramTokenizer.load(d)
     if d.is_dir() and not (d / BPE_FILE).is_file():
-        raise UserError(f"{d} holds neither {BPE_FILE} nor {UNIGRAM_FILE}: it is not a bytelm tokenizer directory "
-                        "(or its save did not finish); train one with 'bytelm tokenizer train'")
+        raise UserError(
+            f"{d} holds neither {BPE_FILE} nor {UNIGRAM_FILE}: it is not a bytelm tokenizer directory "
+            "(or its save did not finish); train one with 'bytelm tokenizer train'"
+        )
     return Tokenizer.load(d)
 
 

@@ -72,7 +72,9 @@ def check_loaded(tok, doc: dict, expected_ids: dict, invalid) -> None:
     if {**tok.special_tokens, **tok.added_tokens} != expected_ids or tok.n_vocab != doc.get("n_vocab"):
         raise invalid("the token ids do not match the vocabulary and token lists")
     if tok.fingerprint != doc.get("fingerprint"):
-        raise invalid(f"fingerprint mismatch: the file says {doc.get('fingerprint')}, its contents hash to {tok.fingerprint}")
+        raise invalid(
+            f"fingerprint mismatch: the file says {doc.get('fingerprint')}, its contents hash to {tok.fingerprint}"
+        )
 
 
 def _literal_regex(tokens: Collection[str]) -> re.Pattern | None:
@@ -132,7 +134,9 @@ class LongestMatch:
                 if terminal[node] >= 0:
                     best, best_end = terminal[node], j
             if best < 0:
-                raise ValueError(f"byte {piece[i]:#04x} is not in the vocabulary: longest match needs every byte")
+                raise ValueError(
+                    f"byte {piece[i]:#04x} is not in the vocabulary: longest match needs every byte"
+                )
             out.append(best)
             i = best_end
         return tuple(out)
@@ -147,13 +151,22 @@ class SubwordTokenizer:
     encoders: tuple[str, ...] = ()
 
     def _init_vocab(
-        self, vocab: list[bytes], id_of: dict[bytes, int], *, pattern: str, special_tokens, added_tokens, encoder: str | None
+        self,
+        vocab: list[bytes],
+        id_of: dict[bytes, int],
+        *,
+        pattern: str,
+        special_tokens,
+        added_tokens,
+        encoder: str | None,
     ) -> None:
         self.pattern = resolve_pattern(pattern)
         self.pretokenizer = PreTokenizer(self.pattern)
         encoder = encoder or self.encoders[0]
         if encoder not in self.encoders:
-            raise UserError(f"encoder {encoder!r} is not a rule of a {self.kind} tokenizer: use one of {list(self.encoders)}")
+            raise UserError(
+                f"encoder {encoder!r} is not a rule of a {self.kind} tokenizer: use one of {list(self.encoders)}"
+            )
         self.encoder = encoder
         self.vocab = vocab  # the bytes of each mergeable id
         self._id_of = id_of
@@ -306,7 +319,9 @@ class SubwordTokenizer:
                     f"allowed_special names {sorted(unknown)!r}, which are not special tokens of this "
                     f"tokenizer (its special tokens: {sorted(specials)!r})"
                 )
-        disallowed = specials.keys() - allowed if disallowed_special == "all" else frozenset(disallowed_special)
+        disallowed = (
+            specials.keys() - allowed if disallowed_special == "all" else frozenset(disallowed_special)
+        )
         if disallowed:
             m = _literal_regex(disallowed).search(text)
             if m:

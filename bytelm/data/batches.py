@@ -105,4 +105,3 @@ def segment_rows(
             ids[r, : len(row_ids)] = row_ids
             nbytes[r, : len(row_ids) - 1] = 1 if row_nbytes is None else row_nbytes
         yield ({"ids": ids, "nbytes": nbytes} if with_nbytes else {"ids": ids}), len(chunk)
-

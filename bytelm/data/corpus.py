@@ -220,7 +220,9 @@ def fingerprint_segments(segments: list[bytes]) -> str:
     return h.hexdigest()
 
 
-def _cache_key(spec: str, signature: str, split_seed: int, heldout_fraction: float, validation_fraction: float = 0.0) -> str:
+def _cache_key(
+    spec: str, signature: str, split_seed: int, heldout_fraction: float, validation_fraction: float = 0.0
+) -> str:
     key = {"v": CACHE_VERSION, "spec": spec, "sig": signature, "seed": split_seed, "frac": heldout_fraction}
     if validation_fraction > 0:  # caches without a validation split keep their key
         key["val"] = validation_fraction
@@ -228,7 +230,14 @@ def _cache_key(spec: str, signature: str, split_seed: int, heldout_fraction: flo
     return hashlib.sha256(payload.encode()).hexdigest()[:24]
 
 
-def _build(source, out: Path, split_seed: int, heldout_fraction: float, validation_fraction: float, progress: Progress | None) -> None:
+def _build(
+    source,
+    out: Path,
+    split_seed: int,
+    heldout_fraction: float,
+    validation_fraction: float,
+    progress: Progress | None,
+) -> None:
     names: list[str] = []
     groups: list[str] = []
     heldout: list[bool] = []
@@ -293,21 +302,29 @@ def load_corpus(
     if not 0.0 < heldout_fraction < 1.0:
         raise UserError(f"data.heldout_fraction must be in (0, 1), got {heldout_fraction}")
     if not 0.0 <= validation_fraction < 1.0:
-        raise UserError(f"data.validation_fraction must be in [0, 1) (0: no validation split), got {validation_fraction}")
+        raise UserError(
+            f"data.validation_fraction must be in [0, 1) (0: no validation split), got {validation_fraction}"
+        )
     if segment_bytes < 1:
         raise UserError(f"data.segment_bytes must be >= 1, got {segment_bytes}")
     if max_eval_bytes < 1:
         raise UserError(f"data.max_eval_bytes must be >= 1, got {max_eval_bytes}")
     source = parse_source(spec)
     root = Path(cache_dir) if cache_dir else default_cache_dir()
-    path = root / "corpora" / _cache_key(source.spec, source.signature(), split_seed, heldout_fraction, validation_fraction)
+    path = (
+        root
+        / "corpora"
+        / _cache_key(source.spec, source.signature(), split_seed, heldout_fraction, validation_fraction)
+    )
     if not (path / "manifest.json").is_file():
         with atomic_directory(path) as tmp:
             _build(source, tmp, split_seed, heldout_fraction, validation_fraction, progress)
     corpus = Corpus(path, segment_bytes=segment_bytes, max_eval_bytes=max_eval_bytes)
     if require_split:
         _check_split(corpus, spec, heldout_fraction)
-        if validation_fraction > 0 and (not corpus.validation.any() or not len(corpus.document_indices("train"))):
+        if validation_fraction > 0 and (
+            not corpus.validation.any() or not len(corpus.document_indices("train"))
+        ):
             raise UserError(
                 f"data.validation_fraction {validation_fraction} of {spec!r} leaves "
                 f"{int(corpus.validation.sum())} validation and {len(corpus.document_indices('train'))} train document(s); "
@@ -316,7 +333,9 @@ def load_corpus(
     return corpus
 
 
-def load_corpus_from_config(data_cfg, *, progress: Progress | None = None, require_split: bool = True) -> Corpus:
+def load_corpus_from_config(
+    data_cfg, *, progress: Progress | None = None, require_split: bool = True
+) -> Corpus:
     """:func:`load_corpus` with the fields of a ``[data]`` config section (``bytelm.config.DataConfig``)."""
     return load_corpus(
         data_cfg.source,
@@ -347,4 +366,6 @@ def _check_split(corpus: Corpus, spec: str, heldout_fraction: float) -> None:
     if held == n:
         raise UserError(f"the train part of {spec!r} is empty ({n} document(s), all held out): {hint}")
     if corpus.eval_bytes == 0:
-        raise UserError(f"the held-out documents of {spec!r} are all empty, so there is nothing to score: {hint}")
+        raise UserError(
+            f"the held-out documents of {spec!r} are all empty, so there is nothing to score: {hint}"
+        )

@@ -147,12 +147,14 @@ class FilesSource(Source):
 
     @classmethod
     def from_spec(cls, spec: str) -> FilesSource:
-        pattern, params = _split_query(spec, spec[len("files:"):])
+        pattern, params = _split_query(spec, spec[len("files:") :])
         if not pattern:
             raise UserError(f"data spec {spec!r} names no path: use files:PATH (a file, directory or glob)")
         split = params.pop("split", "file")
         if params:
-            raise UserError(f"unknown option(s) {sorted(params)} in data spec {spec!r}: only 'split' is valid for files:")
+            raise UserError(
+                f"unknown option(s) {sorted(params)} in data spec {spec!r}: only 'split' is valid for files:"
+            )
         if split not in _SPLIT_MODES:
             raise UserError(f"split={split!r} in data spec {spec!r} is not one of {', '.join(_SPLIT_MODES)}")
         return cls(spec, os.path.expanduser(pattern), split)
@@ -231,7 +233,7 @@ class TfdsSource(Source):
 
     @classmethod
     def from_spec(cls, spec: str) -> TfdsSource:
-        body, params = _split_query(spec, spec[len("tfds:"):])
+        body, params = _split_query(spec, spec[len("tfds:") :])
         name, _, split = body.partition(":")
         if not name:
             raise UserError(f"data spec {spec!r} names no dataset: use tfds:NAME[/CONFIG][:SPLIT]")

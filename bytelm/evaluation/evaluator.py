@@ -18,16 +18,16 @@ from pathlib import Path
 
 import numpy as np
 
+from bytelm.bpb import SegmentScores, UnigramByteModel, byte_counts
 from bytelm.config import load_config, with_values
 from bytelm.data import load_corpus_from_config
 from bytelm.errors import UserError
-from bytelm.bpb import SegmentScores, UnigramByteModel, byte_counts
 from bytelm.evaluation.external import parse_external_arg, read_external_scores
 from bytelm.evaluation.report import build_report, write_report_json
 from bytelm.evaluation.results import EvalSet, ModelResult
+from bytelm.families import STATS_KEY
 from bytelm.ledger import Ledger
 from bytelm.rundir import RunDir
-from bytelm.families import STATS_KEY
 from bytelm.training.restore import restore_trainer
 
 log = logging.getLogger(__name__)
@@ -100,7 +100,11 @@ def check_same_fingerprint(fingerprints: dict[str, str], corpora: dict[str, obje
     lines = []
     for name, fp in fingerprints.items():
         c = (corpora or {}).get(name)
-        where = f" ({c.spec}, segment_bytes {c.segment_bytes}, max_eval_bytes {c.max_eval_bytes})" if c is not None else ""
+        where = (
+            f" ({c.spec}, segment_bytes {c.segment_bytes}, max_eval_bytes {c.max_eval_bytes})"
+            if c is not None
+            else ""
+        )
         lines.append(f"{name}: {fp}{where}")
     raise UserError(
         "refusing to compare results on different held-out bytes; fingerprints: "
@@ -111,7 +115,9 @@ def check_same_fingerprint(fingerprints: dict[str, str], corpora: dict[str, obje
 
 
 # -- scoring a run ---------------------------------------------------------------------------
-def evaluate_trainer(trainer, eval_set: EvalSet, *, progress: Progress | None = None) -> tuple[SegmentScores, np.ndarray, dict]:
+def evaluate_trainer(
+    trainer, eval_set: EvalSet, *, progress: Progress | None = None
+) -> tuple[SegmentScores, np.ndarray, dict]:
     """Score every segment of ``eval_set`` with a restored trainer; returns scores, the global
     steps of each segment and the input pipeline's rates (both from the family's task)."""
     steps: list[np.ndarray] = []
@@ -150,7 +156,14 @@ def evaluate_run(
     return evaluate_trained(trainer, run_dir, eval_set, name=name, progress=progress)
 
 
-def evaluate_trained(trainer, run_dir: str | Path, eval_set: EvalSet, *, name: str | None = None, progress: Progress | None = None) -> ModelResult:
+def evaluate_trained(
+    trainer,
+    run_dir: str | Path,
+    eval_set: EvalSet,
+    *,
+    name: str | None = None,
+    progress: Progress | None = None,
+) -> ModelResult:
     """:func:`evaluate_run` with the run's trainer already in memory (the one training just
     returned, :attr:`TrainResult.trainer`, whose state is the run's last checkpoint)."""
     run_dir = Path(run_dir)
@@ -197,7 +210,11 @@ def unigram_baselines(eval_set: EvalSet) -> list[ModelResult]:
     train_model = UnigramByteModel.fit(train_counts, alpha=1.0)
     rows = []
     for name, model, note in (
-        ("unigram (eval entropy)", eval_model, "byte frequencies of the eval set itself: the best context-free model"),
+        (
+            "unigram (eval entropy)",
+            eval_model,
+            "byte frequencies of the eval set itself: the best context-free model",
+        ),
         ("unigram (train)", train_model, "byte frequencies of the train split, add-one smoothed"),
     ):
         rows.append(
@@ -239,22 +256,32 @@ def evaluate_runs(
     all_names = names + [n for n, _ in parsed]
     if len(set(all_names)) != len(all_names):
         dup = sorted({n for n in all_names if all_names.count(n) > 1})
-        raise UserError(f"two models would be called {dup[0]!r} in one table; give externals distinct names (and run directories distinct names)")
+        raise UserError(
+            f"two models would be called {dup[0]!r} in one table; give externals distinct names (and run directories distinct names)"
+        )
 
     def bar(stage):
-        return (lambda done, total=None, suffix="": progress(stage, done, total, suffix)) if progress else None
+        return (
+            (lambda done, total=None, suffix="": progress(stage, done, total, suffix)) if progress else None
+        )
 
     corpora = CorpusCache(progress=bar("corpus"))
     if run_dirs:
         eval_set, per_run = eval_sets_for_runs(run_dirs, data_spec=data_spec, corpora=corpora)
     else:
         cfg = load_config(None)
-        eval_set = EvalSet.from_corpus(corpora.get(with_values(cfg, {"data.source": data_spec}) if data_spec else cfg))
+        eval_set = EvalSet.from_corpus(
+            corpora.get(with_values(cfg, {"data.source": data_spec}) if data_spec else cfg)
+        )
         per_run = {}
     external_results = [read_external_scores(path, eval_set, name=name) for name, path in parsed]
     results = []
     for run_dir, name in zip(run_dirs, names):
-        results.append(evaluate_run(run_dir, eval_set, name=name, corpus=per_run[str(run_dir)], progress=bar(f"eval {name}")))
+        results.append(
+            evaluate_run(
+                run_dir, eval_set, name=name, corpus=per_run[str(run_dir)], progress=bar(f"eval {name}")
+            )
+        )
     report = build_report(eval_set, results + external_results, unigram_baselines(eval_set))
     if json_path:
         write_report_json(report, json_path)

@@ -46,9 +46,9 @@ from pathlib import Path
 import numpy as np
 
 from bytelm.atomic import atomic_write_text
+from bytelm.bpb import SegmentScores
 from bytelm.data import fingerprint_segments
 from bytelm.errors import UserError
-from bytelm.bpb import SegmentScores
 from bytelm.evaluation.results import EvalSet, ModelResult
 
 HELDOUT_FORMAT = "bytelm-heldout"
@@ -73,7 +73,12 @@ def heldout_lines(eval_set: EvalSet) -> Iterator[str]:
     yield json.dumps(header)
     for seg, data in zip(eval_set.segments, eval_set.data):
         yield json.dumps(
-            {"id": seg.id, "group": seg.group, "length": len(data), "bytes": base64.b64encode(data).decode("ascii")}
+            {
+                "id": seg.id,
+                "group": seg.group,
+                "length": len(data),
+                "bytes": base64.b64encode(data).decode("ascii"),
+            }
         )
 
 
@@ -94,7 +99,9 @@ def read_heldout(path: str | Path) -> tuple[dict, list[dict]]:
         try:
             data = base64.b64decode(row["bytes"], validate=True)
         except (KeyError, TypeError, binascii.Error) as e:
-            raise UserError(f"{path} line {n}: no valid base64 'bytes' ({e}); re-export with 'bytelm data export-heldout'") from None
+            raise UserError(
+                f"{path} line {n}: no valid base64 'bytes' ({e}); re-export with 'bytelm data export-heldout'"
+            ) from None
         out.append({"id": row.get("id"), "group": row.get("group"), "length": len(data), "data": data})
     actual = fingerprint_segments([r["data"] for r in out])
     if actual != header.get("fingerprint"):
@@ -120,14 +127,20 @@ def _read_jsonl(path: str | Path, fmt: str) -> tuple[tuple[int, dict], list[tupl
         try:
             obj = json.loads(line)
         except json.JSONDecodeError as e:
-            raise UserError(f"{path} line {n} is not JSON ({e.msg}); a {fmt} file has one JSON object per line") from None
+            raise UserError(
+                f"{path} line {n} is not JSON ({e.msg}); a {fmt} file has one JSON object per line"
+            ) from None
         if not isinstance(obj, dict):
             raise UserError(f"{path} line {n} is not a JSON object")
         rows.append((n, obj))
     if not rows or rows[0][1].get("format") != fmt:
-        where = f"{path} line {rows[0][0]}: header field 'format' is {rows[0][1].get('format')!r}" if rows else f"{path} is empty"
+        where = (
+            f"{path} line {rows[0][0]}: header field 'format' is {rows[0][1].get('format')!r}"
+            if rows
+            else f"{path} is empty"
+        )
         raise UserError(
-            f"{where}; the file must start with a {fmt} header line ({{\"format\": \"{fmt}\", \"version\": {VERSION}, "
+            f'{where}; the file must start with a {fmt} header line ({{"format": "{fmt}", "version": {VERSION}, '
             "\"fingerprint\": ...}); see the format in 'bytelm data export-heldout --help'"
         )
     n, header = rows[0]
@@ -147,12 +160,16 @@ def _header_params(where: str, header: dict) -> dict | None:
     if params is None:
         return None
     if not isinstance(params, dict):
-        raise UserError(f"{where}: header field 'params' must be an object such as {{\"total\": 124439808}}, got {params!r}")
+        raise UserError(
+            f"{where}: header field 'params' must be an object such as {{\"total\": 124439808}}, got {params!r}"
+        )
     for key, value in params.items():
         if key not in PARAM_KEYS:
             raise UserError(f"{where}: header field 'params.{key}' is not one of {', '.join(PARAM_KEYS)}")
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise UserError(f"{where}: header field 'params.{key}' must be a non-negative integer, got {value!r}")
+            raise UserError(
+                f"{where}: header field 'params.{key}' must be a non-negative integer, got {value!r}"
+            )
     return dict(params)
 
 
@@ -178,20 +195,31 @@ def read_external_scores(path: str | Path, eval_set: EvalSet, *, name: str) -> M
     for n, row in rows:
         sid = row.get("id")
         if "id" not in row:
-            raise UserError(f"{path} line {n}: field 'id' is missing (every line after the header scores one segment)")
+            raise UserError(
+                f"{path} line {n}: field 'id' is missing (every line after the header scores one segment)"
+            )
         if not isinstance(sid, str) or sid not in index:
             raise UserError(f"{path} line {n}: field 'id' {sid!r} is not a segment of this evaluation set")
         i = index[sid]
         if not math.isnan(nats[i]):
             raise UserError(f"{path} line {n}: field 'id' {sid!r} is scored twice")
         value = row.get("nats")
-        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
-            raise UserError(f"{path} line {n}: field 'nats' must be a finite number >= 0 (total NLL of the segment), got {value!r}")
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int | float)
+            or not math.isfinite(value)
+            or value < 0
+        ):
+            raise UserError(
+                f"{path} line {n}: field 'nats' must be a finite number >= 0 (total NLL of the segment), got {value!r}"
+            )
         nats[i] = float(value)
         if "global_steps" in row:
             gs = row["global_steps"]
             if isinstance(gs, bool) or not isinstance(gs, int | float) or not gs > 0:
-                raise UserError(f"{path} line {n}: field 'global_steps' must be a positive number, got {gs!r}")
+                raise UserError(
+                    f"{path} line {n}: field 'global_steps' must be a positive number, got {gs!r}"
+                )
             steps[i] = float(gs)
     missing = [eval_set.ids[i] for i in np.flatnonzero(np.isnan(nats))]
     if missing:
@@ -226,4 +254,3 @@ def parse_external_arg(text: str) -> tuple[str, str]:
     if not sep or not name.strip() or not path:
         raise UserError(f"--external {text!r} is not of the form NAME=SCORES.jsonl")
     return name.strip(), path
-

@@ -54,7 +54,14 @@ def plot_bpb_vs_flops(
             ax.plot([flops], [bpb], marker="*", markersize=11, color=colors.get(name, "k"), linestyle="none")
     for name, bpb in (baselines or {}).items():
         ax.axhline(bpb, linestyle="--", linewidth=1, color="0.5")
-        ax.annotate(f"{name} {bpb:.2f}", xy=(0.01, bpb), xycoords=("axes fraction", "data"), va="bottom", fontsize=8, color="0.35")
+        ax.annotate(
+            f"{name} {bpb:.2f}",
+            xy=(0.01, bpb),
+            xycoords=("axes fraction", "data"),
+            va="bottom",
+            fontsize=8,
+            color="0.35",
+        )
     ax.set_xscale("log")
     ax.set_xlabel("total training FLOPs (analytic: own + auxiliary)")
     ax.set_ylabel("bits per byte (held-out)")
@@ -74,8 +81,14 @@ def _save(fig: Figure, path: str | Path) -> None:
 
 def _grid_cells(report: dict, budget_index: int | None = None) -> list[dict]:
     """The ablation's seed-0 grid cells (of one budget) that have a held-out score."""
-    return [r for r in report["runs"] if r.get("in_grid") and r["seed"] == 0 and r.get("bpb") is not None
-            and (budget_index is None or r["budget_index"] == budget_index)]
+    return [
+        r
+        for r in report["runs"]
+        if r.get("in_grid")
+        and r["seed"] == 0
+        and r.get("bpb") is not None
+        and (budget_index is None or r["budget_index"] == budget_index)
+    ]
 
 
 def _series(row: dict) -> str:
@@ -96,10 +109,14 @@ def plot_bpb_vs_bytes_per_step(path: str | Path, report: dict) -> None:
         groups: dict[str, list[tuple[float, float, str]]] = {}
         for r in _grid_cells(report, b):
             if r.get("mean_bytes_per_global_step"):
-                groups.setdefault(_series(r), []).append((r["mean_bytes_per_global_step"], r["bpb"], r["cell"]))
+                groups.setdefault(_series(r), []).append(
+                    (r["mean_bytes_per_global_step"], r["bpb"], r["cell"])
+                )
         for name, pts in sorted(groups.items()):
             pts.sort()
-            (line,) = ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=name, color=colors.get(name))
+            (line,) = ax.plot(
+                [p[0] for p in pts], [p[1] for p in pts], marker="o", label=name, color=colors.get(name)
+            )
             colors.setdefault(name, line.get_color())
         ax.set_xscale("log", base=2)
         ax.set_xlabel("mean bytes per global step (held-out)")
@@ -125,8 +142,15 @@ def plot_training_curves(path: str | Path, report: dict) -> None:
         color = colors.get(r["family"])
         label = None if color else r["family"]
         if pts:
-            (line,) = ax.plot([p[0] for p in pts], [p[1] for p in pts], styles[r["budget_index"] % 4], color=color, linewidth=1,
-                              alpha=0.8, label=label)
+            (line,) = ax.plot(
+                [p[0] for p in pts],
+                [p[1] for p in pts],
+                styles[r["budget_index"] % 4],
+                color=color,
+                linewidth=1,
+                alpha=0.8,
+                label=label,
+            )
             color = colors.setdefault(r["family"], line.get_color())
         total = r.get("flops_total") or r.get("train_flops")
         if total:
@@ -152,9 +176,13 @@ def plot_bpb_per_group(path: str | Path, groups: dict[str, dict[str, float]], *,
     for i, name in enumerate(names):
         xs = [j + i * width for j in range(len(labels))]
         ax.bar(xs, [groups[name].get(k, float("nan")) for k in labels], width, label=name)
-    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(labels))], labels, rotation=30, ha="right", fontsize=8)
+    ax.set_xticks(
+        [j + 0.4 - width / 2 for j in range(len(labels))], labels, rotation=30, ha="right", fontsize=8
+    )
     ax.set_ylabel("bits per byte (held-out)")
     ax.set_title(title, fontsize=10)
-    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2)  # below the bars, never over them
+    ax.legend(
+        fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2
+    )  # below the bars, never over them
     ax.grid(True, axis="y", alpha=0.3)
     _save(fig, path)

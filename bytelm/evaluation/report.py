@@ -70,8 +70,21 @@ _PARAMS = {
 _MODEL = {
     "type": "object",
     "required": [
-        "name", "family", "kind", "bpb", "nats", "bytes", "segments", "params", "flops", "bytes_seen",
-        "mean_bytes_per_global_step", "wall_s", "fingerprint", "groups", "dirs",
+        "name",
+        "family",
+        "kind",
+        "bpb",
+        "nats",
+        "bytes",
+        "segments",
+        "params",
+        "flops",
+        "bytes_seen",
+        "mean_bytes_per_global_step",
+        "wall_s",
+        "fingerprint",
+        "groups",
+        "dirs",
     ],
     "properties": {
         "name": {"type": "string", "minLength": 1},
@@ -163,7 +176,12 @@ def schema_errors(value, schema: dict, path: str = "$") -> list[str]:
         errors.append(f"{path}: expected {schema['const']!r}, got {value!r}")
     if "enum" in schema and value not in schema["enum"]:
         errors.append(f"{path}: {value!r} is not one of {schema['enum']}")
-    if isinstance(value, int | float) and not isinstance(value, bool) and "minimum" in schema and value < schema["minimum"]:
+    if (
+        isinstance(value, int | float)
+        and not isinstance(value, bool)
+        and "minimum" in schema
+        and value < schema["minimum"]
+    ):
         errors.append(f"{path}: {value} < minimum {schema['minimum']}")
     if isinstance(value, str):
         if len(value) < schema.get("minLength", 0):
@@ -208,7 +226,10 @@ def _finite_or_none(x):
 
 
 def build_report(
-    eval_set: EvalSet, models: Sequence[ModelResult], baselines: Sequence[ModelResult] = (), compare: dict | None = None
+    eval_set: EvalSet,
+    models: Sequence[ModelResult],
+    baselines: Sequence[ModelResult] = (),
+    compare: dict | None = None,
 ) -> dict:
     report = {
         "format": FORMAT,
@@ -258,7 +279,13 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[str]], align: str | No
         out = [str(c).ljust(w) if a == "l" else str(c).rjust(w) for c, w, a in zip(cells, widths, align)]
         return "| " + " | ".join(out) + " |"
 
-    rule = "|" + "|".join(("-" * (w + 1) + ":") if a == "r" else (":" + "-" * (w + 1)) for w, a in zip(widths, align)) + "|"
+    rule = (
+        "|"
+        + "|".join(
+            ("-" * (w + 1) + ":") if a == "r" else (":" + "-" * (w + 1)) for w, a in zip(widths, align)
+        )
+        + "|"
+    )
     return "\n".join([line(headers), rule, *(line(r) for r in rows)])
 
 
@@ -278,8 +305,19 @@ def params_cell(p: dict | None) -> str:
 def results_table(report: dict) -> str:
     """The main table: one row per model, then the reference rows."""
     headers = [
-        "model", "family", "BPB", "params (emb / non-emb)", "n-gram params", "own FLOPs", "auxiliary FLOPs", "total FLOPs",
-        "bytes seen", "bytes/global step", "entropy FLOPs/B", "inference FLOPs/B", "wall",
+        "model",
+        "family",
+        "BPB",
+        "params (emb / non-emb)",
+        "n-gram params",
+        "own FLOPs",
+        "auxiliary FLOPs",
+        "total FLOPs",
+        "bytes seen",
+        "bytes/global step",
+        "entropy FLOPs/B",
+        "inference FLOPs/B",
+        "wall",
     ]
     rows = []
     for m in [*report["models"], *report["baselines"]]:
@@ -295,7 +333,9 @@ def results_table(report: dict) -> str:
                 params,
                 human(ngram) if ngram else "-",
                 human(m["flops"]),
-                human(m.get("flops_auxiliary")) if m.get("flops_auxiliary") else ("0" if m.get("flops_total") is not None else "-"),
+                human(m.get("flops_auxiliary"))
+                if m.get("flops_auxiliary")
+                else ("0" if m.get("flops_total") is not None else "-"),
                 human(m.get("flops_total")),
                 human(m["bytes_seen"], "B"),
                 f"{bpgs:.2f}" if bpgs is not None else "-",
@@ -316,7 +356,9 @@ def heldout_lines(data: dict) -> list[str]:
     docs, groups = data.get("scored_documents", data.get("heldout_documents")), data.get("heldout_groups")
     if docs is None:
         return []
-    counted = f"{docs:,} held-out document{'s' * (docs != 1)}" + (f" in {groups:,} group{'s' * (groups != 1)}" if groups is not None else "")
+    counted = f"{docs:,} held-out document{'s' * (docs != 1)}" + (
+        f" in {groups:,} group{'s' * (groups != 1)}" if groups is not None else ""
+    )
     if docs >= FEW_HELDOUT_DOCUMENTS:
         return [f"the scores cover {counted}"]
     return [
@@ -337,7 +379,9 @@ def pipeline_lines(report: dict) -> list[str]:
     return lines
 
 
-def breakdown_table(report: dict, key: str = "dirs", *, metric: str = "bpb", max_rows: int = 20) -> str | None:
+def breakdown_table(
+    report: dict, key: str = "dirs", *, metric: str = "bpb", max_rows: int = 20
+) -> str | None:
     """Rows = groups (largest first), columns = models; ``metric`` is ``bpb`` or
     ``mean_bytes_per_global_step``. None when there is a single group."""
     models = [*report["models"], *report["baselines"][:1]]
@@ -367,7 +411,13 @@ def header_lines(report: dict) -> list[str]:
 
 
 def terminal_report(report: dict) -> str:
-    parts = [results_table(report), "", *header_lines(report), *heldout_lines(report["data"]), *pipeline_lines(report)]
+    parts = [
+        results_table(report),
+        "",
+        *header_lines(report),
+        *heldout_lines(report["data"]),
+        *pipeline_lines(report),
+    ]
     dirs = breakdown_table(report, "dirs")
     if dirs:
         parts += ["", "BPB per top-level directory:", dirs]

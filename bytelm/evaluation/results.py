@@ -12,9 +12,9 @@ import sys
 
 import numpy as np
 
+from bytelm.bpb import SegmentScores, breakdown, top_directory
 from bytelm.data.corpus import fingerprint_segments
 from bytelm.errors import UserError
-from bytelm.bpb import SegmentScores, breakdown, top_directory
 
 
 @dataclasses.dataclass
@@ -36,7 +36,9 @@ class EvalSet:
             raise ValueError(f"split must be 'heldout' or 'validation', got {split!r}")
         segments = list(corpus.validation_segments)
         if not segments:
-            raise UserError(f"the corpus {corpus.spec} has no validation split: set data.validation_fraction > 0 (e.g. 0.05)")
+            raise UserError(
+                f"the corpus {corpus.spec} has no validation split: set data.validation_fraction > 0 (e.g. 0.05)"
+            )
         data = corpus.segment_data(segments)
         return cls(corpus, segments, data, fingerprint_segments(data))
 
@@ -67,7 +69,9 @@ class EvalSet:
             "segment_bytes": s["segment_bytes"],
             "max_eval_bytes": s["max_eval_bytes"],
             "heldout_documents": s["heldout_documents"],
-            "scored_documents": len({seg.doc for seg in self.segments}),  # those the segments reach (max_eval_bytes)
+            "scored_documents": len(
+                {seg.doc for seg in self.segments}
+            ),  # those the segments reach (max_eval_bytes)
             "heldout_groups": len(set(self.groups)),
             "train_bytes": s["train_bytes"],
         }
@@ -94,7 +98,9 @@ class ModelResult:
     note: str = ""
     inference_flops_per_byte: float | None = None  # the model's own forward FLOPs per byte
     entropy_inference_flops_per_byte: float | None = None  # an entropy model run in its input pipeline (BLT)
-    pipeline_stats: dict | None = None  # rates from its input pipeline on the eval set (BLT: patch-slot overflow)
+    pipeline_stats: dict | None = (
+        None  # rates from its input pipeline on the eval set (BLT: patch-slot overflow)
+    )
     # the compute ledger (bytelm/ledger.py): ``flops`` is the model's own training; auxiliary
     # is what it needs besides (BLT: its entropy model's training and forward passes), named in
     # ``auxiliary``; None when unknown (an outside model, a converted checkpoint)

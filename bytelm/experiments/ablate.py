@@ -56,7 +56,14 @@ from bytelm.evaluation.plots import plot_bpb_per_group, plot_bpb_vs_bytes_per_st
 from bytelm.evaluation.report import heldout_lines, human, seconds, table
 from bytelm.evaluation.results import EvalSet
 from bytelm.experiments import spec
-from bytelm.experiments.report import failure_lines, ledger_lines, rates_lines, ranked_pairs, seed_lines, spread
+from bytelm.experiments.report import (
+    failure_lines,
+    ledger_lines,
+    ranked_pairs,
+    rates_lines,
+    seed_lines,
+    spread,
+)
 from bytelm.experiments.runner import STAGES, Note, Runner, StageProgress
 from bytelm.experiments.spec import Experiment, cell_label
 from bytelm.rundir import RunDir
@@ -102,42 +109,83 @@ class AblationRunner(Runner):
         shared = self.shared_auxiliary()
         order = {m.name: i for i, m in enumerate(self.exp.members)}
         # one order whatever order the runs were planned in (a re-run plans a sweep's extensions at once)
-        planned = sorted(self.runs.values(), key=lambda r: (STAGES.index(r.stage), order.get(r.member, -1), r.budget_index,
-                                                            cell_label(r.cell), r.lr or 0.0, r.seed))
+        planned = sorted(
+            self.runs.values(),
+            key=lambda r: (
+                STAGES.index(r.stage),
+                order.get(r.member, -1),
+                r.budget_index,
+                cell_label(r.cell),
+                r.lr or 0.0,
+                r.seed,
+            ),
+        )
         for r in planned:
             res = r.result
             row = {
-                "id": r.id, "stage": r.stage, "family": r.member, "cell": cell_label(r.cell), "budget": r.budget,
-                "budget_index": r.budget_index, "lr": r.lr, "seed": r.seed, "run_dir": str(r.run_dir), "steps": r.steps,
-                "status": "failed" if r.error else ("done" if res is not None else ("not run" if not r.finished() else "trained")),
-                "error": r.error, "validation_bpb": r.validation_bpb, "in_grid": r.in_grid,
+                "id": r.id,
+                "stage": r.stage,
+                "family": r.member,
+                "cell": cell_label(r.cell),
+                "budget": r.budget,
+                "budget_index": r.budget_index,
+                "lr": r.lr,
+                "seed": r.seed,
+                "run_dir": str(r.run_dir),
+                "steps": r.steps,
+                "status": "failed"
+                if r.error
+                else ("done" if res is not None else ("not run" if not r.finished() else "trained")),
+                "error": r.error,
+                "validation_bpb": r.validation_bpb,
+                "in_grid": r.in_grid,
             }
             if res is not None:
                 info = RunDir(r.run_dir).info_or_empty()
                 amortised = None
                 if res.flops_total is not None:
                     parts = res.auxiliary or {}
-                    amortised = res.flops_total - sum(v["flops"] - v["flops"] / v["runs"] for k, v in shared.items() if k in parts)
+                    amortised = res.flops_total - sum(
+                        v["flops"] - v["flops"] / v["runs"] for k, v in shared.items() if k in parts
+                    )
                 row.update(
-                    bpb=res.bpb, mean_bytes_per_global_step=res.mean_bytes_per_global_step, train_flops=res.flops,
-                    flops_auxiliary=res.flops_auxiliary, flops_total=res.flops_total, flops_total_amortised=amortised,
+                    bpb=res.bpb,
+                    mean_bytes_per_global_step=res.mean_bytes_per_global_step,
+                    train_flops=res.flops,
+                    flops_auxiliary=res.flops_auxiliary,
+                    flops_total=res.flops_total,
+                    flops_total_amortised=amortised,
                     auxiliary_flops=res.auxiliary,
-                    inference_flops_per_byte=res.total_inference_flops_per_byte, params=res.params,
+                    inference_flops_per_byte=res.total_inference_flops_per_byte,
+                    params=res.params,
                     entropy_inference_flops_per_byte=res.entropy_inference_flops_per_byte,
-                    wall_s=info.get("train_s", info.get("wall_s")), bytes_seen=res.bytes_seen,
-                    nats=res.scores.nats.tolist(), nbytes=res.scores.nbytes.tolist(),
+                    wall_s=info.get("train_s", info.get("wall_s")),
+                    bytes_seen=res.bytes_seen,
+                    nats=res.scores.nats.tolist(),
+                    nbytes=res.scores.nbytes.tolist(),
                 )
             rows.append(row)
         report = {
-            "grid": self.exp.name, "grid_path": str(self.exp.path), "stage": stage,
-            "fingerprint": self.eval_set.fingerprint, "eval_bytes": self.eval_set.n_bytes,
-            "validation_fingerprint": self.validation_set.fingerprint, "validation_bytes": self.validation_set.n_bytes,
-            "data": {**self.eval_set.describe(), "dirs": sorted(set(self.eval_set.dirs))}, "budgets": self.budgets, "scale": self.scale,
+            "grid": self.exp.name,
+            "grid_path": str(self.exp.path),
+            "stage": stage,
+            "fingerprint": self.eval_set.fingerprint,
+            "eval_bytes": self.eval_set.n_bytes,
+            "validation_fingerprint": self.validation_set.fingerprint,
+            "validation_bytes": self.validation_set.n_bytes,
+            "data": {**self.eval_set.describe(), "dirs": sorted(set(self.eval_set.dirs))},
+            "budgets": self.budgets,
+            "scale": self.scale,
             "size_rule": dataclasses.asdict(self.exp.size),
-            "trunks": {f"{b:.3g}": dict(zip(("d_model", "layers"), self.exp.size.trunk(b))) for b in self.budgets},
-            "learning_rates": list(self.exp.learning_rates), "sweep": self.searches,
-            "matched": "total", "shared_auxiliary": shared,
-            "failed_artefacts": self.failed_artefacts, "runs": rows,
+            "trunks": {
+                f"{b:.3g}": dict(zip(("d_model", "layers"), self.exp.size.trunk(b))) for b in self.budgets
+            },
+            "learning_rates": list(self.exp.learning_rates),
+            "sweep": self.searches,
+            "matched": "total",
+            "shared_auxiliary": shared,
+            "failed_artefacts": self.failed_artefacts,
+            "runs": rows,
         }
         report["seed_spread"] = seed_spread(rows)
         report["sentences"] = budget_sentences(report)
@@ -150,8 +198,12 @@ def seed_spread(rows: list[dict]) -> dict:
     out = {}
     seeded = {(r["family"], r["cell"], r["budget_index"], r["lr"]) for r in rows if r["stage"] == "seeds"}
     for fam, cell, b, lr in sorted(seeded, key=str):
-        bpbs = [r["bpb"] for r in sorted(rows, key=lambda r: r["seed"]) if (r["family"], r["cell"], r["budget_index"], r["lr"]) == (fam, cell, b, lr)
-                and r.get("bpb") is not None]
+        bpbs = [
+            r["bpb"]
+            for r in sorted(rows, key=lambda r: r["seed"])
+            if (r["family"], r["cell"], r["budget_index"], r["lr"]) == (fam, cell, b, lr)
+            and r.get("bpb") is not None
+        ]
         if len(bpbs) >= 2:
             out[fam] = {"cell": cell, **spread(bpbs)}
     return out
@@ -159,7 +211,9 @@ def seed_spread(rows: list[dict]) -> dict:
 
 def grid_rows(report: dict, budget_index: int) -> list[dict]:
     """The seed-0 cells of one budget (what the tables and plots show)."""
-    return [r for r in report["runs"] if r["budget_index"] == budget_index and r["seed"] == 0 and r["in_grid"]]
+    return [
+        r for r in report["runs"] if r["budget_index"] == budget_index and r["seed"] == 0 and r["in_grid"]
+    ]
 
 
 def budget_sentences(report: dict) -> list[str]:
@@ -188,8 +242,10 @@ def budget_sentences(report: dict) -> list[str]:
                 sp = max(v["spread"] for v in known.values())
                 verdict = "larger" if gap > sp else "not larger"
                 seeds = "/".join(str(len(v["bpb"])) for v in known.values())
-                s += (f"; the gap is {verdict} than the seed-to-seed spread of these families ({sp:.4f} BPB, max - min over "
-                      f"{seeds} seeds of their best cell at the smallest budget)")
+                s += (
+                    f"; the gap is {verdict} than the seed-to-seed spread of these families ({sp:.4f} BPB, max - min over "
+                    f"{seeds} seeds of their best cell at the smallest budget)"
+                )
             else:
                 s += "; no seed spread measured for these families"
         out.append(s + ".")
@@ -211,9 +267,16 @@ def write_outputs(out: Path, report: dict, eval_set: EvalSet) -> None:
             groups[f"{r['family']} ({r['cell']})"] = {k: v["bpb"] for k, v in breakdown(scores, dirs).items()}
         if groups:
             plots["bpb_per_group"] = "bpb_per_group.png"
-            plot_bpb_per_group(out / plots["bpb_per_group"], groups, title=f"held-out BPB per top-level directory, {report['budgets'][last]:.3g} FLOPs")
+            plot_bpb_per_group(
+                out / plots["bpb_per_group"],
+                groups,
+                title=f"held-out BPB per top-level directory, {report['budgets'][last]:.3g} FLOPs",
+            )
     report["plots"] = plots
-    slim = {**report, "runs": [{k: v for k, v in r.items() if k not in ("nats", "nbytes")} for r in report["runs"]]}
+    slim = {
+        **report,
+        "runs": [{k: v for k, v in r.items() if k not in ("nats", "nbytes")} for r in report["runs"]],
+    }
     atomic_write_text(out / "ablation.json", json.dumps(slim, indent=1, default=float))
     atomic_write_text(out / "ablation.md", markdown(slim))
 
@@ -241,9 +304,12 @@ def markdown(report: dict) -> str:
         f"- held-out fingerprint `{report['fingerprint']}` ({report['eval_bytes']:,} bytes of {report['data']['spec']}); "
         f"learning rates selected on {report['validation_bytes']:,} validation bytes carved from the train documents",
         f"- budgets (training FLOPs per run): {', '.join(f'{b:.3g}' for b in report['budgets'])} (scale {report['scale']:g})",
-        "- model sizes from the size rule (bytelm/experiments/ablate.py SizeRule, docs/ablations.md): trunk " +
-        "; ".join(f"{k} FLOPs: d_model {v['d_model']} x {v['layers']} layers" for k, v in report["trunks"].items()),
-        f"- stage: {report['stage']}" + ("" if report["stage"] == "done" else " (the grid is not complete: run bytelm ablate again)"),
+        "- model sizes from the size rule (bytelm/experiments/ablate.py SizeRule, docs/ablations.md): trunk "
+        + "; ".join(
+            f"{k} FLOPs: d_model {v['d_model']} x {v['layers']} layers" for k, v in report["trunks"].items()
+        ),
+        f"- stage: {report['stage']}"
+        + ("" if report["stage"] == "done" else " (the grid is not complete: run bytelm ablate again)"),
         "",
         "## Verdict per budget",
         "",
@@ -253,28 +319,70 @@ def markdown(report: dict) -> str:
         "",
     ]
     lines += rates_lines(report["sweep"], report["learning_rates"], fix="widen [ablation] learning_rates")
-    lines += [*[f"**{line}**" for line in heldout_lines(report["data"])], *ledger_lines({}, report.get("shared_auxiliary")), ""]
+    lines += [
+        *[f"**{line}**" for line in heldout_lines(report["data"])],
+        *ledger_lines({}, report.get("shared_auxiliary")),
+        "",
+    ]
     for b, budget in enumerate(report["budgets"]):
         cells = sorted(grid_rows(report, b), key=lambda r: (r["family"], r["cell"]))
         rows = []
         for r in cells:
             if r.get("bpb") is None:
-                rows.append([r["family"], r["cell"], r["status"] + (f": {r['error']}" if r.get("error") else ""), *["-"] * 11])
+                rows.append(
+                    [
+                        r["family"],
+                        r["cell"],
+                        r["status"] + (f": {r['error']}" if r.get("error") else ""),
+                        *["-"] * 11,
+                    ]
+                )
                 continue
             g = r.get("mean_bytes_per_global_step")
             amortised = r.get("flops_total_amortised")
-            rows.append([
-                r["family"], r["cell"], f"{r['bpb']:.4f}", "-" if g is None else f"{g:.2f}", human(r["train_flops"]),
-                human(r.get("flops_auxiliary")) if r.get("flops_auxiliary") else "0", human(r.get("flops_total")),
-                human(amortised) if amortised != r.get("flops_total") else "=",
-                human(r["inference_flops_per_byte"]), _params(r["params"], "embedding"), _params(r["params"], "ngram"),
-                _params(r["params"], "non_embedding"), seconds(r.get("wall_s")), f"{r['lr']:g}", str(r["steps"]),
-            ])
+            rows.append(
+                [
+                    r["family"],
+                    r["cell"],
+                    f"{r['bpb']:.4f}",
+                    "-" if g is None else f"{g:.2f}",
+                    human(r["train_flops"]),
+                    human(r.get("flops_auxiliary")) if r.get("flops_auxiliary") else "0",
+                    human(r.get("flops_total")),
+                    human(amortised) if amortised != r.get("flops_total") else "=",
+                    human(r["inference_flops_per_byte"]),
+                    _params(r["params"], "embedding"),
+                    _params(r["params"], "ngram"),
+                    _params(r["params"], "non_embedding"),
+                    seconds(r.get("wall_s")),
+                    f"{r['lr']:g}",
+                    str(r["steps"]),
+                ]
+            )
         lines += [
             f"## Budget {budget:.3g} FLOPs",
             "",
-            table(["family", "cell", "BPB", "bytes/global step", "own FLOPs", "aux FLOPs", "total FLOPs", "amortised total",
-                   "inference FLOPs/B", "params emb", "n-gram params", "params non-emb", "wall", "lr", "steps"], rows, "llrrrrrrrrrrrrr"),
+            table(
+                [
+                    "family",
+                    "cell",
+                    "BPB",
+                    "bytes/global step",
+                    "own FLOPs",
+                    "aux FLOPs",
+                    "total FLOPs",
+                    "amortised total",
+                    "inference FLOPs/B",
+                    "params emb",
+                    "n-gram params",
+                    "params non-emb",
+                    "wall",
+                    "lr",
+                    "steps",
+                ],
+                rows,
+                "llrrrrrrrrrrrrr",
+            ),
             "",
         ]
     if report["seed_spread"]:
@@ -283,11 +391,23 @@ def markdown(report: dict) -> str:
     failed = [r for r in report["runs"] if r["status"] == "failed"]
     unchosen = [f for f, sw in report["sweep"].items() if not sw.get("chosen")]
     if unchosen:
-        lines += ["No learning rate could be chosen for " + ", ".join(unchosen) + " (their sweep runs failed or did not run), "
-                  "so their cells are missing from the tables.", ""]
-    lines += failure_lines([(r["id"], r["error"]) for r in failed] + [(f"artefact {k}", v) for k, v in report["failed_artefacts"].items()])
-    lines += [f"![BPB vs bytes per global step]({report['plots']['bpb_vs_bytes_per_step']})", "",
-              f"![training curves]({report['plots']['bpb_vs_flops']})", ""]
+        lines += [
+            "No learning rate could be chosen for "
+            + ", ".join(unchosen)
+            + " (their sweep runs failed or did not run), "
+            "so their cells are missing from the tables.",
+            "",
+        ]
+    lines += failure_lines(
+        [(r["id"], r["error"]) for r in failed]
+        + [(f"artefact {k}", v) for k, v in report["failed_artefacts"].items()]
+    )
+    lines += [
+        f"![BPB vs bytes per global step]({report['plots']['bpb_vs_bytes_per_step']})",
+        "",
+        f"![training curves]({report['plots']['bpb_vs_flops']})",
+        "",
+    ]
     if "bpb_per_group" in report["plots"]:
         lines += [f"![BPB per group]({report['plots']['bpb_per_group']})", ""]
     lines += [
@@ -323,7 +443,9 @@ def ablate(
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     mode = "print" if print_commands else "collect" if collect else "run"
-    runner = AblationRunner(grid, out, data_spec=data_spec, scale=scale, mode=mode, jobs=jobs, progress=progress, note=note)
+    runner = AblationRunner(
+        grid, out, data_spec=data_spec, scale=scale, mode=mode, jobs=jobs, progress=progress, note=note
+    )
     stage, commands = runner.go()
     report = runner.build_report(stage)
     write_outputs(out, report, runner.eval_set)

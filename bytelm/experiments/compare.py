@@ -62,11 +62,20 @@ from bytelm.errors import UserError
 from bytelm.evaluation.evaluator import unigram_baselines
 from bytelm.evaluation.plots import eval_curve, plot_bpb_vs_flops
 from bytelm.evaluation.report import (
-    breakdown_table, build_report, header_lines, heldout_lines, human, pipeline_lines, results_table, seconds, table, write_report_json,
+    breakdown_table,
+    build_report,
+    header_lines,
+    heldout_lines,
+    human,
+    pipeline_lines,
+    results_table,
+    seconds,
+    table,
+    write_report_json,
 )
 from bytelm.experiments import spec
 from bytelm.experiments.rates import rate_label
-from bytelm.experiments.report import ledger_lines, rates_lines, ranked_pairs, seed_lines, spread
+from bytelm.experiments.report import ledger_lines, ranked_pairs, rates_lines, seed_lines, spread
 from bytelm.experiments.runner import Note, Run, Runner, StageProgress, StageStopped
 from bytelm.experiments.spec import Experiment
 from bytelm.families import ARTEFACT_KINDS, task_class
@@ -82,7 +91,9 @@ def find_preset(name_or_path: str) -> Path:
     return spec.find_toml(name_or_path, PRESET_DIR, "compare preset")
 
 
-def load_preset(name_or_path: str, *, seeds: int | None = None, time_budget_s: float | None = None) -> Experiment:
+def load_preset(
+    name_or_path: str, *, seeds: int | None = None, time_budget_s: float | None = None
+) -> Experiment:
     """A compare preset as an experiment (``seeds`` and ``time_budget_s`` replace the preset's)."""
     return spec.load_preset(find_preset(name_or_path), seeds=seeds, time_budget_s=time_budget_s)
 
@@ -119,7 +130,10 @@ class CompareRunner(Runner):
         if run.artefact:
             return run.member, self.out / "runs" / run.member
         if run.stage == "sweep":
-            return f"{run.member}.lr{rate_label(run.lr)}", self.out / "sweeps" / run.member / f"lr{rate_label(run.lr)}"
+            return (
+                f"{run.member}.lr{rate_label(run.lr)}",
+                self.out / "sweeps" / run.member / f"lr{rate_label(run.lr)}",
+            )
         if run.seed:
             return f"{run.member}.s{run.seed}", self.out / "seeds" / run.member / f"s{run.seed}"
         return run.member, self.out / "runs" / run.member
@@ -136,14 +150,23 @@ class CompareRunner(Runner):
         """A compare needs every model: a failed run (or an unchosen rate) stops it with what failed."""
         failed = [(r.id, r.error) for r in self.runs.values() if r.error and r.stage != "sweep"]
         failed += list(self.failed_artefacts.items())
-        failed += [(m.name, "no learning rate could be chosen: every rate failed") for m in self.exp.members
-                   if self.lr_member(m) not in self.chosen]
+        failed += [
+            (m.name, "no learning rate could be chosen: every rate failed")
+            for m in self.exp.members
+            if self.lr_member(m) not in self.chosen
+        ]
         if failed:
-            raise UserError("compare cannot report, these failed: " + "; ".join(f"{what}: {error}" for what, error in failed))
+            raise UserError(
+                "compare cannot report, these failed: "
+                + "; ".join(f"{what}: {error}" for what, error in failed)
+            )
 
     def member_runs(self, name: str) -> list[Run]:
         """A compared model's runs, seed 0 first."""
-        return sorted((r for r in self.runs.values() if r.member == name and r.stage in ("grid", "seeds")), key=lambda r: r.seed)
+        return sorted(
+            (r for r in self.runs.values() if r.member == name and r.stage in ("grid", "seeds")),
+            key=lambda r: r.seed,
+        )
 
     def plan_record(self, run: Run, seeds: list[Run]) -> dict:
         member = self.exp.member(run.member)
@@ -151,13 +174,30 @@ class CompareRunner(Runner):
         timed = bool(self.exp.time_budget_s) and not run.artefact
         lr_member = member.lr_from or member.name
         return {
-            "family": run.cfg.model.family, "role": member.role, "config": str(member.config), "overrides": list(member.overrides),
-            "ngram_from": member.ngram_from, "flop_budget": None if timed else run.budget, "time_budget_s": self.exp.time_budget_s if timed else None,
-            "flops_per_step": run.ledger.own_per_step, "auxiliary_flops_per_step": run.ledger.auxiliary_per_step,
-            "auxiliary_flops_fixed": dict(run.ledger.auxiliary_fixed), "steps": info.get("step"), "train_s": info.get("train_s"),
-            "run_dir": str(run.run_dir), "learning_rate": run.cfg.train.learning_rate, "lr_sweep": self.searches.get(lr_member),
-            "seeds": [{"seed": r.seed, "run_dir": str(r.run_dir), "steps": RunDir(r.run_dir).info_or_empty().get("step"),
-                       "train_s": RunDir(r.run_dir).info_or_empty().get("train_s")} for r in seeds],
+            "family": run.cfg.model.family,
+            "role": member.role,
+            "config": str(member.config),
+            "overrides": list(member.overrides),
+            "ngram_from": member.ngram_from,
+            "flop_budget": None if timed else run.budget,
+            "time_budget_s": self.exp.time_budget_s if timed else None,
+            "flops_per_step": run.ledger.own_per_step,
+            "auxiliary_flops_per_step": run.ledger.auxiliary_per_step,
+            "auxiliary_flops_fixed": dict(run.ledger.auxiliary_fixed),
+            "steps": info.get("step"),
+            "train_s": info.get("train_s"),
+            "run_dir": str(run.run_dir),
+            "learning_rate": run.cfg.train.learning_rate,
+            "lr_sweep": self.searches.get(lr_member),
+            "seeds": [
+                {
+                    "seed": r.seed,
+                    "run_dir": str(r.run_dir),
+                    "steps": RunDir(r.run_dir).info_or_empty().get("step"),
+                    "train_s": RunDir(r.run_dir).info_or_empty().get("train_s"),
+                }
+                for r in seeds
+            ],
         }
 
     def report(self, stages: _Stages) -> CompareResult:
@@ -174,8 +214,10 @@ class CompareRunner(Runner):
         ent = self.runs.get(self.exp.entropy.name) if self.exp.entropy is not None else None
         if ent is not None:
             self.evaluate(ent, "heldout")
-            ent.result.note = (ent.result.note + "; " if ent.result.note else "") + \
-                f"the {ARTEFACT_KINDS['entropy_model'].noun} of the other runs (own budget {ent.budget:.3g} FLOPs)"
+            ent.result.note = (
+                (ent.result.note + "; " if ent.result.note else "")
+                + f"the {ARTEFACT_KINDS['entropy_model'].noun} of the other runs (own budget {ent.budget:.3g} FLOPs)"
+            )
             results.append(ent.result)
             plan[ent.member] = self.plan_record(ent, [ent])
         stages.record(self.stage_s)
@@ -183,10 +225,17 @@ class CompareRunner(Runner):
         exp = self.exp
         baselines = unigram_baselines(self.eval_set)
         info = {
-            "preset": exp.name, "preset_path": str(exp.path), "flop_budget": exp.budgets[0], "time_budget_s": exp.time_budget_s or None,
+            "preset": exp.name,
+            "preset_path": str(exp.path),
+            "flop_budget": exp.budgets[0],
+            "time_budget_s": exp.time_budget_s or None,
             "matched": "training time" if exp.time_budget_s else "total training FLOPs (own + auxiliary)",
-            "learning_rates": list(exp.learning_rates) or None, "tokenizer": self.tokenizer_info(), "models": plan,
-            "seeds": {"n": exp.extra_seeds + 1, "models": seeds, "pairs": ranked_pairs(seeds)} if seeds else None,
+            "learning_rates": list(exp.learning_rates) or None,
+            "tokenizer": self.tokenizer_info(),
+            "models": plan,
+            "seeds": {"n": exp.extra_seeds + 1, "models": seeds, "pairs": ranked_pairs(seeds)}
+            if seeds
+            else None,
         }
         report = build_report(self.eval_set, results, baselines, compare=info)
         plot = self.out / "bpb.png"
@@ -194,7 +243,9 @@ class CompareRunner(Runner):
         plot_bpb_vs_flops(
             plot,
             {r.name: eval_curve(r.run_dir) for r in compared},
-            finals={r.name: (r.flops_total if r.flops_total is not None else r.flops, r.bpb) for r in compared},
+            finals={
+                r.name: (r.flops_total if r.flops_total is not None else r.flops, r.bpb) for r in compared
+            },
             baselines={baselines[0].name: baselines[0].bpb},
             subtitle=f"preset {exp.name}, fingerprint {self.eval_set.fingerprint[:16]}\nx: total FLOPs (own + auxiliary); lines: periodic "
             f"evals (first {self.plain(exp.members[0]).eval.eval_bytes:,} held-out bytes); stars: all {self.eval_set.n_bytes:,} bytes",
@@ -211,8 +262,13 @@ class CompareRunner(Runner):
         tok = self.exp.tokenizer
         kind = tok.get("tokenizer.kind", "bpe")
         encoder = tok.get("tokenizer.encoder") or ("ranks" if kind == "bpe" else "viterbi")
-        return {"kind": kind, "encoder": encoder, "vocab_size": tok.get("tokenizer.vocab_size"), "pattern": tok.get("tokenizer.pattern"),
-                "dir": str(self.tokenizer_dir(tok))}
+        return {
+            "kind": kind,
+            "encoder": encoder,
+            "vocab_size": tok.get("tokenizer.vocab_size"),
+            "pattern": tok.get("tokenizer.pattern"),
+            "dir": str(self.tokenizer_dir(tok)),
+        }
 
 
 def compare(
@@ -233,8 +289,11 @@ def compare(
             raise UserError(f"--seeds must be a whole number >= 1 (seeds per compared model), got {seeds}")
         if time_budget_s is not None and not time_budget_s > 0:
             raise UserError(f"the time budget must be > 0 seconds, got {time_budget_s}")
-        exp = dataclasses.replace(preset, extra_seeds=preset.extra_seeds if seeds is None else seeds - 1,
-                                  time_budget_s=preset.time_budget_s if time_budget_s is None else float(time_budget_s))
+        exp = dataclasses.replace(
+            preset,
+            extra_seeds=preset.extra_seeds if seeds is None else seeds - 1,
+            time_budget_s=preset.time_budget_s if time_budget_s is None else float(time_budget_s),
+        )
     else:
         exp = load_preset(preset, seeds=seeds, time_budget_s=time_budget_s)
     out = Path(out)
@@ -259,24 +318,33 @@ def artefact_lines(report: dict) -> list[str]:
         f"the {ARTEFACT_KINDS['entropy_model'].noun} `{name}` was trained with {human(rows[name]['flops'])} FLOPs of its own, counted in "
         f"the auxiliary FLOPs of {', '.join(f'`{u}`' for u in users) or 'no compared model'} (with its forward over their "
         "training bytes); it is listed below the compared models, not compared with them"
-        for name, plan in report["compare"]["models"].items() if plan["role"] == "entropy" and name in rows
+        for name, plan in report["compare"]["models"].items()
+        if plan["role"] == "entropy" and name in rows
     ]
 
 
 def matched_sentence(c: dict) -> str:
     if c.get("time_budget_s"):
-        return (f"{seconds(c['time_budget_s'])} of training time per compared model (compilation included, evaluations "
-                "not; each model's FLOPs follow from its speed)")
-    return (f"{c['flop_budget']:.3g} total FLOPs per compared model (analytic training FLOPs, forward + backward: the model's own "
-            "plus the auxiliary models it needs, bytelm/ledger.py)")
+        return (
+            f"{seconds(c['time_budget_s'])} of training time per compared model (compilation included, evaluations "
+            "not; each model's FLOPs follow from its speed)"
+        )
+    return (
+        f"{c['flop_budget']:.3g} total FLOPs per compared model (analytic training FLOPs, forward + backward: the model's own "
+        "plus the auxiliary models it needs, bytelm/ledger.py)"
+    )
 
 
 def schedule_sentence(c: dict) -> str:
     if c.get("time_budget_s"):
-        return (f"each compared model trained until {seconds(c['time_budget_s'])} of training time were spent (its learning-rate "
-                "horizon planned from its first steps' time); the entropy model at its own FLOP budget.")
-    return (f"each compared model's steps = ({human(c['flop_budget'])} FLOPs - its one-off auxiliary FLOPs) / (own + auxiliary "
-            "FLOPs per step).")
+        return (
+            f"each compared model trained until {seconds(c['time_budget_s'])} of training time were spent (its learning-rate "
+            "horizon planned from its first steps' time); the entropy model at its own FLOP budget."
+        )
+    return (
+        f"each compared model's steps = ({human(c['flop_budget'])} FLOPs - its one-off auxiliary FLOPs) / (own + auxiliary "
+        "FLOPs per step)."
+    )
 
 
 def _lr_cell(plan: dict) -> str:
@@ -287,7 +355,9 @@ def _lr_cell(plan: dict) -> str:
     if not sweep:
         return f"{lr:g}"
     edge = " STILL AT AN EDGE" if sweep.get("at_edge") else ""
-    scores = ", ".join(f"{k}: " + ("failed" if v is None else f"{v:.3f}") for k, v in sweep["validation_bpb"].items())
+    scores = ", ".join(
+        f"{k}: " + ("failed" if v is None else f"{v:.3f}") for k, v in sweep["validation_bpb"].items()
+    )
     return f"{lr:g}{edge} ({scores})"
 
 
@@ -297,9 +367,13 @@ def _budget_cell(plan: dict) -> str:
 
 def _edge_lines(c: dict) -> list[str]:
     """A loud line per model whose learning rate the extended grid still could not bracket."""
-    return [f"**WARNING: the learning rate of `{name}` is still at an edge of the rates tried ("
-            f"{', '.join(m['lr_sweep']['validation_bpb'])}) after {m['lr_sweep']['extensions']} extensions: its row may not be its "
-            "best.**" for name, m in c["models"].items() if (m.get("lr_sweep") or {}).get("at_edge")]
+    return [
+        f"**WARNING: the learning rate of `{name}` is still at an edge of the rates tried ("
+        f"{', '.join(m['lr_sweep']['validation_bpb'])}) after {m['lr_sweep']['extensions']} extensions: its row may not be its "
+        "best.**"
+        for name, m in c["models"].items()
+        if (m.get("lr_sweep") or {}).get("at_edge")
+    ]
 
 
 def markdown_report(report: dict) -> str:
@@ -343,13 +417,24 @@ def markdown_report(report: dict) -> str:
             lines += [f"## {title}", "", t, ""]
             g = breakdown_table(report, key, metric="mean_bytes_per_global_step")
             if g:
-                lines += ["Bytes per global step per top-level directory (the token tax shows here):", "", g, ""]
+                lines += [
+                    "Bytes per global step per top-level directory (the token tax shows here):",
+                    "",
+                    g,
+                    "",
+                ]
     trained = {m["name"]: m for m in report["models"] if m["kind"] == "run"}
     rows = [
         [
-            name, m["family"], m["role"], _budget_cell(m), f"{m['flops_per_step']:.3g}",
-            human(m.get("auxiliary_flops_per_step")) if m.get("auxiliary_flops_per_step") else "-", str(m["steps"]),
-            human(trained[name]["flops_total"]) if name in trained else "-", seconds(m.get("train_s")),
+            name,
+            m["family"],
+            m["role"],
+            _budget_cell(m),
+            f"{m['flops_per_step']:.3g}",
+            human(m.get("auxiliary_flops_per_step")) if m.get("auxiliary_flops_per_step") else "-",
+            str(m["steps"]),
+            human(trained[name]["flops_total"]) if name in trained else "-",
+            seconds(m.get("train_s")),
             _lr_cell(m),
         ]
         for name, m in c["models"].items()
@@ -358,11 +443,36 @@ def markdown_report(report: dict) -> str:
     lines += [
         "## Schedule",
         "",
-        table(["run", "family", "role", "budget", "own FLOPs/step", "aux FLOPs/step", "steps", "total FLOPs", "train time",
-               "learning rate"], rows, "lllrrrrrrl"),
+        table(
+            [
+                "run",
+                "family",
+                "role",
+                "budget",
+                "own FLOPs/step",
+                "aux FLOPs/step",
+                "steps",
+                "total FLOPs",
+                "train time",
+                "learning rate",
+            ],
+            rows,
+            "lllrrrrrrl",
+        ),
         "",
-        *(["## Learning rates", "", *rates_lines({n: m["lr_sweep"] for n, m in c["models"].items() if m.get("lr_sweep")},
-                                                 c.get("learning_rates") or [], fix="widen [compare] learning_rates")] if sweeps else []),
+        *(
+            [
+                "## Learning rates",
+                "",
+                *rates_lines(
+                    {n: m["lr_sweep"] for n, m in c["models"].items() if m.get("lr_sweep")},
+                    c.get("learning_rates") or [],
+                    fix="widen [compare] learning_rates",
+                ),
+            ]
+            if sweeps
+            else []
+        ),
         "## Stage wall times",
         "",
         table(["stage", "wall"], [[k, seconds(v)] for k, v in c["stages_s"].items()], "lr"),

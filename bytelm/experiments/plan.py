@@ -46,8 +46,12 @@ def ngram_values(source: Config, target: Config, *, where: str) -> dict:
     :class:`UserError` when either model has no such tables."""
     src, dst = source.model, target.model
     if src is None or not getattr(src, "ngram_sizes", ()):
-        raise UserError(f"{where}: ngram_from names a model without hashed n-gram tables (model.ngram_sizes is empty)")
+        raise UserError(
+            f"{where}: ngram_from names a model without hashed n-gram tables (model.ngram_sizes is empty)"
+        )
     if dst is None or not all(hasattr(dst, f) for f in NGRAM_FIELDS):
         family = dst.family if dst is not None else "none"
-        raise UserError(f"{where}: ngram_from needs a model with n-gram tables of its own (a byte or subword LM), not family {family!r}")
+        raise UserError(
+            f"{where}: ngram_from needs a model with n-gram tables of its own (a byte or subword LM), not family {family!r}"
+        )
     return {f"model.{f}": getattr(src, f) for f in NGRAM_FIELDS}

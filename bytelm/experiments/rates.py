@@ -117,4 +117,9 @@ class RateSearch:
 
     def choose(self, scores: Mapping[float, float | None]) -> RateChoice:
         """The outcome once :meth:`next_rates` is empty (or as far as the search got)."""
-        return RateChoice(self.best(scores), dict(scores), self.extensions(scores), self._edge(scores) != 0 and len(self.grid) > 1)
+        return RateChoice(
+            self.best(scores),
+            dict(scores),
+            self.extensions(scores),
+            self._edge(scores) != 0 and len(self.grid) > 1,
+        )

@@ -45,7 +45,14 @@ from bytelm.evaluation.evaluator import CorpusCache, evaluate_run, evaluate_trai
 from bytelm.evaluation.results import EvalSet, ModelResult
 from bytelm.experiments.plan import ngram_values, planned_ledger, schedule_values, sweep_steps
 from bytelm.experiments.rates import RateChoice, RateSearch, rate_label
-from bytelm.experiments.spec import TOKENIZER_KEYS, TOKENIZER_OPTIONS, Experiment, Member, cell_label, tokenizer_kind
+from bytelm.experiments.spec import (
+    TOKENIZER_KEYS,
+    TOKENIZER_OPTIONS,
+    Experiment,
+    Member,
+    cell_label,
+    tokenizer_kind,
+)
 from bytelm.families import ARTEFACT_KINDS, task_class
 from bytelm.ledger import Ledger
 from bytelm.rundir import RunDir
@@ -96,8 +103,11 @@ class Run:
         """The ``bytelm train`` command that trains this run: the member's config file and the ``--set``
         strings that turn it into this run's config."""
         base = load_config(self.config)
-        sets = [o for name in ("data", "model", "train", "eval")
-                for o in section_overrides(name, getattr(self.cfg, name), getattr(base, name))]
+        sets = [
+            o
+            for name in ("data", "model", "train", "eval")
+            for o in section_overrides(name, getattr(self.cfg, name), getattr(base, name))
+        ]
         quoted = " ".join(f"--set {shlex.quote(o)}" for o in sets)
         return f"bytelm train {shlex.quote(str(self.config))} --out {shlex.quote(str(self.run_dir))} {quoted}".rstrip()
 
@@ -130,8 +140,18 @@ class Runner:
 
     stopped_message = "run the same command again (same --out {out}) to resume"
 
-    def __init__(self, exp: Experiment, out: Path, *, data_spec: str | None = None, scale: float = 1.0, mode: str = "run",
-                 jobs: int = 1, progress: StageProgress | None = None, note: Note | None = None):
+    def __init__(
+        self,
+        exp: Experiment,
+        out: Path,
+        *,
+        data_spec: str | None = None,
+        scale: float = 1.0,
+        mode: str = "run",
+        jobs: int = 1,
+        progress: StageProgress | None = None,
+        note: Note | None = None,
+    ):
         self.exp, self.out, self.scale, self.mode, self.jobs = exp, out, scale, mode, jobs
         self.data_spec = data_spec
         self.progress = progress
@@ -146,7 +166,9 @@ class Runner:
 
     def bar(self, stage: str):
         progress = self.progress
-        return (lambda done, total=None, suffix="": progress(stage, done, total, suffix)) if progress else None
+        return (
+            (lambda done, total=None, suffix="": progress(stage, done, total, suffix)) if progress else None
+        )
 
     def timed(self, stage: str, t0: float) -> float:
         dt = time.perf_counter() - t0
@@ -161,12 +183,18 @@ class Runner:
         lr = "" if run.lr is None else f"-lr{rate_label(run.lr)}"
         short = "" if run.fraction == 1 else f"-f{run.fraction:g}"
         leaf = f"C{run.budget:.3g}{lr}-s{run.seed}{short}"
-        return f"{run.member}/{cell_label(run.cell)}/{leaf}", self.out / "runs" / run.member / cell_label(run.cell).replace("/", "_") / leaf
+        return f"{run.member}/{cell_label(run.cell)}/{leaf}", self.out / "runs" / run.member / cell_label(
+            run.cell
+        ).replace("/", "_") / leaf
 
     def tokenizer_dir(self, cell: dict) -> Path:
         kind, encoder = tokenizer_kind(cell)
         rule = "" if encoder in ("", "ranks", "viterbi") else f"-{encoder}"
-        return self.out / "tokenizers" / f"{kind}-{cell['tokenizer.vocab_size']}-{cell['tokenizer.pattern']}{rule}"
+        return (
+            self.out
+            / "tokenizers"
+            / f"{kind}-{cell['tokenizer.vocab_size']}-{cell['tokenizer.pattern']}{rule}"
+        )
 
     # -- configs
     def plain(self, member: Member) -> Config:
@@ -177,7 +205,9 @@ class Runner:
             if self.data_spec:
                 cfg = with_values(cfg, {"data.source": self.data_spec})
             if cfg.model is None:
-                raise UserError(f"{self.exp.kind} {self.exp.path}: {member.name!r}: its config {member.config} has no [model] section")
+                raise UserError(
+                    f"{self.exp.kind} {self.exp.path}: {member.name!r}: its config {member.config} has no [model] section"
+                )
             if member.ngram_from is not None:
                 source = self.plain(self.exp.member(member.ngram_from))
                 cfg = with_values(cfg, ngram_values(source, cfg, where=f"{self.exp.path}: {member.name!r}"))
@@ -196,32 +226,57 @@ class Runner:
             if kind == "tokenizer":
                 tok = self.cell_tokenizer(cell)
                 if not all(k in tok for k in TOKENIZER_KEYS):
-                    raise UserError(f"a {cfg.model.family} cell needs tokenizer.vocab_size and tokenizer.pattern")
+                    raise UserError(
+                        f"a {cfg.model.family} cell needs tokenizer.vocab_size and tokenizer.pattern"
+                    )
                 out[f"model.{field}"] = self.tokenizer_dir(tok).absolute()
             elif kind == "entropy_model":
                 if self.exp.entropy is None:
-                    maker = "a [[model]] with role = 'entropy'" if self.exp.kind == "compare" else "an [entropy] table"
-                    raise UserError(f"{self.exp.kind} {self.exp.path}: {member.name!r} ({cfg.model.family}) needs "
-                                    f"{ARTEFACT_KINDS[kind].noun}, but it has none: add {maker}")
+                    maker = (
+                        "a [[model]] with role = 'entropy'"
+                        if self.exp.kind == "compare"
+                        else "an [entropy] table"
+                    )
+                    raise UserError(
+                        f"{self.exp.kind} {self.exp.path}: {member.name!r} ({cfg.model.family}) needs "
+                        f"{ARTEFACT_KINDS[kind].noun}, but it has none: add {maker}"
+                    )
                 out[f"model.{field}"] = self.entropy_run().run_dir.absolute()
             else:
-                raise UserError(f"{member.name!r} needs {ARTEFACT_KINDS[kind].noun}, which an experiment cannot make")
+                raise UserError(
+                    f"{member.name!r} needs {ARTEFACT_KINDS[kind].noun}, which an experiment cannot make"
+                )
         return out
 
     def sized(self, member: Member, cell: dict, budget: float) -> Config:
         """The member's config for one cell at ``budget``: the cell's model values given to the family's
         size rule (or to the config's own sizes), its other values set."""
         plain = self.plain(member)
-        changes = typed_fields(type(plain.model), {k.split(".", 1)[1]: v for k, v in cell.items() if k.startswith("model.")})
+        changes = typed_fields(
+            type(plain.model), {k.split(".", 1)[1]: v for k, v in cell.items() if k.startswith("model.")}
+        )
         if self.exp.size is None:
             model = dataclasses.replace(plain.model, **changes)
         else:
             model = task_class(plain.model.family).sized(plain.model, self.exp.size.sizes(budget), changes)
-        rest = {k: v for k, v in cell.items() if not k.startswith("model.") and k not in TOKENIZER_KEYS + TOKENIZER_OPTIONS}
+        rest = {
+            k: v
+            for k, v in cell.items()
+            if not k.startswith("model.") and k not in TOKENIZER_KEYS + TOKENIZER_OPTIONS
+        }
         return with_values(dataclasses.replace(plain, model=model), rest)
 
     # -- planning
-    def plan(self, stage: str, member: Member, cell: dict, budget_index: int, lr: float | None, seed: int, fraction: float = 1.0) -> Run:
+    def plan(
+        self,
+        stage: str,
+        member: Member,
+        cell: dict,
+        budget_index: int,
+        lr: float | None,
+        seed: int,
+        fraction: float = 1.0,
+    ) -> Run:
         """The run's config and steps; planning errors (a bad cell) are kept in ``Run.error``. A run
         planned again by a later stage is the same run (a sweep run at the chosen rate is a grid cell)."""
         budget = self.budgets[budget_index]
@@ -242,7 +297,9 @@ class Runner:
             self.schedule(run, member, cfg, timed=self.exp.time_budget_s > 0)
         except (UserError, ValueError) as e:
             run.error = str(e)
-        if run.error is None and run.failure_file.is_file():  # a failed training would fail again: not retried
+        if (
+            run.error is None and run.failure_file.is_file()
+        ):  # a failed training would fail again: not retried
             run.error = f"{run.failure_file.read_text().strip()} (recorded in {run.failure_file}; delete {run.run_dir} to retry)"
         return run
 
@@ -261,7 +318,9 @@ class Runner:
         if run.fraction < 1:
             steps = sweep_steps(steps, run.fraction)
         values = schedule_values(cfg, steps, self.exp.eval_points)
-        if timed and not run.artefact:  # the FLOP plan's warmup and eval spacing stay; the time decides the steps
+        if (
+            timed and not run.artefact
+        ):  # the FLOP plan's warmup and eval spacing stay; the time decides the steps
             values["train.time_budget_s"] = self.exp.time_budget_s * run.fraction
         run.cfg = with_values(cfg, values)
         run.steps = None if timed and not run.artefact else steps
@@ -281,11 +340,13 @@ class Runner:
                 where = "[ablation] set" if self.exp.kind == "ablate" else "[compare] set"
                 raise UserError(
                     f"{self.exp.kind} {self.exp.path}: learning rates are chosen on the validation split, but "
-                    f"data.validation_fraction is 0: add \"data.validation_fraction=0.05\" to {where}"
+                    f'data.validation_fraction is 0: add "data.validation_fraction=0.05" to {where}'
                 )
             self.validation_set = EvalSet.from_corpus(self.corpus, "validation")
         e = self.eval_set
-        self.say(f"corpus {self.corpus.spec}: {e.n_bytes:,} held-out bytes in {len(e.data):,} segments, fingerprint {e.fingerprint[:16]}...")
+        self.say(
+            f"corpus {self.corpus.spec}: {e.n_bytes:,} held-out bytes in {len(e.data):,} segments, fingerprint {e.fingerprint[:16]}..."
+        )
         self.timed("corpus", t0)
 
     # -- stage 1: artefacts
@@ -309,8 +370,13 @@ class Runner:
         for m in self.exp.members:
             for cell in m.cells():
                 try:
-                    model = dataclasses.replace(self.plain(m).model, **typed_fields(
-                        type(self.plain(m).model), {k.split(".", 1)[1]: v for k, v in cell.items() if k.startswith("model.")}))
+                    model = dataclasses.replace(
+                        self.plain(m).model,
+                        **typed_fields(
+                            type(self.plain(m).model),
+                            {k.split(".", 1)[1]: v for k, v in cell.items() if k.startswith("model.")},
+                        ),
+                    )
                 except (UserError, ValueError):
                     continue  # a bad cell is reported with the cells
                 if "entropy_model" in task_class(model.family).artefacts_of(model).values():
@@ -351,21 +417,35 @@ class Runner:
             self.say(f"tokenizer {tdir.name}: exists, skipped")
             return None
         if self.mode == "print":
-            data = " ".join(f"--set {shlex.quote(o)}" for o in section_overrides("data", self.plain(self.exp.members[0]).data,
-                                                                                  load_config(None).data))
+            data = " ".join(
+                f"--set {shlex.quote(o)}"
+                for o in section_overrides(
+                    "data", self.plain(self.exp.members[0]).data, load_config(None).data
+                )
+            )
             rule = f" --encoder {shlex.quote(encoder)}" if encoder else ""
-            return (f"bytelm tokenizer train {data} --kind {kind}{rule} --vocab-size {vocab} --pattern {shlex.quote(pattern)} "
-                    f"--out {shlex.quote(str(tdir))}")
+            return (
+                f"bytelm tokenizer train {data} --kind {kind}{rule} --vocab-size {vocab} --pattern {shlex.quote(pattern)} "
+                f"--out {shlex.quote(str(tdir))}"
+            )
         if self.mode == "run":
             t0 = time.perf_counter()
             try:
-                made = train_tokenizer(kind, self.corpus, vocab_size=vocab, pattern=pattern, progress=self.bar(f"tokenizer {tdir.name}"))
+                made = train_tokenizer(
+                    kind,
+                    self.corpus,
+                    vocab_size=vocab,
+                    pattern=pattern,
+                    progress=self.bar(f"tokenizer {tdir.name}"),
+                )
                 if encoder:
                     made = made.with_encoder(encoder)
                 with atomic_directory(tdir) as tmp:
                     made.save(tmp)
                 dt = self.timed("tokenizer", t0)
-                self.say(f"tokenizer {tdir.name}: {made.kind}, {made.n_vocab} ids ({pattern}, encoder {made.encoder}) in {dt:.1f}s")
+                self.say(
+                    f"tokenizer {tdir.name}: {made.kind}, {made.n_vocab} ids ({pattern}, encoder {made.encoder}) in {dt:.1f}s"
+                )
             except (UserError, ValueError) as e:
                 self.failed_artefacts[str(tdir)] = str(e)
                 self.say(f"tokenizer {tdir.name}: FAILED: {e}")
@@ -390,7 +470,9 @@ class Runner:
     def artefacts_missing(self) -> bool:
         if any(not is_saved(self.tokenizer_dir(tok)) for tok in self.tokenizer_cells()):
             return True
-        return self.exp.entropy is not None and self.needs_entropy_model() and not self.entropy_run().finished()
+        return (
+            self.exp.entropy is not None and self.needs_entropy_model() and not self.entropy_run().finished()
+        )
 
     # -- training
     def execute(self, runs: list[Run], stage: str) -> None:
@@ -399,25 +481,40 @@ class Runner:
             if r.error is not None and r.failure_file.is_file():
                 self.say(f"{stage}: {r.id} failed earlier: {r.error}")
             elif r.error is None and r.finished():
-                self.say(f"train {r.id}: finished earlier ({RunDir(r.run_dir).info_or_empty().get('step')} steps), skipped")
+                self.say(
+                    f"train {r.id}: finished earlier ({RunDir(r.run_dir).info_or_empty().get('step')} steps), skipped"
+                )
         todo = [r for r in runs if r.error is None and not r.finished()]
         if not todo:
             return
         if self.jobs > 1:
             with concurrent.futures.ThreadPoolExecutor(self.jobs) as pool:
                 for i, (run, rc, err) in enumerate(pool.map(self._subprocess, todo)):
-                    self.say(f"{stage} [{i + 1}/{len(todo)}] {run.id}: " + ("done" if rc == 0 else f"FAILED: {err}"))
+                    self.say(
+                        f"{stage} [{i + 1}/{len(todo)}] {run.id}: "
+                        + ("done" if rc == 0 else f"FAILED: {err}")
+                    )
             return
         for run in todo:
             ledger, steps = run.ledger, run.cfg.train.steps
             if run.steps is None:
-                self.say(f"train {run.id} ({run.cfg.model.family}): {run.cfg.train.time_budget_s:g}s of training at {ledger.own_per_step:.3g} FLOPs per step")
+                self.say(
+                    f"train {run.id} ({run.cfg.model.family}): {run.cfg.train.time_budget_s:g}s of training at {ledger.own_per_step:.3g} FLOPs per step"
+                )
             else:
-                aux = f" + auxiliary {ledger.auxiliary(steps):.3g} = {ledger.total(steps):.3g}" if ledger.auxiliary(steps) else ""
-                self.say(f"train {run.id} ({run.cfg.model.family}): {steps} steps x {ledger.own_per_step:.3g} FLOPs = {ledger.own(steps):.3g}{aux} FLOPs")
+                aux = (
+                    f" + auxiliary {ledger.auxiliary(steps):.3g} = {ledger.total(steps):.3g}"
+                    if ledger.auxiliary(steps)
+                    else ""
+                )
+                self.say(
+                    f"train {run.id} ({run.cfg.model.family}): {steps} steps x {ledger.own_per_step:.3g} FLOPs = {ledger.own(steps):.3g}{aux} FLOPs"
+                )
             t0 = time.perf_counter()
             try:
-                result = loop.train(run.cfg, run.run_dir, corpus=self.corpus, progress=self.bar(f"train {run.id}"))
+                result = loop.train(
+                    run.cfg, run.run_dir, corpus=self.corpus, progress=self.bar(f"train {run.id}")
+                )
             except Exception as e:  # one broken run never stops the others
                 log.debug("run %s failed", run.id, exc_info=True)
                 run.error = str(e) if isinstance(e, UserError) else f"{type(e).__name__}: {e}"
@@ -428,8 +525,10 @@ class Runner:
                 self.timed(f"train {run.id}", t0)
             run.train_s = result.train_s
             if result.stopped_by_signal or not run.finished():
-                raise StageStopped(f"training {run.id} stopped at step {result.step} (checkpoint saved in {run.run_dir}); "
-                                   + self.stopped_message.format(out=self.out))
+                raise StageStopped(
+                    f"training {run.id} stopped at step {result.step} (checkpoint saved in {run.run_dir}); "
+                    + self.stopped_message.format(out=self.out)
+                )
             if result.trainer is not None:  # score it now, without a restore
                 for split in self.splits(run):
                     self.evaluate(run, split, trainer=result.trainer)
@@ -477,7 +576,9 @@ class Runner:
             if trainer is not None:
                 result = evaluate_trained(trainer, run.run_dir, eval_set, name=run.member, progress=bar)
             else:
-                result = evaluate_run(run.run_dir, eval_set, name=run.member, corpus=self.corpus, progress=bar)
+                result = evaluate_run(
+                    run.run_dir, eval_set, name=run.member, corpus=self.corpus, progress=bar
+                )
         except (UserError, ValueError) as e:
             run.error = f"evaluation failed: {e}"
             return
@@ -499,12 +600,19 @@ class Runner:
         if stage == "sweep":
             return [run for m in exp.members if self.searches_rate(m) for run in self.sweep_runs(m)]
         if stage == "grid":
-            return [self.plan("grid", m, cell, b, self.chosen[self.lr_member(m)], 0)
-                    for m in exp.members if self.lr_member(m) in self.chosen for b in range(len(self.budgets)) for cell in m.cells()]
+            return [
+                self.plan("grid", m, cell, b, self.chosen[self.lr_member(m)], 0)
+                for m in exp.members
+                if self.lr_member(m) in self.chosen
+                for b in range(len(self.budgets))
+                for cell in m.cells()
+            ]
         if stage == "seeds":
             runs = []
             for m, best in self.best_cells().items():
-                runs += [self.plan("seeds", m, best.cell, 0, best.lr, s) for s in range(1, exp.extra_seeds + 1)]
+                runs += [
+                    self.plan("seeds", m, best.cell, 0, best.lr, s) for s in range(1, exp.extra_seeds + 1)
+                ]
             return runs
         raise ValueError(stage)
 
@@ -522,7 +630,9 @@ class Runner:
         runs: dict[float, Run] = {}
         while rates := search.next_rates(self.sweep_scores(runs.values())):
             if len(runs) >= len(search.grid):
-                self.say(f"learning rate of {m.name}: the best so far is at an end of the rates tried; trying {rate_label(rates[0])}")
+                self.say(
+                    f"learning rate of {m.name}: the best so far is at an end of the rates tried; trying {rate_label(rates[0])}"
+                )
             for lr in rates:
                 run = runs[lr] = self.plan("sweep", m, m.sweep_cell(), 0, lr, 0, self.exp.sweep_fraction)
                 if run.error is None and run.finished() and run.validation_bpb is None:
@@ -534,7 +644,11 @@ class Runner:
     @staticmethod
     def sweep_scores(runs) -> dict[float, float | None]:
         """Validation BPB per rate of the search runs scored so far (None: the run failed, a loss)."""
-        return {r.lr: None if r.error is not None else r.validation_bpb for r in runs if r.error is not None or r.validation_bpb is not None}
+        return {
+            r.lr: None if r.error is not None else r.validation_bpb
+            for r in runs
+            if r.error is not None or r.validation_bpb is not None
+        }
 
     def choose_rates(self) -> None:
         """Each member's rate once its search is over (every rate trained or failed, no extension due);
@@ -549,20 +663,39 @@ class Runner:
             search, scores = RateSearch(self.exp.learning_rates), self.sweep_scores(runs)
             done = len(scores) == len(runs) and not search.next_rates(scores)
             choice: RateChoice = search.choose(scores)
-            self.searches[m.name] = {"cell": cell_label(m.sweep_cell()), **choice.record(), "chosen": None, "grid": list(search.grid),
-                                     "fraction": self.exp.sweep_fraction, "errors": {rate_label(r.lr): r.error for r in runs if r.error}}
+            self.searches[m.name] = {
+                "cell": cell_label(m.sweep_cell()),
+                **choice.record(),
+                "chosen": None,
+                "grid": list(search.grid),
+                "fraction": self.exp.sweep_fraction,
+                "errors": {rate_label(r.lr): r.error for r in runs if r.error},
+            }
             if done and choice.chosen is not None:
                 self.chosen[m.name] = choice.chosen
                 self.searches[m.name]["chosen"] = choice.chosen
                 edge = " (STILL AT AN EDGE after the extensions)" if choice.at_edge else ""
-                self.say(f"learning rate of {m.name}: {rate_label(choice.chosen)}{edge} (validation BPB " +
-                         ", ".join(f"{rate_label(lr)}: " + ("failed" if b is None else f"{b:.4f}") for lr, b in sorted(scores.items())) + ")")
+                self.say(
+                    f"learning rate of {m.name}: {rate_label(choice.chosen)}{edge} (validation BPB "
+                    + ", ".join(
+                        f"{rate_label(lr)}: " + ("failed" if b is None else f"{b:.4f}")
+                        for lr, b in sorted(scores.items())
+                    )
+                    + ")"
+                )
 
     def best_cells(self) -> dict[Member, Run]:
         best = {}
         for m in self.exp.members:
-            runs = [r for r in self.runs.values() if r.in_grid and r.member == m.name and r.budget_index == 0 and r.seed == 0
-                    and r.result is not None]
+            runs = [
+                r
+                for r in self.runs.values()
+                if r.in_grid
+                and r.member == m.name
+                and r.budget_index == 0
+                and r.seed == 0
+                and r.result is not None
+            ]
             if runs:
                 best[m] = min(runs, key=lambda r: r.result.bpb)
         return best
@@ -591,4 +724,3 @@ class Runner:
             if pending:  # collect mode: later stages depend on this one
                 return stage, []
         return "done", []
-

@@ -25,7 +25,10 @@ from bytelm.models.configs import StackConfig
 
 TOKENIZER_KEYS = ("tokenizer.vocab_size", "tokenizer.pattern")  # required of a subword cell
 TOKENIZER_OPTIONS = ("tokenizer.kind", "tokenizer.encoder")
-ROLES = ("compared", "entropy")  # a compare preset's [[model]] role: compared, or the entropy model of the BLT models
+ROLES = (
+    "compared",
+    "entropy",
+)  # a compare preset's [[model]] role: compared, or the entropy model of the BLT models
 
 
 def _positive(name: str, value: float) -> None:
@@ -55,15 +58,27 @@ class SizeRule:
 
     def __post_init__(self) -> None:
         if self.width_multiple % self.head_dim:
-            raise ValueError(f"size.width_multiple {self.width_multiple} must be a multiple of size.head_dim {self.head_dim} (whole heads)")
-        if self.min_layers < 1 or not self.tokens_per_param > 0 or not self.width_per_layer > 0 or not self.mlp_ratio > 0:
-            raise ValueError("size.min_layers must be >= 1 and size.tokens_per_param, width_per_layer, mlp_ratio > 0")
+            raise ValueError(
+                f"size.width_multiple {self.width_multiple} must be a multiple of size.head_dim {self.head_dim} (whole heads)"
+            )
+        if (
+            self.min_layers < 1
+            or not self.tokens_per_param > 0
+            or not self.width_per_layer > 0
+            or not self.mlp_ratio > 0
+        ):
+            raise ValueError(
+                "size.min_layers must be >= 1 and size.tokens_per_param, width_per_layer, mlp_ratio > 0"
+            )
 
     def trunk(self, budget: float) -> tuple[int, int]:
         """``(d_model, n_layers)`` for ``budget`` training FLOPs."""
         n = math.sqrt(budget / (6.0 * self.tokens_per_param))
         layers = max(self.min_layers, round((n / (12.0 * self.width_per_layer**2)) ** (1 / 3)))
-        width = max(self.width_multiple, self.width_multiple * round(math.sqrt(n / (12.0 * layers)) / self.width_multiple))
+        width = max(
+            self.width_multiple,
+            self.width_multiple * round(math.sqrt(n / (12.0 * layers)) / self.width_multiple),
+        )
         return width, layers
 
     def mlp(self, d: int) -> int:
@@ -73,8 +88,10 @@ class SizeRule:
         """The trunk at ``budget`` and its half-width local stacks (half as deep, at least one layer)."""
         d, L = self.trunk(budget)
         local = max(self.width_multiple, self.width_multiple * round(d / 2 / self.width_multiple))
-        return Trunk(StackConfig(d, L, max(1, d // self.head_dim), self.mlp(d)),
-                     StackConfig(local, max(1, -(-L // 2)), max(1, local // self.head_dim), self.mlp(local)))
+        return Trunk(
+            StackConfig(d, L, max(1, d // self.head_dim), self.mlp(d)),
+            StackConfig(local, max(1, -(-L // 2)), max(1, local // self.head_dim), self.mlp(local)),
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -121,7 +138,9 @@ class Experiment:
     time_budget_s: float = 0.0  # > 0: every run of a compared member trains this long instead
     entropy: Member | None = None  # the entropy model of the BLT members (an artefact, its own budget)
     entropy_budget: float = 0.0
-    tokenizer: dict = dataclasses.field(default_factory=dict)  # a preset's one subword tokenizer: tokenizer.* -> value
+    tokenizer: dict = dataclasses.field(
+        default_factory=dict
+    )  # a preset's one subword tokenizer: tokenizer.* -> value
 
     def member(self, name: str) -> Member:
         return next(m for m in (*self.members, *([self.entropy] if self.entropy else [])) if m.name == name)
@@ -142,7 +161,9 @@ def find_toml(name_or_path: str, directory: Path, what: str) -> Path:
     path = directory / f"{name_or_path}.toml"
     if not path.is_file():
         known = sorted(q.stem for q in directory.glob("*.toml")) if directory.is_dir() else []
-        raise UserError(f"no {what} {name_or_path!r} (known: {', '.join(known) or 'none'}); or give a TOML file path")
+        raise UserError(
+            f"no {what} {name_or_path!r} (known: {', '.join(known) or 'none'}); or give a TOML file path"
+        )
     return path
 
 
@@ -175,15 +196,22 @@ def _config_path(path: Path, where: str, config: str) -> Path:
 def _check_names(path: Path, what: str, members: list[Member], reserved: tuple[str, ...] = ()) -> None:
     names = [m.name for m in members]
     if not members or len(set(names)) != len(names) or set(names) & set(reserved):
-        raise UserError(f"{what} {path}: needs [[{'family' if what == 'grid' else 'model'}]] tables with distinct names"
-                        + (f" (not {', '.join(map(repr, reserved))})" if reserved else "") + f", got {names}")
+        raise UserError(
+            f"{what} {path}: needs [[{'family' if what == 'grid' else 'model'}]] tables with distinct names"
+            + (f" (not {', '.join(map(repr, reserved))})" if reserved else "")
+            + f", got {names}"
+        )
     sweeping = {m.name for m in members if m.lr_from is None}
     noun = "family" if what == "grid" else "model"
     for m in members:
         if m.lr_from is not None and m.lr_from not in sweeping:
-            raise UserError(f"{what} {path}: {noun} {m.name!r}: lr_from {m.lr_from!r} must name a {noun} that sweeps its own rate")
+            raise UserError(
+                f"{what} {path}: {noun} {m.name!r}: lr_from {m.lr_from!r} must name a {noun} that sweeps its own rate"
+            )
         if m.ngram_from is not None and (m.ngram_from not in names or m.ngram_from == m.name):
-            raise UserError(f"{what} {path}: {noun} {m.name!r}: ngram_from {m.ngram_from!r} must name another {noun} of {names}")
+            raise UserError(
+                f"{what} {path}: {noun} {m.name!r}: ngram_from {m.ngram_from!r} must name another {noun} of {names}"
+            )
 
 
 def _name(value: str, where: str) -> str:
@@ -210,9 +238,13 @@ class _CompareTable:
         if not 0 < self.sweep_fraction <= 1:
             raise ValueError(f"sweep_fraction must be in (0, 1], got {self.sweep_fraction}")
         if self.seeds < 1:
-            raise ValueError(f"seeds must be a whole number >= 1 (seeds per compared model), got {self.seeds}")
+            raise ValueError(
+                f"seeds must be a whole number >= 1 (seeds per compared model), got {self.seeds}"
+            )
         if self.eval_points < 1 or not self.time_budget_s >= 0:
-            raise ValueError(f"eval_points must be >= 1 and time_budget_s >= 0, got {self.eval_points} and {self.time_budget_s}")
+            raise ValueError(
+                f"eval_points must be >= 1 and time_budget_s >= 0, got {self.eval_points} and {self.time_budget_s}"
+            )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -227,7 +259,9 @@ class _TokenizerTable:
             raise ValueError(f"kind is {self.kind!r}; use one of {list(KINDS)}")
         own = "ranks" if self.kind == "bpe" else "viterbi"
         if self.encoder not in ("", "longest", own):
-            raise ValueError(f"encoder is {self.encoder!r}: a {self.kind} tokenizer's rule is its own ('' or {own}) or 'longest'")
+            raise ValueError(
+                f"encoder is {self.encoder!r}: a {self.kind} tokenizer's rule is its own ('' or {own}) or 'longest'"
+            )
         if self.vocab_size < 1:
             raise ValueError(f"vocab_size must be >= 1, got {self.vocab_size}")
 
@@ -260,8 +294,15 @@ def load_preset(path: Path, *, seeds: int | None = None, time_budget_s: float | 
     for i, table in enumerate(raw.get("model", [])):
         where = f"preset {path} [[model]] #{i + 1}"
         m = _section(where, "model", _ModelTable, table)
-        member = Member(m.name, _config_path(path, where, m.config), m.set, lr_from=None, ngram_from=m.ngram_from or None,
-                        role=m.role, flop_budget=m.flop_budget or None)
+        member = Member(
+            m.name,
+            _config_path(path, where, m.config),
+            m.set,
+            lr_from=None,
+            ngram_from=m.ngram_from or None,
+            role=m.role,
+            flop_budget=m.flop_budget or None,
+        )
         (entropy if m.role == "entropy" else members).append(member)
     if len(entropy) > 1:
         raise UserError(f"preset {path}: at most one model may have role = 'entropy'")
@@ -271,11 +312,20 @@ def load_preset(path: Path, *, seeds: int | None = None, time_budget_s: float | 
     if time_budget_s is not None and not time_budget_s > 0:
         raise UserError(f"the time budget must be > 0 seconds, got {time_budget_s}")
     return Experiment(
-        kind="compare", name=path.stem, path=path, budgets=(comp.flop_budget,), members=tuple(members),
-        learning_rates=comp.learning_rates, size=None, overrides=comp.set, eval_points=comp.eval_points,
-        extra_seeds=(seeds or comp.seeds) - 1, sweep_fraction=comp.sweep_fraction,
+        kind="compare",
+        name=path.stem,
+        path=path,
+        budgets=(comp.flop_budget,),
+        members=tuple(members),
+        learning_rates=comp.learning_rates,
+        size=None,
+        overrides=comp.set,
+        eval_points=comp.eval_points,
+        extra_seeds=(seeds or comp.seeds) - 1,
+        sweep_fraction=comp.sweep_fraction,
         time_budget_s=time_budget_s or comp.time_budget_s,
-        entropy=entropy[0] if entropy else None, entropy_budget=(entropy[0].flop_budget or comp.flop_budget) if entropy else 0.0,
+        entropy=entropy[0] if entropy else None,
+        entropy_budget=(entropy[0].flop_budget or comp.flop_budget) if entropy else 0.0,
         tokenizer={f"tokenizer.{k}": v for k, v in dataclasses.asdict(tok).items()},
     )
 
@@ -295,7 +345,9 @@ class _AblationTable:
         for b in (*self.budgets, *self.learning_rates):
             _positive("budgets and learning_rates", b)
         if self.extra_seeds < 0 or self.eval_points < 1:
-            raise ValueError(f"extra_seeds must be >= 0 and eval_points >= 1, got {self.extra_seeds} and {self.eval_points}")
+            raise ValueError(
+                f"extra_seeds must be >= 0 and eval_points >= 1, got {self.extra_seeds} and {self.eval_points}"
+            )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -315,7 +367,9 @@ class _FamilyTable:
             raise ValueError(f"grid must map config keys to non-empty lists of values, got {self.grid!r}")
         sweep = {} if self.sweep is None else self.sweep
         if not isinstance(sweep, dict) or any(k not in grid or v not in grid[k] for k, v in sweep.items()):
-            raise ValueError(f"sweep must pick one listed value of some grid keys, got {self.sweep!r} for grid {grid!r}")
+            raise ValueError(
+                f"sweep must pick one listed value of some grid keys, got {self.sweep!r} for grid {grid!r}"
+            )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -339,17 +393,42 @@ def load_grid(path: Path) -> Experiment:
     for i, table in enumerate(raw.get("family", [])):
         where = f"grid {path} [[family]] #{i + 1}"
         f = _section(where, "family", _FamilyTable, table)
-        members.append(Member(f.name, _config_path(path, where, f.config), f.set, tuple((k, tuple(v)) for k, v in (f.grid or {}).items()),
-                              tuple((f.sweep or {}).items()), f.lr_from or None, f.ngram_from or None))
+        members.append(
+            Member(
+                f.name,
+                _config_path(path, where, f.config),
+                f.set,
+                tuple((k, tuple(v)) for k, v in (f.grid or {}).items()),
+                tuple((f.sweep or {}).items()),
+                f.lr_from or None,
+                f.ngram_from or None,
+            )
+        )
     _check_names(path, "grid", members, reserved=("entropy",))
     entropy = None
     if "entropy" in raw:
         e = _section(f"grid {path}", "entropy", _EntropyTable, raw["entropy"])
-        entropy = Member("entropy", _config_path(path, f"grid {path} [entropy]", e.config), e.set, role="entropy", flop_budget=e.flop_budget)
+        entropy = Member(
+            "entropy",
+            _config_path(path, f"grid {path} [entropy]", e.config),
+            e.set,
+            role="entropy",
+            flop_budget=e.flop_budget,
+        )
     return Experiment(
-        kind="ablate", name=path.stem, path=path, budgets=tuple(sorted(ab.budgets)), members=tuple(members),
-        learning_rates=ab.learning_rates, size=size, overrides=ab.set, eval_points=ab.eval_points, extra_seeds=ab.extra_seeds,
-        sweep_fraction=1.0, entropy=entropy, entropy_budget=entropy.flop_budget if entropy else 0.0,
+        kind="ablate",
+        name=path.stem,
+        path=path,
+        budgets=tuple(sorted(ab.budgets)),
+        members=tuple(members),
+        learning_rates=ab.learning_rates,
+        size=size,
+        overrides=ab.set,
+        eval_points=ab.eval_points,
+        extra_seeds=ab.extra_seeds,
+        sweep_fraction=1.0,
+        entropy=entropy,
+        entropy_budget=entropy.flop_budget if entropy else 0.0,
     )
 
 

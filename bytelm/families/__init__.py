@@ -19,5 +19,14 @@ register(megabyte.MegaByteTask)
 register(blt.BLTTask)
 
 __all__ = [
-    "ARTEFACT_KINDS", "FAMILIES", "STATS_KEY", "ArtefactKind", "Task", "Trunk", "config_class", "names", "register", "task_class",
+    "ARTEFACT_KINDS",
+    "FAMILIES",
+    "STATS_KEY",
+    "ArtefactKind",
+    "Task",
+    "Trunk",
+    "config_class",
+    "names",
+    "register",
+    "task_class",
 ]

@@ -43,13 +43,17 @@ class ArtefactKind:
 
     noun: str  # "entropy model"
     made_by: str  # the command that makes one
-    run_family: str | None = None  # a run directory of this family, restored by the trainer; None: a plain directory
+    run_family: str | None = (
+        None  # a run directory of this family, restored by the trainer; None: a plain directory
+    )
     preset_role: str | None = None  # the role of a compare preset's [[model]] whose run is this artefact
 
 
 ARTEFACT_KINDS = {
     "tokenizer": ArtefactKind("tokenizer", "bytelm tokenizer train --out DIR"),
-    "entropy_model": ArtefactKind("entropy model", "bytelm train configs/tiny/entropy.toml", run_family="byte", preset_role="entropy"),
+    "entropy_model": ArtefactKind(
+        "entropy model", "bytelm train configs/tiny/entropy.toml", run_family="byte", preset_role="entropy"
+    ),
 }
 
 
@@ -85,8 +89,14 @@ class Task:
         raise UserError(f"the family {cls.family!r} has no size rule (Task.sized)")
 
     def __init__(
-        self, cfg, corpus: Corpus | None, run_dir: Path | None = None, *, modules: Mapping[str, nnx.Module] | None = None,
-        records: Mapping[str, dict] | None = None, record: Mapping | None = None,
+        self,
+        cfg,
+        corpus: Corpus | None,
+        run_dir: Path | None = None,
+        *,
+        modules: Mapping[str, nnx.Module] | None = None,
+        records: Mapping[str, dict] | None = None,
+        record: Mapping | None = None,
     ):
         self.cfg = cfg
         self.corpus = corpus
@@ -103,7 +113,9 @@ class Task:
     def train_stream(self) -> np.ndarray:
         raise NotImplementedError
 
-    def train_batches(self, start_step: int, process_index: int = 0, process_count: int = 1) -> Iterator[dict]:
+    def train_batches(
+        self, start_step: int, process_index: int = 0, process_count: int = 1
+    ) -> Iterator[dict]:
         """Training batches from step ``start_step`` on: this host's rows (``process_index`` of
         ``process_count``, the trainer passes JAX's) of each global batch, with family arrays."""
         t = self.cfg.train
@@ -137,7 +149,9 @@ class Task:
                 f"{self.cfg.train.seq_len}: set data.segment_bytes so segments fit the training context "
                 "(scores past it would measure length extrapolation, not the model)"
             )
-        rows = segment_rows(encoded, width=self.cfg.train.seq_len + 1, batch_size=batch_size, with_nbytes=self.uses_nbytes)
+        rows = segment_rows(
+            encoded, width=self.cfg.train.seq_len + 1, batch_size=batch_size, with_nbytes=self.uses_nbytes
+        )
         for batch, n_real in rows:
             yield self.decorate(batch), n_real
 

@@ -36,13 +36,19 @@ def register(task: type[Task]) -> type[Task]:
     if not isinstance(name, str) or not name or not name.replace("_", "").replace("-", "").isalnum():
         raise ValueError(f"a family needs a name of letters, digits, '-' and '_' (Task.family), got {name!r}")
     cfg_cls = getattr(task, "config_class", None)
-    if not (isinstance(cfg_cls, type) and issubclass(cfg_cls, ModelConfig) and dataclasses.is_dataclass(cfg_cls)):
+    if not (
+        isinstance(cfg_cls, type) and issubclass(cfg_cls, ModelConfig) and dataclasses.is_dataclass(cfg_cls)
+    ):
         raise ValueError(f"family {name!r}: config_class must be a ModelConfig dataclass, got {cfg_cls!r}")
     default = cfg_cls.__dataclass_fields__["family"].default
     if default != name:
-        raise ValueError(f"family {name!r}: its config_class {cfg_cls.__name__} has family = {default!r}; make them equal")
+        raise ValueError(
+            f"family {name!r}: its config_class {cfg_cls.__name__} has family = {default!r}; make them equal"
+        )
     if FAMILIES.get(name, task) is not task:
-        raise ValueError(f"the family name {name!r} is taken by {FAMILIES[name].__module__}.{FAMILIES[name].__name__}")
+        raise ValueError(
+            f"the family name {name!r} is taken by {FAMILIES[name].__module__}.{FAMILIES[name].__name__}"
+        )
     FAMILIES[name] = task
     return task
 
@@ -67,7 +73,9 @@ def task_class(family: str) -> type[Task]:
     if family not in FAMILIES:
         close = difflib.get_close_matches(family, list(FAMILIES), n=1)
         hint = f"; did you mean '{close[0]}'?" if close else ""
-        raise UserError(f"model.family = {family!r} is not a known family ({', '.join(sorted(FAMILIES))}){hint}")
+        raise UserError(
+            f"model.family = {family!r} is not a known family ({', '.join(sorted(FAMILIES))}){hint}"
+        )
     return FAMILIES[family]
 
 

@@ -36,13 +36,13 @@ from bytelm.atomic import atomic_write_text
 from bytelm.config import Config, dump_config, load_config, with_overrides, with_values
 from bytelm.constants import NUM_BYTE_IDS
 from bytelm.errors import UserError
+from bytelm.families import task_class
 from bytelm.families.blt.config import BLTConfig
 from bytelm.families.byte.config import ByteLMConfig
 from bytelm.interop.safetensors import SafetensorsFolder, write_safetensors
 from bytelm.models.configs import StackConfig, with_stacks
 from bytelm.rundir import RunDir
 from bytelm.training.checkpoint import Checkpointer
-from bytelm.families import task_class
 from bytelm.training.restore import restore_model
 from bytelm.training.trainer import count_params
 
@@ -115,14 +115,29 @@ def blt_entries(cfg) -> list[Entry]:
     e, d = "model.local_encoder", "model.local_decoder"
     out = [Entry(("encoder", "byte_embed", "table"), f"{e}.embed_tokens.weight", "rows")]
     n = cfg.hash_table_size
-    for t in range(len(cfg.ngram_sizes) * cfg.hash_functions):  # the reference fuses the tables, function-major
-        out.append(Entry(("encoder", "ngram_embeds", t, "table"), "model.encoder_hash_tok_embedding.weight", "rows_slice", rows=(t * n, (t + 1) * n)))
+    for t in range(
+        len(cfg.ngram_sizes) * cfg.hash_functions
+    ):  # the reference fuses the tables, function-major
+        out.append(
+            Entry(
+                ("encoder", "ngram_embeds", t, "table"),
+                "model.encoder_hash_tok_embedding.weight",
+                "rows_slice",
+                rows=(t * n, (t + 1) * n),
+            )
+        )
     for i in range(cfg.encoder_layers):
         out += _block_entries(("encoder", "stack", "blocks", i), f"{e}.layers.{i}", True)
     out.append(Entry(("encoder", "to_queries"), f"{e}.patch_embedding_projection.weight", "linear"))
     out += _cross_entries(("encoder", "cross", 0), f"{e}.cross_attn_layers.0")
     if cfg.queries_per_patch * cfg.local_d_model != cfg.global_d_model:
-        out.append(Entry(("encoder", "to_global"), "model.global_transformer.token_embedding_projection.weight", "linear"))
+        out.append(
+            Entry(
+                ("encoder", "to_global"),
+                "model.global_transformer.token_embedding_projection.weight",
+                "linear",
+            )
+        )
     else:  # the reference has no projection at these widths (nn.Identity)
         out.append(Entry(("encoder", "to_global"), "", "identity"))
     for i in range(cfg.global_layers):
@@ -132,7 +147,10 @@ def blt_entries(cfg) -> list[Entry]:
         out += _cross_entries(("decoder", "cross", j), f"{d}.cross_attn_layers.{j}")
     for i in range(cfg.decoder_layers):
         out += _block_entries(("decoder", "stack", "blocks", i), f"{d}.layers.{i}", True)
-    out += [Entry(("decoder", "norm", "scale"), f"{d}.norm.weight", "copy"), Entry(("decoder", "head"), "lm_head.weight", "head")]
+    out += [
+        Entry(("decoder", "norm", "scale"), f"{d}.norm.weight", "copy"),
+        Entry(("decoder", "head"), "lm_head.weight", "head"),
+    ]
     return out
 
 
@@ -240,8 +258,12 @@ def _read(flat, path) -> np.ndarray:
     return a if layer is None else a[layer]
 
 
-def load_entries(model: nnx.Module, entries: list[Entry], tensors: SafetensorsFolder,
-                 progress: Callable[[int, int], None] | None = None) -> None:
+def load_entries(
+    model: nnx.Module,
+    entries: list[Entry],
+    tensors: SafetensorsFolder,
+    progress: Callable[[int, int], None] | None = None,
+) -> None:
     """Set every parameter of ``model`` (concrete, or abstract from ``nnx.eval_shape``) from
     ``tensors`` by ``entries``. All shapes are checked before any parameter is set, and a parameter
     that no entry fills is an error."""
@@ -253,7 +275,9 @@ def load_entries(model: nnx.Module, entries: list[Entry], tensors: SafetensorsFo
     for e in entries:
         if e.kind == "identity":
             if len(set(_shape(flat, e.path))) != 1:
-                problems.append(f"{'.'.join(map(str, e.path))} of shape {_shape(flat, e.path)} cannot be the identity")
+                problems.append(
+                    f"{'.'.join(map(str, e.path))} of shape {_shape(flat, e.path)} cannot be the identity"
+                )
             continue
         if e.hf not in tensors:
             problems.append(f"{e.hf} is missing")
@@ -261,7 +285,9 @@ def load_entries(model: nnx.Module, entries: list[Entry], tensors: SafetensorsFo
         target, have = _shape(flat, e.path), tensors.shape(e.hf)
         if e.kind == "rows_slice":
             if len(have) != 2 or have[1] != target[1] or have[0] < e.rows[1]:
-                problems.append(f"{e.hf} has shape {have}; the config implies at least ({e.rows[1]}, {target[1]})")
+                problems.append(
+                    f"{e.hf} has shape {have}; the config implies at least ({e.rows[1]}, {target[1]})"
+                )
         elif have != _hf_shape(e, target):
             problems.append(f"{e.hf} has shape {have}; the config implies {_hf_shape(e, target)}")
     if problems:
@@ -290,7 +316,9 @@ def load_entries(model: nnx.Module, entries: list[Entry], tensors: SafetensorsFo
         progress(len(entries), len(entries))
 
 
-def export_entries(model: nnx.Module, entries: list[Entry], progress: Callable[[int, int], None] | None = None) -> dict[str, np.ndarray]:
+def export_entries(
+    model: nnx.Module, entries: list[Entry], progress: Callable[[int, int], None] | None = None
+) -> dict[str, np.ndarray]:
     """The Hugging Face tensors of ``model`` by ``entries`` (fused tables put back together)."""
     flat = _flat_params(model)
     out: dict[str, np.ndarray] = {}
@@ -319,7 +347,9 @@ def export_entries(model: nnx.Module, entries: list[Entry], progress: Callable[[
 def read_config_json(hf_dir: str | os.PathLike) -> dict:
     path = Path(hf_dir) / CONFIG_FILE
     if not path.is_file():
-        raise UserError(f"{hf_dir} has no {CONFIG_FILE}: point at a folder written by save_pretrained (or downloaded whole)")
+        raise UserError(
+            f"{hf_dir} has no {CONFIG_FILE}: point at a folder written by save_pretrained (or downloaded whole)"
+        )
     try:
         return json.loads(path.read_text())
     except ValueError as e:
@@ -330,7 +360,9 @@ def _rope_theta(sub: dict, where: str, default: float) -> float:
     rope = sub.get("rope_parameters") or sub.get("rope_scaling") or {}
     kind = rope.get("rope_type", rope.get("type", "default"))
     if kind != "default":
-        raise UserError(f"{where}: rope_type {kind!r} is not supported (bytelm's rotary positions are the default kind)")
+        raise UserError(
+            f"{where}: rope_type {kind!r} is not supported (bytelm's rotary positions are the default kind)"
+        )
     return float(rope.get("rope_theta", sub.get("rope_theta", default)))
 
 
@@ -342,14 +374,45 @@ def _sub(config: dict, name: str, defaults: dict) -> dict:
 
 # The reference configuration classes' defaults (transformers' configuration_blt.py), for
 # config.json files that leave a field out.
-_ENCODER = {"hidden_size": 1024, "num_attention_heads": 16, "num_key_value_heads": None, "num_hidden_layers": 1,
-            "rms_norm_eps": 1e-5, "intermediate_size": None, "cross_attn_all_layers": False, "hidden_act": "silu"}
-_DECODER = {"hidden_size": 1024, "num_attention_heads": 16, "num_key_value_heads": None, "num_hidden_layers": 9,
-            "rms_norm_eps": 1e-5, "intermediate_size": 2816, "cross_attn_all_layers": True, "hidden_act": "silu"}
-_GLOBAL = {"hidden_size": 2048, "num_attention_heads": 16, "num_key_value_heads": None, "num_hidden_layers": 25,
-           "rms_norm_eps": 1e-5, "intermediate_size": 5632, "hidden_act": "silu"}
-_PATCHER = {"hidden_size": 768, "num_attention_heads": 12, "num_key_value_heads": None, "num_hidden_layers": 14,
-            "rms_norm_eps": 1e-5, "intermediate_size": 2048, "sliding_window": 512, "vocab_size": NUM_BYTE_IDS}
+_ENCODER = {
+    "hidden_size": 1024,
+    "num_attention_heads": 16,
+    "num_key_value_heads": None,
+    "num_hidden_layers": 1,
+    "rms_norm_eps": 1e-5,
+    "intermediate_size": None,
+    "cross_attn_all_layers": False,
+    "hidden_act": "silu",
+}
+_DECODER = {
+    "hidden_size": 1024,
+    "num_attention_heads": 16,
+    "num_key_value_heads": None,
+    "num_hidden_layers": 9,
+    "rms_norm_eps": 1e-5,
+    "intermediate_size": 2816,
+    "cross_attn_all_layers": True,
+    "hidden_act": "silu",
+}
+_GLOBAL = {
+    "hidden_size": 2048,
+    "num_attention_heads": 16,
+    "num_key_value_heads": None,
+    "num_hidden_layers": 25,
+    "rms_norm_eps": 1e-5,
+    "intermediate_size": 5632,
+    "hidden_act": "silu",
+}
+_PATCHER = {
+    "hidden_size": 768,
+    "num_attention_heads": 12,
+    "num_key_value_heads": None,
+    "num_hidden_layers": 14,
+    "rms_norm_eps": 1e-5,
+    "intermediate_size": 2048,
+    "sliding_window": 512,
+    "vocab_size": NUM_BYTE_IDS,
+}
 _THETA = 500000.0  # the reference's default_theta
 
 
@@ -357,29 +420,52 @@ def _stack(sub: dict, where: str) -> dict:
     """Width, heads, layers, MLP width and epsilon of one reference stack, checked."""
     heads = int(sub["num_attention_heads"])
     if sub.get("num_key_value_heads") not in (None, heads):
-        raise UserError(f"{where}: num_key_value_heads {sub['num_key_value_heads']} != num_attention_heads {heads} "
-                        "(grouped-query attention) is not supported by bytelm's attention")
+        raise UserError(
+            f"{where}: num_key_value_heads {sub['num_key_value_heads']} != num_attention_heads {heads} "
+            "(grouped-query attention) is not supported by bytelm's attention"
+        )
     if sub.get("hidden_act", "silu") != "silu":
-        raise UserError(f"{where}: hidden_act {sub['hidden_act']!r} is not supported (bytelm's MLP is SwiGLU with silu)")
+        raise UserError(
+            f"{where}: hidden_act {sub['hidden_act']!r} is not supported (bytelm's MLP is SwiGLU with silu)"
+        )
     width = int(sub["hidden_size"])
     mlp = sub.get("intermediate_size") or int(8 * width / 3)
-    return {"d": width, "heads": heads, "layers": int(sub["num_hidden_layers"]), "mlp": int(mlp), "eps": float(sub["rms_norm_eps"])}
+    return {
+        "d": width,
+        "heads": heads,
+        "layers": int(sub["num_hidden_layers"]),
+        "mlp": int(mlp),
+        "eps": float(sub["rms_norm_eps"]),
+    }
 
 
-def blt_configs_from_hf(config: dict, where: str, *, entropy_run: str, seq_len: int, max_patch_len: int | None,
-                        max_patches: int | None) -> tuple[Config, Config, dict]:
+def blt_configs_from_hf(
+    config: dict,
+    where: str,
+    *,
+    entropy_run: str,
+    seq_len: int,
+    max_patch_len: int | None,
+    max_patches: int | None,
+) -> tuple[Config, Config, dict]:
     """The configs of the BLT run and of its entropy-model run from a BLT ``config.json`` (typed: the
     family configs built from their stacks), and a note of what was read. Refuses (naming the key)
     what bytelm cannot reproduce."""
     if config.get("model_type") not in (None, "blt"):
         raise UserError(f"{where}: model_type {config.get('model_type')!r} is not 'blt'")
     if int(config.get("vocab_size", NUM_BYTE_IDS)) != NUM_BYTE_IDS:
-        raise UserError(f"{where}: vocab_size {config['vocab_size']} is not {NUM_BYTE_IDS} (bytes + 4 control ids)")
+        raise UserError(
+            f"{where}: vocab_size {config['vocab_size']} is not {NUM_BYTE_IDS} (bytes + 4 control ids)"
+        )
     if config.get("patching_mode", "entropy") != "entropy" or config.get("patch_in_forward", True) is False:
-        raise UserError(f"{where}: patching_mode {config.get('patching_mode')!r} / patch_in_forward "
-                        f"{config.get('patch_in_forward')!r}: only entropy patching with the patcher's weights is converted")
+        raise UserError(
+            f"{where}: patching_mode {config.get('patching_mode')!r} / patch_in_forward "
+            f"{config.get('patch_in_forward')!r}: only entropy patching with the patcher's weights is converted"
+        )
     if config.get("monotonicity"):
-        raise UserError(f"{where}: monotonicity patching is not what the reference's forward pass applies; not converted")
+        raise UserError(
+            f"{where}: monotonicity patching is not what the reference's forward pass applies; not converted"
+        )
     enc_raw, dec_raw = _sub(config, "encoder_config", _ENCODER), _sub(config, "decoder_config", _DECODER)
     enc = _stack(enc_raw, f"{where} encoder_config")
     dec = _stack(dec_raw, f"{where} decoder_config")
@@ -388,15 +474,24 @@ def blt_configs_from_hf(config: dict, where: str, *, entropy_run: str, seq_len: 
     pat = _stack(pat_raw, f"{where} patcher_config")
     for key in ("d", "heads", "mlp"):
         if enc[key] != dec[key]:
-            raise UserError(f"{where}: the local encoder and decoder differ in {key} ({enc[key]} vs {dec[key]}); "
-                            "bytelm's BLT gives both one local width, head count and MLP width")
+            raise UserError(
+                f"{where}: the local encoder and decoder differ in {key} ({enc[key]} vs {dec[key]}); "
+                "bytelm's BLT gives both one local width, head count and MLP width"
+            )
     eps = {enc["eps"], dec["eps"], glo["eps"]}
     if len(eps) > 1:
-        raise UserError(f"{where}: rms_norm_eps differs between the encoder, decoder and global stacks ({sorted(eps)})")
+        raise UserError(
+            f"{where}: rms_norm_eps differs between the encoder, decoder and global stacks ({sorted(eps)})"
+        )
     top_theta = _rope_theta(config, where, _THETA)
-    thetas = {_rope_theta(_sub(config, n, {}), f"{where} {n}", top_theta) for n in ("encoder_config", "decoder_config", "global_config")}
+    thetas = {
+        _rope_theta(_sub(config, n, {}), f"{where} {n}", top_theta)
+        for n in ("encoder_config", "decoder_config", "global_config")
+    }
     if len(thetas) > 1:
-        raise UserError(f"{where}: the rotary theta differs between the encoder, decoder and global stacks ({sorted(thetas)})")
+        raise UserError(
+            f"{where}: the rotary theta differs between the encoder, decoder and global stacks ({sorted(thetas)})"
+        )
     window = config.get("local_attention_window_len", 512)
     sizes = config.get("encoder_hash_byte_group_size") or [3, 4, 5, 6, 7, 8]
     vocab = int(config.get("encoder_hash_byte_group_vocab", 500002))
@@ -407,28 +502,58 @@ def blt_configs_from_hf(config: dict, where: str, *, entropy_run: str, seq_len: 
     ref_max = config.get("max_patch_length")
     patch_len = int(max_patch_len or ref_max or min(DEFAULT_MAX_PATCH_LEN, seq_len + 1))
     if ref_max and patch_len > int(ref_max):
-        raise UserError(f"--max-patch-len {patch_len} is longer than the reference's max_patch_length {ref_max}")
+        raise UserError(
+            f"--max-patch-len {patch_len} is longer than the reference's max_patch_length {ref_max}"
+        )
     if int(pat_raw.get("vocab_size", NUM_BYTE_IDS)) != NUM_BYTE_IDS:
         raise UserError(f"{where}: patcher_config.vocab_size {pat_raw['vocab_size']} is not {NUM_BYTE_IDS}")
-    window_fields = {"train.seq_len": seq_len, "data.segment_bytes": seq_len}  # held-out segments fit the window
+    window_fields = {
+        "train.seq_len": seq_len,
+        "data.segment_bytes": seq_len,
+    }  # held-out segments fit the window
     try:
-        blt = with_stacks(BLTConfig(
-            variant="reference", patching="entropy", entropy_run=entropy_run, threshold=float(threshold), monotonic_threshold=0.0,
-            max_patch_len=patch_len, max_patches=int(max_patches or seq_len + 1), encoder_layers=enc["layers"],
-            decoder_layers=dec["layers"], local_window=int(window or 0), ngram_sizes=tuple(int(n) for n in sizes), hash_table_size=vocab,
-            hash_functions=int(config.get("encoder_hash_byte_group_nb_functions", 1)), queries_per_patch=k, cross_heads=enc["heads"],
-            encoder_cross_all_layers=False, decoder_cross_all_layers=bool(dec_raw["cross_attn_all_layers"]), rope_base=thetas.pop(),
-            norm_eps=eps.pop(),
-        ), {"local_": StackConfig(enc["d"], enc["layers"], enc["heads"], enc["mlp"]),
-            "global_": StackConfig(glo["d"], glo["layers"], glo["heads"], glo["mlp"])})
-        entropy = with_stacks(ByteLMConfig(
-            window=int(pat_raw.get("sliding_window") or 0), rope_base=_rope_theta(pat_raw, f"{where} patcher_config", 10000.0),
-            norm_eps=pat["eps"],
-        ), {"": StackConfig(pat["d"], pat["layers"], pat["heads"], pat["mlp"])})
+        blt = with_stacks(
+            BLTConfig(
+                variant="reference",
+                patching="entropy",
+                entropy_run=entropy_run,
+                threshold=float(threshold),
+                monotonic_threshold=0.0,
+                max_patch_len=patch_len,
+                max_patches=int(max_patches or seq_len + 1),
+                encoder_layers=enc["layers"],
+                decoder_layers=dec["layers"],
+                local_window=int(window or 0),
+                ngram_sizes=tuple(int(n) for n in sizes),
+                hash_table_size=vocab,
+                hash_functions=int(config.get("encoder_hash_byte_group_nb_functions", 1)),
+                queries_per_patch=k,
+                cross_heads=enc["heads"],
+                encoder_cross_all_layers=False,
+                decoder_cross_all_layers=bool(dec_raw["cross_attn_all_layers"]),
+                rope_base=thetas.pop(),
+                norm_eps=eps.pop(),
+            ),
+            {
+                "local_": StackConfig(enc["d"], enc["layers"], enc["heads"], enc["mlp"]),
+                "global_": StackConfig(glo["d"], glo["layers"], glo["heads"], glo["mlp"]),
+            },
+        )
+        entropy = with_stacks(
+            ByteLMConfig(
+                window=int(pat_raw.get("sliding_window") or 0),
+                rope_base=_rope_theta(pat_raw, f"{where} patcher_config", 10000.0),
+                norm_eps=pat["eps"],
+            ),
+            {"": StackConfig(pat["d"], pat["layers"], pat["heads"], pat["mlp"])},
+        )
     except ValueError as e:
         raise UserError(f"{where}: a configuration bytelm cannot build: {e}") from None
-    return (with_values(Config(model=blt), window_fields), with_values(Config(model=entropy), window_fields),
-            {"encoder_cross_all_layers": bool(enc_raw["cross_attn_all_layers"])})
+    return (
+        with_values(Config(model=blt), window_fields),
+        with_values(Config(model=entropy), window_fields),
+        {"encoder_cross_all_layers": bool(enc_raw["cross_attn_all_layers"])},
+    )
 
 
 # -- run directories ----------------------------------------------------------------------------
@@ -437,7 +562,9 @@ def _stage(progress: Callable[..., None] | None, name: str) -> Callable[[int, in
     return None if progress is None else (lambda done, total: progress(name, done, total))
 
 
-def write_run(out: str | os.PathLike, cfg: Config, model: nnx.Module, info: dict, *, modules: dict | None = None) -> Path:
+def write_run(
+    out: str | os.PathLike, cfg: Config, model: nnx.Module, info: dict, *, modules: dict | None = None
+) -> Path:
     """A run directory holding ``cfg``, ``model``'s parameters as its one checkpoint (step 0, the
     parameters alone: no optimizer state) and a ``run.json`` (``info`` added), which every
     command that restores runs for scoring or sampling reads like a trained one (training does
@@ -454,14 +581,26 @@ def write_run(out: str | os.PathLike, cfg: Config, model: nnx.Module, info: dict
     files.write_config(dump_config(cfg))
     ckpt = Checkpointer(files.checkpoints_path, keep=cfg.train.keep_checkpoints)
     try:
-        meta = {"step": 0, "wall_s": 0.0, "train_s": 0.0, "data": {"step": 0, "seed": cfg.train.seed}, "parameters_only": True}
+        meta = {
+            "step": 0,
+            "wall_s": 0.0,
+            "train_s": 0.0,
+            "data": {"step": 0, "seed": cfg.train.seed},
+            "parameters_only": True,
+        }
         ckpt.save(0, {"params": params}, meta)
     finally:
         ckpt.close()
     record = {
-        "family": cfg.model.family, "status": "finished", "step": 0, "params": count_params(params),
-        "train_flops_per_position": task.train_flops_per_position(), "bytes_per_position": task.bytes_per_position(),
-        "positions_per_step": task.positions_per_step(), **task.run_info(), **info,
+        "family": cfg.model.family,
+        "status": "finished",
+        "step": 0,
+        "params": count_params(params),
+        "train_flops_per_position": task.train_flops_per_position(),
+        "bytes_per_position": task.bytes_per_position(),
+        "positions_per_step": task.positions_per_step(),
+        **task.run_info(),
+        **info,
     }
     files.write_info(record)
     return out
@@ -473,9 +612,17 @@ def _abstract_model(cfg: Config, modules: dict | None = None) -> nnx.Module:
     return nnx.eval_shape(lambda: task.build_model(nnx.Rngs(0)))
 
 
-def convert_hf_blt(hf_dir: str | os.PathLike, out: str | os.PathLike, *, entropy_out: str | os.PathLike | None = None,
-                   seq_len: int = 1024, max_patch_len: int | None = None, max_patches: int | None = None,
-                   overrides: tuple[str, ...] = (), progress: Callable[..., None] | None = None) -> tuple[Path, Path]:
+def convert_hf_blt(
+    hf_dir: str | os.PathLike,
+    out: str | os.PathLike,
+    *,
+    entropy_out: str | os.PathLike | None = None,
+    seq_len: int = 1024,
+    max_patch_len: int | None = None,
+    max_patches: int | None = None,
+    overrides: tuple[str, ...] = (),
+    progress: Callable[..., None] | None = None,
+) -> tuple[Path, Path]:
     """A Hugging Face BLT folder (``BltForCausalLM``: ``config.json`` + safetensors, the patcher's
     weights inside) as two bytelm run directories: the entropy model (``entropy_out``, default
     ``out/entropy``) and the BLT in the ``reference`` variant pointing at it. ``max_patch_len``
@@ -488,25 +635,40 @@ def convert_hf_blt(hf_dir: str | os.PathLike, out: str | os.PathLike, *, entropy
     entropy_out = Path(entropy_out).absolute() if entropy_out else out / "entropy"
     for d in (out, entropy_out):
         if RunDir(d).started():
-            raise UserError(f"{d} already holds a run: choose a new --out (conversion never overwrites a run)")
+            raise UserError(
+                f"{d} already holds a run: choose a new --out (conversion never overwrites a run)"
+            )
     config = read_config_json(hf_dir)
     tensors = SafetensorsFolder(hf_dir)
     blt_cfg, entropy_cfg, note = blt_configs_from_hf(
-        config, str(hf_dir / CONFIG_FILE), entropy_run=str(entropy_out), seq_len=seq_len, max_patch_len=max_patch_len,
+        config,
+        str(hf_dir / CONFIG_FILE),
+        entropy_run=str(entropy_out),
+        seq_len=seq_len,
+        max_patch_len=max_patch_len,
         max_patches=max_patches,
     )
     entropy_cfg, blt_cfg = with_overrides(entropy_cfg, overrides), with_overrides(blt_cfg, overrides)
     entropy_entries = decoder_lm_entries(entropy_cfg.model, "model.patcher.", PATCHER_HEAD, rope_perm=True)
     entries = blt_entries(blt_cfg.model)
     dead: tuple[str, ...] = ()
-    if note["encoder_cross_all_layers"]:  # the reference re-pools at every layer: only the last cross-attention counts
+    if note[
+        "encoder_cross_all_layers"
+    ]:  # the reference re-pools at every layer: only the last cross-attention counts
         last = f"model.local_encoder.cross_attn_layers.{blt_cfg.model.encoder_layers - 1}."
-        entries = [dataclasses.replace(e, hf=e.hf.replace("model.local_encoder.cross_attn_layers.0.", last)) for e in entries]
+        entries = [
+            dataclasses.replace(e, hf=e.hf.replace("model.local_encoder.cross_attn_layers.0.", last))
+            for e in entries
+        ]
         dead = ("model.local_encoder.cross_attn_layers.",)
     known = {e.hf for e in entropy_entries + entries}
-    unknown = [n for n in tensors.names() if n not in known and not n.startswith(dead) and not n.endswith("inv_freq")]
+    unknown = [
+        n for n in tensors.names() if n not in known and not n.startswith(dead) and not n.endswith("inv_freq")
+    ]
     if unknown:
-        raise UserError(f"{hf_dir}: tensors that this config has no place for (a different architecture?): {unknown[:5]}")
+        raise UserError(
+            f"{hf_dir}: tensors that this config has no place for (a different architecture?): {unknown[:5]}"
+        )
     entropy_model = _abstract_model(entropy_cfg)
     load_entries(entropy_model, entropy_entries, tensors, _stage(progress, "read the entropy model"))
     modules = {"entropy_run": entropy_model}
@@ -523,40 +685,104 @@ def _blt_config_json(cfg, entropy_cfg, threshold: float) -> dict:
     its entropy model ``entropy_cfg``."""
     m, e = cfg, entropy_cfg
     rope = {"rope_type": "default", "rope_theta": float(m.rope_base)}
-    local = {"hidden_size": m.local_d_model, "num_attention_heads": m.local_heads, "num_key_value_heads": m.local_heads,
-             "intermediate_size": m.local_mlp_dim, "rms_norm_eps": m.norm_eps, "hidden_act": "silu", "vocab_size": NUM_BYTE_IDS,
-             "cross_attn_k": m.queries_per_patch, "hidden_size_global": m.global_d_model, "rope_parameters": rope,
-             "max_position_embeddings": 24576, "dropout": 0.0}
+    local = {
+        "hidden_size": m.local_d_model,
+        "num_attention_heads": m.local_heads,
+        "num_key_value_heads": m.local_heads,
+        "intermediate_size": m.local_mlp_dim,
+        "rms_norm_eps": m.norm_eps,
+        "hidden_act": "silu",
+        "vocab_size": NUM_BYTE_IDS,
+        "cross_attn_k": m.queries_per_patch,
+        "hidden_size_global": m.global_d_model,
+        "rope_parameters": rope,
+        "max_position_embeddings": 24576,
+        "dropout": 0.0,
+    }
     window = m.local_window or None
     return {
-        "model_type": "blt", "architectures": ["BltForCausalLM"], "vocab_size": NUM_BYTE_IDS,
-        "patch_in_forward": True, "patching_mode": "entropy", "patch_size": 4, "patching_threshold": float(threshold),
+        "model_type": "blt",
+        "architectures": ["BltForCausalLM"],
+        "vocab_size": NUM_BYTE_IDS,
+        "patch_in_forward": True,
+        "patching_mode": "entropy",
+        "patch_size": 4,
+        "patching_threshold": float(threshold),
         # None, not model.max_patch_len: with a limit set, the reference also drops an empty last patch
         # (its process_patch_lengths), so its last position would read one patch earlier than bytelm's
-        "patching_batch_size": 1, "max_patch_length": None, "local_attention_window_len": window,
-        "cross_attn_k": m.queries_per_patch, "encoder_hash_byte_group_size": list(m.ngram_sizes),
-        "encoder_hash_byte_group_vocab": m.hash_table_size, "encoder_hash_byte_group_nb_functions": m.hash_functions,
-        "tie_word_embeddings": False, "rope_parameters": rope, "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0,
+        "patching_batch_size": 1,
+        "max_patch_length": None,
+        "local_attention_window_len": window,
+        "cross_attn_k": m.queries_per_patch,
+        "encoder_hash_byte_group_size": list(m.ngram_sizes),
+        "encoder_hash_byte_group_vocab": m.hash_table_size,
+        "encoder_hash_byte_group_nb_functions": m.hash_functions,
+        "tie_word_embeddings": False,
+        "rope_parameters": rope,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+        "pad_token_id": 0,
         "max_position_embeddings": 4096,
-        "encoder_config": {**local, "num_hidden_layers": m.encoder_layers, "cross_attn_all_layers": False, "sliding_window": window},
-        "decoder_config": {**local, "num_hidden_layers": m.decoder_layers, "cross_attn_all_layers": bool(m.decoder_cross_all_layers)},
-        "global_config": {"hidden_size": m.global_d_model, "num_attention_heads": m.global_heads, "num_key_value_heads": m.global_heads,
-                          "num_hidden_layers": m.global_layers, "intermediate_size": m.global_mlp_dim, "rms_norm_eps": m.norm_eps,
-                          "hidden_act": "silu", "rope_parameters": rope, "max_position_embeddings": 4096, "dropout": 0.0},
-        "patcher_config": {"hidden_size": e.d_model, "num_attention_heads": e.n_heads, "num_key_value_heads": e.n_heads,
-                           "num_hidden_layers": e.n_layers, "intermediate_size": e.mlp_dim, "rms_norm_eps": e.norm_eps,
-                           "vocab_size": NUM_BYTE_IDS, "sliding_window": e.window or None, "max_position_embeddings": 8192,
-                           "rope_parameters": {"rope_type": "default", "rope_theta": float(e.rope_base)}, "dropout": 0.0},
+        "encoder_config": {
+            **local,
+            "num_hidden_layers": m.encoder_layers,
+            "cross_attn_all_layers": False,
+            "sliding_window": window,
+        },
+        "decoder_config": {
+            **local,
+            "num_hidden_layers": m.decoder_layers,
+            "cross_attn_all_layers": bool(m.decoder_cross_all_layers),
+        },
+        "global_config": {
+            "hidden_size": m.global_d_model,
+            "num_attention_heads": m.global_heads,
+            "num_key_value_heads": m.global_heads,
+            "num_hidden_layers": m.global_layers,
+            "intermediate_size": m.global_mlp_dim,
+            "rms_norm_eps": m.norm_eps,
+            "hidden_act": "silu",
+            "rope_parameters": rope,
+            "max_position_embeddings": 4096,
+            "dropout": 0.0,
+        },
+        "patcher_config": {
+            "hidden_size": e.d_model,
+            "num_attention_heads": e.n_heads,
+            "num_key_value_heads": e.n_heads,
+            "num_hidden_layers": e.n_layers,
+            "intermediate_size": e.mlp_dim,
+            "rms_norm_eps": e.norm_eps,
+            "vocab_size": NUM_BYTE_IDS,
+            "sliding_window": e.window or None,
+            "max_position_embeddings": 8192,
+            "rope_parameters": {"rope_type": "default", "rope_theta": float(e.rope_base)},
+            "dropout": 0.0,
+        },
     }
 
 
 def _llama_config_json(m) -> dict:
     return {
-        "model_type": "llama", "architectures": ["LlamaForCausalLM"], "vocab_size": NUM_BYTE_IDS, "hidden_size": m.d_model,
-        "intermediate_size": m.mlp_dim, "num_hidden_layers": m.n_layers, "num_attention_heads": m.n_heads,
-        "num_key_value_heads": m.n_heads, "head_dim": m.d_model // m.n_heads, "hidden_act": "silu", "rms_norm_eps": m.norm_eps,
-        "rope_parameters": {"rope_type": "default", "rope_theta": float(m.rope_base)}, "attention_bias": False, "mlp_bias": False,
-        "tie_word_embeddings": False, "max_position_embeddings": 8192, "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0,
+        "model_type": "llama",
+        "architectures": ["LlamaForCausalLM"],
+        "vocab_size": NUM_BYTE_IDS,
+        "hidden_size": m.d_model,
+        "intermediate_size": m.mlp_dim,
+        "num_hidden_layers": m.n_layers,
+        "num_attention_heads": m.n_heads,
+        "num_key_value_heads": m.n_heads,
+        "head_dim": m.d_model // m.n_heads,
+        "hidden_act": "silu",
+        "rms_norm_eps": m.norm_eps,
+        "rope_parameters": {"rope_type": "default", "rope_theta": float(m.rope_base)},
+        "attention_bias": False,
+        "mlp_bias": False,
+        "tie_word_embeddings": False,
+        "max_position_embeddings": 8192,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+        "pad_token_id": 0,
     }
 
 
@@ -565,16 +791,20 @@ def _not_in_llama(m, *, sliding_window: bool = False) -> list[str]:
     BLT reference's patcher, which also has a ``sliding_window``) has no equivalent of, one phrase
     each; empty when it converts."""
     return [
-        phrase for on, phrase in [
+        phrase
+        for on, phrase in [
             (m.window and not sliding_window, f"model.window = {m.window} (sliding-window attention)"),
             (m.ngram_sizes, f"model.ngram_sizes = {list(m.ngram_sizes)} (hashed n-gram embeddings)"),
             (m.logit_softcap, f"model.logit_softcap = {m.logit_softcap:g} (soft-capped logits)"),
             (m.qk_norm, "model.qk_norm = true (normalised queries and keys)"),
-        ] if on
+        ]
+        if on
     ]
 
 
-def export_hf(run_dir: str | os.PathLike, out: str | os.PathLike, progress: Callable[..., None] | None = None) -> str:
+def export_hf(
+    run_dir: str | os.PathLike, out: str | os.PathLike, progress: Callable[..., None] | None = None
+) -> str:
     """Write a bytelm run as a Hugging Face folder (``config.json`` + ``model.safetensors``): a BLT
     in the ``reference`` variant as ``BltForCausalLM`` (its entropy model as the patcher), a byte LM
     as ``LlamaForCausalLM``. Returns the architecture written; refuses what the format cannot hold.
@@ -589,24 +819,41 @@ def export_hf(run_dir: str | os.PathLike, out: str | os.PathLike, progress: Call
     meta = {"format": "pt", "bytelm_run": str(run_dir.absolute())}
     if m.family == "byte":
         if unmatched := _not_in_llama(m):
-            raise UserError(f"{run_dir} cannot be written as LlamaForCausalLM: " + "; ".join(unmatched) + " (no Llama equivalent)")
-        tensors = export_entries(restore_model(run_dir), decoder_lm_entries(m, "model.", "lm_head.weight", rope_perm=False), _stage(progress, "gather"))
+            raise UserError(
+                f"{run_dir} cannot be written as LlamaForCausalLM: "
+                + "; ".join(unmatched)
+                + " (no Llama equivalent)"
+            )
+        tensors = export_entries(
+            restore_model(run_dir),
+            decoder_lm_entries(m, "model.", "lm_head.weight", rope_perm=False),
+            _stage(progress, "gather"),
+        )
         config, arch = _llama_config_json(m), "LlamaForCausalLM"
     elif m.family == "blt":
         problems = []
         if m.variant != "reference":
-            problems.append(f"model.variant is {m.variant!r}, not 'reference' (bytelm's own BLT differs from the reference: docs/interop.md)")
+            problems.append(
+                f"model.variant is {m.variant!r}, not 'reference' (bytelm's own BLT differs from the reference: docs/interop.md)"
+            )
         if m.patching != "entropy" or m.monotonic_threshold:
-            problems.append("the reference patches by a global entropy threshold only (model.patching = 'entropy', no monotonic_threshold)")
+            problems.append(
+                "the reference patches by a global entropy threshold only (model.patching = 'entropy', no monotonic_threshold)"
+            )
         if m.cross_heads != m.local_heads or not m.cross_attention or not m.global_path:
-            problems.append("the reference's cross-attentions have the local head count (model.cross_heads = model.local_heads) and are on")
+            problems.append(
+                "the reference's cross-attentions have the local head count (model.cross_heads = model.local_heads) and are on"
+            )
         if problems:
             raise UserError(f"{run_dir} cannot be written as BltForCausalLM: " + "; ".join(problems))
         entropy_dir = Path(m.entropy_run)
         entropy_cfg = load_config(RunDir(entropy_dir).require_config()).model
-        if unmatched := _not_in_llama(entropy_cfg, sliding_window=True):  # (from the configs, before any checkpoint is read)
+        if unmatched := _not_in_llama(
+            entropy_cfg, sliding_window=True
+        ):  # (from the configs, before any checkpoint is read)
             raise UserError(
-                f"{run_dir} cannot be written as BltForCausalLM: its entropy model {entropy_dir} has " + "; ".join(unmatched)
+                f"{run_dir} cannot be written as BltForCausalLM: its entropy model {entropy_dir} has "
+                + "; ".join(unmatched)
                 + ", which the reference's patcher (a Llama-style byte LM) has not"
             )
         model = restore_model(run_dir)
@@ -614,12 +861,15 @@ def export_hf(run_dir: str | os.PathLike, out: str | os.PathLike, progress: Call
         threshold = (info.get("patching") or {}).get("threshold") or m.threshold
         tensors = export_entries(model, blt_entries(m), _stage(progress, "gather the BLT"))
         patcher = decoder_lm_entries(entropy_cfg, "model.patcher.", PATCHER_HEAD, rope_perm=True)
-        tensors.update(export_entries(restore_model(entropy_dir), patcher, _stage(progress, "gather the entropy model")))
+        tensors.update(
+            export_entries(restore_model(entropy_dir), patcher, _stage(progress, "gather the entropy model"))
+        )
         config, arch = _blt_config_json(m, entropy_cfg, float(threshold)), "BltForCausalLM"
     else:
-        raise UserError(f"{run_dir} is a {m.family!r} run; bytelm exports BLT (reference variant) and byte LM runs")
+        raise UserError(
+            f"{run_dir} is a {m.family!r} run; bytelm exports BLT (reference variant) and byte LM runs"
+        )
     out.mkdir(parents=True, exist_ok=True)
     write_safetensors(out / "model.safetensors", tensors, meta)
     atomic_write_text(out / CONFIG_FILE, json.dumps(config, indent=1))
     return arch
-

@@ -23,9 +23,16 @@ from bytelm.atomic import atomic_file
 from bytelm.errors import UserError
 
 DTYPES = {
-    "F64": np.dtype("<f8"), "F32": np.dtype("<f4"), "F16": np.dtype("<f2"), "BF16": np.dtype(ml_dtypes.bfloat16),
-    "I64": np.dtype("<i8"), "I32": np.dtype("<i4"), "I16": np.dtype("<i2"), "I8": np.dtype("i1"),
-    "U8": np.dtype("u1"), "BOOL": np.dtype("bool"),
+    "F64": np.dtype("<f8"),
+    "F32": np.dtype("<f4"),
+    "F16": np.dtype("<f2"),
+    "BF16": np.dtype(ml_dtypes.bfloat16),
+    "I64": np.dtype("<i8"),
+    "I32": np.dtype("<i4"),
+    "I16": np.dtype("<i2"),
+    "I8": np.dtype("i1"),
+    "U8": np.dtype("u1"),
+    "BOOL": np.dtype("bool"),
 }
 _NAMES = {dt: name for name, dt in DTYPES.items()}
 INDEX_FILE = "model.safetensors.index.json"
@@ -44,14 +51,18 @@ class SafetensorsFolder:
             try:
                 weight_map = json.loads((path / INDEX_FILE).read_text())["weight_map"]
             except (ValueError, KeyError) as e:
-                raise UserError(f"{path / INDEX_FILE} is not a safetensors index (no readable 'weight_map': {e})") from None
+                raise UserError(
+                    f"{path / INDEX_FILE} is not a safetensors index (no readable 'weight_map': {e})"
+                ) from None
             files = {name: path / shard for name, shard in weight_map.items()}
             self._where = dict(files)
         elif (path / SINGLE_FILE).is_file():
             files = {None: path / SINGLE_FILE}
             self._where = {}
         else:
-            raise UserError(f"{path} holds no {SINGLE_FILE} or {INDEX_FILE}: point at a folder written by save_pretrained")
+            raise UserError(
+                f"{path} holds no {SINGLE_FILE} or {INDEX_FILE}: point at a folder written by save_pretrained"
+            )
         self._headers: dict[Path, tuple[dict, int]] = {}
         for file in set(files.values()):
             header, start = _read_header(file)
@@ -91,11 +102,15 @@ class SafetensorsFolder:
         _, start = self._headers[file]
         dtype = DTYPES.get(entry["dtype"])
         if dtype is None:
-            raise UserError(f"{file}: tensor {name!r} has dtype {entry['dtype']!r}, which bytelm does not read ({sorted(DTYPES)})")
+            raise UserError(
+                f"{file}: tensor {name!r} has dtype {entry['dtype']!r}, which bytelm does not read ({sorted(DTYPES)})"
+            )
         begin, end = entry["data_offsets"]
         shape = tuple(entry["shape"])
         if end - begin != dtype.itemsize * int(np.prod(shape, dtype=np.int64)):
-            raise UserError(f"{file}: tensor {name!r} spans {end - begin} bytes, not the {shape} x {dtype} its header states")
+            raise UserError(
+                f"{file}: tensor {name!r} spans {end - begin} bytes, not the {shape} x {dtype} its header states"
+            )
         if end == begin:
             return np.zeros(shape, dtype)
         return np.memmap(file, dtype=dtype, mode="r", offset=start + begin, shape=shape)
@@ -109,7 +124,9 @@ def _read_header(file: Path) -> tuple[dict, int]:
         (n,) = struct.unpack("<Q", raw)
         size = file.stat().st_size
         if n > size - 8:
-            raise UserError(f"{file} is not a safetensors file (header length {n} exceeds the file's {size} bytes)")
+            raise UserError(
+                f"{file} is not a safetensors file (header length {n} exceeds the file's {size} bytes)"
+            )
         try:
             header = json.loads(f.read(n))
         except ValueError as e:
@@ -117,7 +134,9 @@ def _read_header(file: Path) -> tuple[dict, int]:
     return header, 8 + n
 
 
-def write_safetensors(path: str | os.PathLike, tensors: dict[str, np.ndarray], metadata: dict[str, str] | None = None) -> None:
+def write_safetensors(
+    path: str | os.PathLike, tensors: dict[str, np.ndarray], metadata: dict[str, str] | None = None
+) -> None:
     """Write ``tensors`` as one safetensors file (names sorted, header padded to 8 bytes), streamed
     to a temporary sibling and renamed over ``path`` when complete."""
     header: dict = {}
@@ -128,9 +147,15 @@ def write_safetensors(path: str | os.PathLike, tensors: dict[str, np.ndarray], m
         a = tensors[name]
         dtype_name = _NAMES.get(np.dtype(a.dtype))
         if dtype_name is None:
-            raise ValueError(f"tensor {name!r} has dtype {a.dtype}, which safetensors cannot hold here ({sorted(DTYPES)})")
+            raise ValueError(
+                f"tensor {name!r} has dtype {a.dtype}, which safetensors cannot hold here ({sorted(DTYPES)})"
+            )
         nbytes = int(np.prod(a.shape, dtype=np.int64)) * np.dtype(a.dtype).itemsize
-        header[name] = {"dtype": dtype_name, "shape": list(a.shape), "data_offsets": [offset, offset + nbytes]}
+        header[name] = {
+            "dtype": dtype_name,
+            "shape": list(a.shape),
+            "data_offsets": [offset, offset + nbytes],
+        }
         offset += nbytes
     blob = json.dumps(header, separators=(",", ":")).encode()
     blob += b" " * (-len(blob) % 8)
@@ -138,4 +163,8 @@ def write_safetensors(path: str | os.PathLike, tensors: dict[str, np.ndarray], m
     with atomic_file(path) as f:
         f.write(struct.pack("<Q", len(blob)) + blob)
         for name in sorted(tensors):
-            f.write(np.ascontiguousarray(tensors[name]).astype(np.dtype(tensors[name].dtype).newbyteorder("<"), copy=False).tobytes())
+            f.write(
+                np.ascontiguousarray(tensors[name])
+                .astype(np.dtype(tensors[name].dtype).newbyteorder("<"), copy=False)
+                .tobytes()
+            )

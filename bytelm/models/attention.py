@@ -43,7 +43,9 @@ def attend(
     T = q_BxTxHxK.shape[1]
     if implementation == "halving" and causal and mask_BxTxS is None and T >= 2 * block:
         if window <= 0:
-            return halving_causal_attention(q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, block=block, segments_BxT=segments_BxT)
+            return halving_causal_attention(
+                q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, block=block, segments_BxT=segments_BxT
+            )
         if segments_BxT is None:
             return blocked_causal_attention(q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, window=window, block=block)
     if segments_BxT is not None:
@@ -56,7 +58,9 @@ def attend(
         mask=None if mask_BxTxS is None else mask_BxTxS[:, None, :, :],
         is_causal=causal,
         local_window_size=(window - 1, 0) if window > 0 else None,
-        implementation="cudnn" if implementation == "cudnn" and mask_BxTxS is None and _cudnn_head_dim(q_BxTxHxK.shape[-1]) else "xla",
+        implementation="cudnn"
+        if implementation == "cudnn" and mask_BxTxS is None and _cudnn_head_dim(q_BxTxHxK.shape[-1])
+        else "xla",
     )
 
 
@@ -65,7 +69,9 @@ def _cudnn_head_dim(head_dim: int) -> bool:
     return head_dim % 8 == 0 and head_dim <= 128
 
 
-def blocked_causal_attention(q_BxTxHxK, k_BxTxHxK, v_BxTxHxK, *, window: int = 0, block: int = ATTENTION_BLOCK) -> jax.Array:
+def blocked_causal_attention(
+    q_BxTxHxK, k_BxTxHxK, v_BxTxHxK, *, window: int = 0, block: int = ATTENTION_BLOCK
+) -> jax.Array:
     """Causal (optionally windowed) self-attention that skips key blocks wholly in the future.
 
     Queries are cut into blocks of ``block`` positions; query block ``i`` attends, through
@@ -120,7 +126,9 @@ def _softmax_part(q_NxQxK, k_NxSxK, v_NxSxK, *, causal: bool, seg_q_NxQ=None, se
     m_NxQx1 = jax.lax.stop_gradient(jnp.max(s_NxQxS, axis=-1, keepdims=True))
     p_NxQxS = jnp.exp(s_NxQxS - m_NxQx1)
     l_NxQ = jnp.sum(p_NxQxS, axis=-1)
-    pv_NxQxK = jnp.einsum("...qs,...sk->...qk", p_NxQxS.astype(v_NxSxK.dtype), v_NxSxK, preferred_element_type=f32)
+    pv_NxQxK = jnp.einsum(
+        "...qs,...sk->...qk", p_NxQxS.astype(v_NxSxK.dtype), v_NxSxK, preferred_element_type=f32
+    )
     return pv_NxQxK / l_NxQ[..., None], m_NxQx1[..., 0] + jnp.log(l_NxQ)
 
 
@@ -130,7 +138,9 @@ def _merge_parts(out_a, lse_a, out_b, lse_b):
     return out_a * jnp.exp(lse_a - lse)[..., None] + out_b * jnp.exp(lse_b - lse)[..., None], lse
 
 
-def halving_causal_attention(q_BxTxHxK, k_BxTxHxK, v_BxTxHxK, *, block: int = ATTENTION_BLOCK, segments_BxT=None):
+def halving_causal_attention(
+    q_BxTxHxK, k_BxTxHxK, v_BxTxHxK, *, block: int = ATTENTION_BLOCK, segments_BxT=None
+):
     """Causal self-attention that skips the masked half of the score matrix without slicing loops.
 
     The sequence is halved recursively: each half attends causally to itself (both halves as one
@@ -145,12 +155,18 @@ def halving_causal_attention(q_BxTxHxK, k_BxTxHxK, v_BxTxHxK, *, block: int = AT
     """
     heads_major = lambda x: jnp.swapaxes(x, 1, 2)  # noqa: E731
     out_BxHxTxK = halving_attention_bhtk(
-        heads_major(q_BxTxHxK), heads_major(k_BxTxHxK), heads_major(v_BxTxHxK), block=block, segments_BxT=segments_BxT
+        heads_major(q_BxTxHxK),
+        heads_major(k_BxTxHxK),
+        heads_major(v_BxTxHxK),
+        block=block,
+        segments_BxT=segments_BxT,
     )
     return jnp.swapaxes(out_BxHxTxK, 1, 2)
 
 
-def halving_attention_bhtk(q_BxHxTxK, k_BxHxTxK, v_BxHxTxK, *, block: int = ATTENTION_BLOCK, segments_BxT=None):
+def halving_attention_bhtk(
+    q_BxHxTxK, k_BxHxTxK, v_BxHxTxK, *, block: int = ATTENTION_BLOCK, segments_BxT=None
+):
     """:func:`halving_causal_attention` on ``B x H x T x K`` arrays (heads before positions)."""
     shape = q_BxHxTxK.shape
     flat = lambda x: x.reshape(-1, *x.shape[-2:])  # noqa: E731
@@ -174,12 +190,22 @@ def _halving(q_NxTxK, k_NxTxK, v_NxTxK, block, seg_NxT=None):
     if seg_NxT is not None:
         seg2, seg_d = seg_NxT.reshape(N, 2, half), seg_NxT.reshape(2 * N, half)
     # each half over itself, causally, both halves as one batch of 2N
-    out_d, lse_d = _halving(q_NxTxK.reshape(2 * N, half, K), k_NxTxK.reshape(2 * N, half, K), v_NxTxK.reshape(2 * N, half, K), block, seg_d)
+    out_d, lse_d = _halving(
+        q_NxTxK.reshape(2 * N, half, K),
+        k_NxTxK.reshape(2 * N, half, K),
+        v_NxTxK.reshape(2 * N, half, K),
+        block,
+        seg_d,
+    )
     out_d, lse_d = out_d.reshape(N, 2, half, K), lse_d.reshape(N, 2, half)
     # the second half's queries over all of the first half's keys, merged into their own part
     out_x, lse_x = _softmax_part(
-        q2[:, 1], k2[:, 0], v2[:, 0], causal=False,
-        seg_q_NxQ=None if seg2 is None else seg2[:, 1], seg_k_NxS=None if seg2 is None else seg2[:, 0],
+        q2[:, 1],
+        k2[:, 0],
+        v2[:, 0],
+        causal=False,
+        seg_q_NxQ=None if seg2 is None else seg2[:, 1],
+        seg_k_NxS=None if seg2 is None else seg2[:, 0],
     )
     out_2, lse_2 = _merge_parts(out_d[:, 1], lse_d[:, 1], out_x, lse_x)
     out = jnp.stack([out_d[:, 0], out_2], axis=1).reshape(N, T, K)

@@ -33,7 +33,9 @@ class KVCache(NamedTuple):
 
 def empty_cache(attn: Attention, batch: int, slots: int) -> KVCache:
     shape = (batch, slots, attn.n_heads, attn.head_dim)
-    return KVCache(jnp.zeros(shape, attn.dtype), jnp.zeros(shape, attn.dtype), jnp.full((slots,), -1, jnp.int32))
+    return KVCache(
+        jnp.zeros(shape, attn.dtype), jnp.zeros(shape, attn.dtype), jnp.full((slots,), -1, jnp.int32)
+    )
 
 
 def stack_cache(stack: Transformer, batch: int, slots: int) -> list[KVCache]:
@@ -41,7 +43,9 @@ def stack_cache(stack: Transformer, batch: int, slots: int) -> list[KVCache]:
     return [empty_cache(block.attn, batch, slots) for block in stack.layer_blocks()]
 
 
-def attention_extend(attn: Attention, x_BxNxD: jax.Array, cache: KVCache, pos0: jax.Array, window: int) -> tuple[jax.Array, KVCache]:
+def attention_extend(
+    attn: Attention, x_BxNxD: jax.Array, cache: KVCache, pos0: jax.Array, window: int
+) -> tuple[jax.Array, KVCache]:
     """Causal self-attention of ``N`` new positions (absolute ``pos0 .. pos0 + N - 1``) over the
     cache and themselves; returns the output and the cache with the chunk written in."""
     dt = attn.dtype
@@ -63,17 +67,23 @@ def attention_extend(attn: Attention, x_BxNxD: jax.Array, cache: KVCache, pos0: 
     if window > 0:
         allowed_NxS &= pos_S[None, :] > pos_N[:, None] - window
     mask_BxNxS = jnp.broadcast_to(allowed_NxS[None], (B, N, S))
-    out_BxNxHxK = attend(q_BxNxHxK, k_cache, v_cache, causal=False, mask_BxTxS=mask_BxNxS, implementation="xla")
+    out_BxNxHxK = attend(
+        q_BxNxHxK, k_cache, v_cache, causal=False, mask_BxTxS=mask_BxNxS, implementation="xla"
+    )
     return jnp.einsum("bthk,hkd->btd", out_BxNxHxK, attn.wo[...].astype(dt)), KVCache(k_cache, v_cache, pos_S)
 
 
-def block_extend(block: Block, x_BxNxD: jax.Array, cache: KVCache, pos0: jax.Array, window: int) -> tuple[jax.Array, KVCache]:
+def block_extend(
+    block: Block, x_BxNxD: jax.Array, cache: KVCache, pos0: jax.Array, window: int
+) -> tuple[jax.Array, KVCache]:
     attn_out, cache = attention_extend(block.attn, block.attn_norm(x_BxNxD), cache, pos0, window)
     h = x_BxNxD + attn_out.astype(x_BxNxD.dtype)
     return h + block.mlp(block.mlp_norm(h)).astype(h.dtype), cache
 
 
-def stack_extend(stack: Transformer, x_BxNxD: jax.Array, caches: list[KVCache], pos0: jax.Array) -> tuple[jax.Array, list[KVCache]]:
+def stack_extend(
+    stack: Transformer, x_BxNxD: jax.Array, caches: list[KVCache], pos0: jax.Array
+) -> tuple[jax.Array, list[KVCache]]:
     """:meth:`Transformer.__call__` for ``N`` new positions after the cached ones."""
     new = []
     for block, cache in zip(stack.layer_blocks(), caches):

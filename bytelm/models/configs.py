@@ -15,7 +15,6 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 
-
 DTYPES = ("float32", "bfloat16", "float16")  # compute dtypes; parameters stay float32
 ATTENTION_KERNELS = ("auto", "xla", "cudnn", "halving")  # bytelm.models.kernels chooses "auto"
 MLP_KERNELS = ("auto", "autodiff", "manual")
@@ -42,15 +41,21 @@ def check_ngrams(ngram_sizes: tuple[int, ...], hash_table_size: int) -> None:
     if any(not 1 <= n <= 64 for n in ngram_sizes) or len(set(ngram_sizes)) != len(ngram_sizes):
         raise ValueError(f"model.ngram_sizes {list(ngram_sizes)} must be distinct n-gram lengths in [1, 64]")
     if not 1 <= hash_table_size < 2**24:
-        raise ValueError(f"model.hash_table_size must be in [1, 2^24) rows per n-gram table, got {hash_table_size}")
+        raise ValueError(
+            f"model.hash_table_size must be in [1, 2^24) rows per n-gram table, got {hash_table_size}"
+        )
 
 
 def check_ngram_dropout(rate: float, ngram_sizes: tuple[int, ...]) -> None:
     """``model.ngram_dropout``: a probability in [0, 1), and only with n-gram tables to drop from."""
     if not 0.0 <= rate < 1.0:
-        raise ValueError(f"model.ngram_dropout must be in [0, 1) (the probability of dropping a row), got {rate}")
+        raise ValueError(
+            f"model.ngram_dropout must be in [0, 1) (the probability of dropping a row), got {rate}"
+        )
     if rate > 0 and not ngram_sizes:
-        raise ValueError(f"model.ngram_dropout = {rate} drops n-gram rows, but model.ngram_sizes is empty: set both, or ngram_dropout = 0")
+        raise ValueError(
+            f"model.ngram_dropout = {rate} drops n-gram rows, but model.ngram_sizes is empty: set both, or ngram_dropout = 0"
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,7 +81,9 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"model.dropout must be in [0, 1) (the probability of zeroing a value), got {self.dropout}")
+            raise ValueError(
+                f"model.dropout must be in [0, 1) (the probability of zeroing a value), got {self.dropout}"
+            )
         if not self.norm_eps > 0:
             raise ValueError(f"model.norm_eps must be > 0, got {self.norm_eps}")
         if self.dtype not in DTYPES:
@@ -111,7 +118,9 @@ _STACK_FIELDS = {"": ("d_model", "n_layers", "n_heads", "mlp_dim")}
 
 def stack_fields(prefix: str) -> tuple[str, str, str, str]:
     """The field names of the stack under ``prefix``: ``(d_model, layers, heads, mlp_dim)``."""
-    return _STACK_FIELDS.get(prefix, (f"{prefix}d_model", f"{prefix}layers", f"{prefix}heads", f"{prefix}mlp_dim"))
+    return _STACK_FIELDS.get(
+        prefix, (f"{prefix}d_model", f"{prefix}layers", f"{prefix}heads", f"{prefix}mlp_dim")
+    )
 
 
 def get_stack(cfg: ModelConfig, prefix: str = "") -> StackConfig:
@@ -125,7 +134,9 @@ def with_stacks(cfg: ModelConfig, stacks: Mapping[str, StackConfig], **changes) 
     ``dataclasses.replace``, so the config's invariants are checked once, on the result."""
     values: dict = {}
     for prefix, stack in stacks.items():
-        for name, value in zip(stack_fields(prefix), (stack.d_model, stack.layers, stack.heads, stack.mlp_dim)):
+        for name, value in zip(
+            stack_fields(prefix), (stack.d_model, stack.layers, stack.heads, stack.mlp_dim)
+        ):
             if hasattr(cfg, name):
                 values[name] = value
     return dataclasses.replace(cfg, **{**values, **changes})

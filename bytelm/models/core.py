@@ -25,7 +25,11 @@ from bytelm.models.attention import attend
 from bytelm.models.kernels import REMAT_POLICIES, Kernels
 
 Dtype = jnp.dtype
-COMPUTE_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}  # model.dtype names
+COMPUTE_DTYPES = {
+    "float32": jnp.float32,
+    "bfloat16": jnp.bfloat16,
+    "float16": jnp.float16,
+}  # model.dtype names
 EMBEDDING_AXIS = "vocab"  # the first logical axis of a lookup table (embeddings, n-gram hash tables)
 
 
@@ -42,7 +46,13 @@ def is_lookup_table(v) -> bool:
 
 
 def param(
-    rngs: nnx.Rngs, shape: tuple[int, ...], axes: tuple[str | None, ...], *, std: float | None = None, fan_in: int | None = None, truncated: bool = False
+    rngs: nnx.Rngs,
+    shape: tuple[int, ...],
+    axes: tuple[str | None, ...],
+    *,
+    std: float | None = None,
+    fan_in: int | None = None,
+    truncated: bool = False,
 ) -> nnx.Param:
     """A float32 normal-initialised weight tagged with its logical axes.
 
@@ -61,7 +71,11 @@ def param(
 def _draw(key: jax.Array, shape: tuple[int, ...], truncated: bool, std: jax.Array) -> jax.Array:
     """``std`` times a standard normal (cut at 3 when ``truncated``) draw: one compiled program per
     shape, where building a model outside ``jit`` would otherwise compile each step of it per shape."""
-    unit = jax.random.truncated_normal(key, -3.0, 3.0, shape, jnp.float32) if truncated else jax.random.normal(key, shape, jnp.float32)
+    unit = (
+        jax.random.truncated_normal(key, -3.0, 3.0, shape, jnp.float32)
+        if truncated
+        else jax.random.normal(key, shape, jnp.float32)
+    )
     return unit * std
 
 
@@ -110,7 +124,9 @@ def dropout_bits(key: jax.Array, shape: tuple[int, ...]) -> jax.Array:
     cols = shape[-1] if shape else 1
     rows = int(np.prod(shape[:-1])) if len(shape) > 1 else 1
     if rows >= 2**32 or cols >= 2**32:
-        raise ValueError(f"dropout on shape {shape}: at most 2^32 - 1 rows (the leading axes' product) and columns")
+        raise ValueError(
+            f"dropout on shape {shape}: at most 2^32 - 1 rows (the leading axes' product) and columns"
+        )
     k = jax.random.bits(key, (2,), jnp.uint32)
     row_R = _mix32(jax.lax.iota(jnp.uint32, rows) + k[0])
     col_C = _mix32(jax.lax.iota(jnp.uint32, cols) + k[1])
@@ -146,7 +162,9 @@ class RMSNorm(nnx.Module):
         return (normed * scale).astype(x_BxTxD.dtype)
 
 
-def rotary_tables(positions_BxT: jax.Array | None, T: int, head_dim: int, base: float) -> tuple[jax.Array, jax.Array]:
+def rotary_tables(
+    positions_BxT: jax.Array | None, T: int, head_dim: int, base: float
+) -> tuple[jax.Array, jax.Array]:
     """``(cos, sin)`` of the rotary angles, each ``B x T x head_dim/2`` (``1 x T x ...`` when
     ``positions_BxT`` is None, meaning positions ``0 .. T-1``: then they are constants, computed
     here once in float32 instead of by ``sin``/``cos`` ops that XLA may fuse into, and repeat in,
@@ -187,8 +205,17 @@ class Attention(nnx.Module):
     """
 
     def __init__(
-        self, d_model: int, n_heads: int, *, rngs: nnx.Rngs, d_kv: int | None = None, rope_base: float = 10000.0, dtype: Dtype = jnp.float32,
-        implementation: str = "xla", qk_norm: bool = False, norm_eps: float = 1e-6,
+        self,
+        d_model: int,
+        n_heads: int,
+        *,
+        rngs: nnx.Rngs,
+        d_kv: int | None = None,
+        rope_base: float = 10000.0,
+        dtype: Dtype = jnp.float32,
+        implementation: str = "xla",
+        qk_norm: bool = False,
+        norm_eps: float = 1e-6,
     ):
         if d_model % n_heads:
             raise ValueError(f"d_model {d_model} is not divisible by n_heads {n_heads}")
@@ -240,7 +267,13 @@ class Attention(nnx.Module):
             q_BxTxHxK = apply_rotary(q_BxTxHxK, cos, sin)
             k_BxSxHxK = apply_rotary(k_BxSxHxK, cos, sin)
         out_BxTxHxK = attend(
-            q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, causal=causal, window=window, mask_BxTxS=mask_BxTxS, segments_BxT=segments_BxT,
+            q_BxTxHxK,
+            k_BxSxHxK,
+            v_BxSxHxK,
+            causal=causal,
+            window=window,
+            mask_BxTxS=mask_BxTxS,
+            segments_BxT=segments_BxT,
             implementation=self.implementation,
         )
         return jnp.einsum("bthk,hkd->btd", out_BxTxHxK, self.wo[...].astype(dt))
@@ -250,7 +283,15 @@ class MLP(nnx.Module):
     """SwiGLU: ``down(silu(x W_gate) * (x W_up))``; ``backward`` is a resolved MLP kernel
     (:mod:`bytelm.models.kernels`): ``manual`` (:func:`swiglu_mlp`) or ``autodiff``."""
 
-    def __init__(self, d_model: int, d_hidden: int, *, rngs: nnx.Rngs, dtype: Dtype = jnp.float32, backward: str = "autodiff"):
+    def __init__(
+        self,
+        d_model: int,
+        d_hidden: int,
+        *,
+        rngs: nnx.Rngs,
+        dtype: Dtype = jnp.float32,
+        backward: str = "autodiff",
+    ):
         self.w_gate = param(rngs, (d_model, d_hidden), ("embed", "mlp"))
         self.w_up = param(rngs, (d_model, d_hidden), ("embed", "mlp"))
         self.w_down = param(rngs, (d_hidden, d_model), ("mlp", "embed"))
@@ -312,34 +353,78 @@ class Block(nnx.Module):
     (training), each branch's output is dropped before its residual add (sites 0 and 1)."""
 
     def __init__(
-        self, d_model: int, n_heads: int, d_hidden: int, *, rngs: nnx.Rngs, kernels: Kernels, rope_base: float = 10000.0, dtype: Dtype = jnp.float32,
-        norm_eps: float = 1e-6, qk_norm: bool = False,
+        self,
+        d_model: int,
+        n_heads: int,
+        d_hidden: int,
+        *,
+        rngs: nnx.Rngs,
+        kernels: Kernels,
+        rope_base: float = 10000.0,
+        dtype: Dtype = jnp.float32,
+        norm_eps: float = 1e-6,
+        qk_norm: bool = False,
     ):
         self.attn_norm = RMSNorm(d_model, eps=norm_eps)
         self.attn = Attention(
-            d_model, n_heads, rngs=rngs, rope_base=rope_base, dtype=dtype, implementation=kernels.attention, qk_norm=qk_norm, norm_eps=norm_eps
+            d_model,
+            n_heads,
+            rngs=rngs,
+            rope_base=rope_base,
+            dtype=dtype,
+            implementation=kernels.attention,
+            qk_norm=qk_norm,
+            norm_eps=norm_eps,
         )
         self.mlp_norm = RMSNorm(d_model, eps=norm_eps)
         self.mlp = MLP(d_model, d_hidden, rngs=rngs, dtype=dtype, backward=kernels.mlp)
         self.remat = kernels.remat
 
     def __call__(
-        self, x_BxTxD: jax.Array, *, positions_BxT=None, window: int = 0, causal: bool = True, mask_BxTxS=None, segments_BxT=None,
+        self,
+        x_BxTxD: jax.Array,
+        *,
+        positions_BxT=None,
+        window: int = 0,
+        causal: bool = True,
+        mask_BxTxS=None,
+        segments_BxT=None,
         drop: Dropout | None = None,
     ) -> jax.Array:
         if self.remat == "none":
-            return self._forward(x_BxTxD, positions_BxT, mask_BxTxS, segments_BxT, drop, window=window, causal=causal)
+            return self._forward(
+                x_BxTxD, positions_BxT, mask_BxTxS, segments_BxT, drop, window=window, causal=causal
+            )
         rate = None if drop is None else drop.rate
 
-        def forward(block, x, positions, mask, segments, key):  # window, causal and the rate stay Python values (static)
-            return block._forward(x, positions, mask, segments, None if key is None else Dropout(rate, key), window=window, causal=causal)
+        def forward(
+            block, x, positions, mask, segments, key
+        ):  # window, causal and the rate stay Python values (static)
+            return block._forward(
+                x,
+                positions,
+                mask,
+                segments,
+                None if key is None else Dropout(rate, key),
+                window=window,
+                causal=causal,
+            )
 
         key = None if drop is None else drop.key
-        return nnx.remat(forward, policy=REMAT_POLICIES[self.remat])(self, x_BxTxD, positions_BxT, mask_BxTxS, segments_BxT, key)
+        return nnx.remat(forward, policy=REMAT_POLICIES[self.remat])(
+            self, x_BxTxD, positions_BxT, mask_BxTxS, segments_BxT, key
+        )
 
-    def _forward(self, x_BxTxD, positions_BxT, mask_BxTxS, segments_BxT, drop, *, window: int, causal: bool) -> jax.Array:
+    def _forward(
+        self, x_BxTxD, positions_BxT, mask_BxTxS, segments_BxT, drop, *, window: int, causal: bool
+    ) -> jax.Array:
         attn_out = self.attn(
-            self.attn_norm(x_BxTxD), positions_BxT=positions_BxT, window=window, causal=causal, mask_BxTxS=mask_BxTxS, segments_BxT=segments_BxT
+            self.attn_norm(x_BxTxD),
+            positions_BxT=positions_BxT,
+            window=window,
+            causal=causal,
+            mask_BxTxS=mask_BxTxS,
+            segments_BxT=segments_BxT,
         )
         h = x_BxTxD + apply_dropout(attn_out, drop_at(drop, 0)).astype(x_BxTxD.dtype)
         return h + apply_dropout(self.mlp(self.mlp_norm(h)), drop_at(drop, 1)).astype(h.dtype)
@@ -357,11 +442,33 @@ class Transformer(nnx.Module):
     """
 
     def __init__(
-        self, d_model: int, n_layers: int, n_heads: int, d_hidden: int, *, rngs: nnx.Rngs, kernels: Kernels, window: int = 0,
-        rope_base: float = 10000.0, dtype: Dtype = jnp.float32, scan: bool = False, norm_eps: float = 1e-6, qk_norm: bool = False,
+        self,
+        d_model: int,
+        n_layers: int,
+        n_heads: int,
+        d_hidden: int,
+        *,
+        rngs: nnx.Rngs,
+        kernels: Kernels,
+        window: int = 0,
+        rope_base: float = 10000.0,
+        dtype: Dtype = jnp.float32,
+        scan: bool = False,
+        norm_eps: float = 1e-6,
+        qk_norm: bool = False,
     ):
         blocks = [
-            Block(d_model, n_heads, d_hidden, rngs=rngs, kernels=kernels, rope_base=rope_base, dtype=dtype, norm_eps=norm_eps, qk_norm=qk_norm)
+            Block(
+                d_model,
+                n_heads,
+                d_hidden,
+                rngs=rngs,
+                kernels=kernels,
+                rope_base=rope_base,
+                dtype=dtype,
+                norm_eps=norm_eps,
+                qk_norm=qk_norm,
+            )
             for _ in range(n_layers)
         ]
         self.window = window
@@ -377,14 +484,24 @@ class Transformer(nnx.Module):
         if not self.scan:
             return list(self.blocks)
         graphdef, params, rest = nnx.split(self.layers, nnx.Param, ...)
-        return [nnx.merge(graphdef, jax.tree.map(lambda a, i=i: a[i], params), rest) for i in range(self.n_layers)]
+        return [
+            nnx.merge(graphdef, jax.tree.map(lambda a, i=i: a[i], params), rest) for i in range(self.n_layers)
+        ]
 
     def __call__(
-        self, x_BxTxD: jax.Array, *, positions_BxT=None, mask_BxTxS=None, segments_BxT=None, drop: Dropout | None = None
+        self,
+        x_BxTxD: jax.Array,
+        *,
+        positions_BxT=None,
+        mask_BxTxS=None,
+        segments_BxT=None,
+        drop: Dropout | None = None,
     ) -> jax.Array:
         """``drop``: training dropout; layer ``i`` draws from ``drop.at(i)``, scanned or not.
         ``segments_BxT``: document ids (each position attends within its document only)."""
-        kw = dict(positions_BxT=positions_BxT, window=self.window, mask_BxTxS=mask_BxTxS, segments_BxT=segments_BxT)
+        kw = dict(
+            positions_BxT=positions_BxT, window=self.window, mask_BxTxS=mask_BxTxS, segments_BxT=segments_BxT
+        )
         if not self.scan:
             for i, block in enumerate(self.blocks):
                 x_BxTxD = block(x_BxTxD, **kw, drop=drop_at(drop, i))
@@ -418,7 +535,16 @@ class Embed(nnx.Module):
     """A lookup table (logical axes ``(vocab, embed)``: counted as embedding parameters). ``hashed``:
     a table of hashed n-grams (its rows are hash buckets, not ids), which reports count apart."""
 
-    def __init__(self, n_rows: int, dim: int, *, rngs: nnx.Rngs, std: float = 1.0, truncated: bool = False, hashed: bool = False):
+    def __init__(
+        self,
+        n_rows: int,
+        dim: int,
+        *,
+        rngs: nnx.Rngs,
+        std: float = 1.0,
+        truncated: bool = False,
+        hashed: bool = False,
+    ):
         self.table = param(rngs, (n_rows, dim), (EMBEDDING_AXIS, "embed"), std=std, truncated=truncated)
         if hashed:
             self.table.set_metadata(hashed_ngrams=True)
@@ -437,7 +563,9 @@ class Embed(nnx.Module):
 _HASH_MULT = np.uint32(1_000_000_007)
 
 
-def ngram_hashes(ids_BxT: jax.Array, n: int, table_size: int, reach_BxT: jax.Array | None = None) -> jax.Array:
+def ngram_hashes(
+    ids_BxT: jax.Array, n: int, table_size: int, reach_BxT: jax.Array | None = None
+) -> jax.Array:
     """Row index of the n-gram ending at each position (ids before the start count as PAD): the
     input of the hashed n-gram embeddings of BLT's encoder and of :class:`NgramEmbed`. With
     ``reach_BxT``, the ids more than ``reach`` positions back count as PAD too (a document's
@@ -475,7 +603,11 @@ class NgramEmbed(nnx.Module):
         self.tables = nnx.List([Embed(rows, dim, rngs=rngs, std=std, hashed=True) for _ in self.sizes])
 
     def __call__(
-        self, ids_BxT: jax.Array, context_BxC: jax.Array | None = None, reach_BxT: jax.Array | None = None, drop: Dropout | None = None
+        self,
+        ids_BxT: jax.Array,
+        context_BxC: jax.Array | None = None,
+        reach_BxT: jax.Array | None = None,
+        drop: Dropout | None = None,
     ) -> jax.Array:
         """The summed rows of the n-grams ending at each of ``ids_BxT``'s positions. ``context_BxC``
         (the ``n_context`` ids just before them; PAD before a sequence's start) continues a sequence;
@@ -489,7 +621,9 @@ class NgramEmbed(nnx.Module):
             ids_BxT = jnp.concatenate([context_BxC.astype(ids_BxT.dtype), ids_BxT], axis=1)
         total = 0
         for i, (n, table) in enumerate(zip(self.sizes, self.tables)):
-            total = total + drop_rows(table(ngram_hashes(ids_BxT, n, self.rows, reach_BxT)[:, -T:]), drop_at(drop, i))
+            total = total + drop_rows(
+                table(ngram_hashes(ids_BxT, n, self.rows, reach_BxT)[:, -T:]), drop_at(drop, i)
+            )
         return total
 
 
@@ -507,7 +641,9 @@ def head_param(rngs: nnx.Rngs, d_model: int, n_valid: int, multiple: int) -> nnx
     return param(rngs, (d_model, pad_vocab(n_valid, multiple)), ("embed", "vocab"))
 
 
-def head_logits(h_BxTxD: jax.Array, head_DxV: jax.Array, n_valid: int, dtype: Dtype, softcap: float = 0.0) -> jax.Array:
+def head_logits(
+    h_BxTxD: jax.Array, head_DxV: jax.Array, n_valid: int, dtype: Dtype, softcap: float = 0.0
+) -> jax.Array:
     """Logits over the ``n_valid`` ids in float32; the padding rows' logits are masked (they can
     never be predicted). Shared by every family. ``softcap`` > 0 squashes each logit smoothly into
     ``(-softcap, softcap)`` with ``softcap * tanh(logit / softcap)`` (Gemma 2's final-logit

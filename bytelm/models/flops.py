@@ -51,7 +51,9 @@ def mean_attended(context: int, window: int = 0, *, dense: bool = False) -> floa
 
 def stack_forward_flops_per_position(d_model: int, n_layers: int, mlp_dim: int, attended: float) -> float:
     """Forward FLOPs per position of a stack whose positions attend ``attended`` keys each."""
-    return 2.0 * (4 * d_model * d_model + 3 * d_model * mlp_dim) * n_layers + 4.0 * d_model * attended * n_layers
+    return (
+        2.0 * (4 * d_model * d_model + 3 * d_model * mlp_dim) * n_layers + 4.0 * d_model * attended * n_layers
+    )
 
 
 def head_flops(d_model: int, vocab_multiple: int, n_valid: int = NUM_BYTE_IDS) -> float:
@@ -61,4 +63,6 @@ def head_flops(d_model: int, vocab_multiple: int, n_valid: int = NUM_BYTE_IDS) -
 def decoder_lm_forward_flops_per_position(mcfg, n_valid: int, seq_len: int, *, dense: bool = False) -> float:
     """A :class:`~bytelm.models.lm.DecoderLM` (byte LM, subword LM) over ``seq_len`` positions."""
     attended = mean_attended(seq_len, mcfg.window, dense=dense)
-    return stack_forward_flops_per_position(mcfg.d_model, mcfg.n_layers, mcfg.mlp_dim, attended) + head_flops(mcfg.d_model, mcfg.vocab_multiple, n_valid)
+    return stack_forward_flops_per_position(mcfg.d_model, mcfg.n_layers, mcfg.mlp_dim, attended) + head_flops(
+        mcfg.d_model, mcfg.vocab_multiple, n_valid
+    )

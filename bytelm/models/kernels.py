@@ -43,7 +43,10 @@ log = logging.getLogger(__name__)
 ATTENTION_BLOCK = 128  # the halving/blocked paths' leaf size, and their minimum of 2 blocks
 
 
-REMAT_POLICIES = {"block": None, "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable}  # (None: save nothing)
+REMAT_POLICIES = {
+    "block": None,
+    "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+}  # (None: save nothing)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,7 +57,12 @@ class Kernels:
 
 
 def resolve_kernels(
-    attention: str = "auto", mlp: str = "auto", *, dtype: str = "float32", backend: str | None = None, remat: str = "none"
+    attention: str = "auto",
+    mlp: str = "auto",
+    *,
+    dtype: str = "float32",
+    backend: str | None = None,
+    remat: str = "none",
 ) -> Kernels:
     """The implementations for a model's ``attention`` and ``mlp`` choices in compute ``dtype`` on
     ``backend`` (default: JAX's default backend). Raises ``ValueError`` for a kernel the backend
@@ -66,7 +74,11 @@ def resolve_kernels(
         attention = {"gpu": "cudnn" if half else "xla", "cpu": "halving"}.get(backend, "xla")
     if attention == "cudnn" and (backend != "gpu" or not half):
         # kernels change speed, not results: a run trained with cuDNN stays usable on a CPU
-        log.warning("model.attention = 'cudnn' needs a GPU and bfloat16/float16 (backend %s, dtype %s): using 'xla'", backend, dtype)
+        log.warning(
+            "model.attention = 'cudnn' needs a GPU and bfloat16/float16 (backend %s, dtype %s): using 'xla'",
+            backend,
+            dtype,
+        )
         attention = "xla"
     if attention not in ("xla", "cudnn", "halving"):
         raise ValueError(f"unknown attention kernel {attention!r}: use auto, xla, cudnn or halving")

@@ -11,7 +11,18 @@ from flax import nnx
 
 from bytelm.models.cache import KVCache, stack_cache, stack_extend
 from bytelm.models.core import (
-    COMPUTE_DTYPES, Dropout, Embed, NgramEmbed, RMSNorm, Transformer, apply_dropout, document_spans, drop_at, head_logits, head_param, make_dropout,
+    COMPUTE_DTYPES,
+    Dropout,
+    Embed,
+    NgramEmbed,
+    RMSNorm,
+    Transformer,
+    apply_dropout,
+    document_spans,
+    drop_at,
+    head_logits,
+    head_param,
+    make_dropout,
     pad_vocab,
 )
 from bytelm.models.kernels import resolve_kernels
@@ -34,10 +45,24 @@ class DecoderLM(nnx.Module):
         kernels = resolve_kernels(cfg.attention, cfg.mlp, dtype=cfg.dtype, remat=cfg.remat)
         self.embed = Embed(self.vocab_rows, cfg.d_model, rngs=rngs)
         # hashed n-gram embeddings added to the id's (model.ngram_sizes); none: the ByT5-style input
-        self.ngrams = NgramEmbed(cfg.ngram_sizes, cfg.hash_table_size, cfg.d_model, rngs=rngs) if cfg.ngram_sizes else None
+        self.ngrams = (
+            NgramEmbed(cfg.ngram_sizes, cfg.hash_table_size, cfg.d_model, rngs=rngs)
+            if cfg.ngram_sizes
+            else None
+        )
         self.stack = Transformer(
-            cfg.d_model, cfg.n_layers, cfg.n_heads, cfg.mlp_dim, rngs=rngs, kernels=kernels, window=cfg.window, rope_base=cfg.rope_base, dtype=dtype,
-            scan=cfg.scan_layers, norm_eps=cfg.norm_eps, qk_norm=cfg.qk_norm,
+            cfg.d_model,
+            cfg.n_layers,
+            cfg.n_heads,
+            cfg.mlp_dim,
+            rngs=rngs,
+            kernels=kernels,
+            window=cfg.window,
+            rope_base=cfg.rope_base,
+            dtype=dtype,
+            scan=cfg.scan_layers,
+            norm_eps=cfg.norm_eps,
+            qk_norm=cfg.qk_norm,
         )
         self.norm = RMSNorm(cfg.d_model, eps=cfg.norm_eps)
         self.head = head_param(rngs, cfg.d_model, n_valid, cfg.vocab_multiple)
@@ -48,7 +73,11 @@ class DecoderLM(nnx.Module):
         return self.ngrams.n_context if self.ngrams is not None else 0
 
     def embed_ids(
-        self, ids_BxT: jax.Array, context_BxC: jax.Array | None = None, reach_BxT: jax.Array | None = None, ngram_drop: Dropout | None = None
+        self,
+        ids_BxT: jax.Array,
+        context_BxC: jax.Array | None = None,
+        reach_BxT: jax.Array | None = None,
+        ngram_drop: Dropout | None = None,
     ) -> jax.Array:
         """The stack's input: each id's embedding plus, with ``model.ngram_sizes``, the hashed
         embeddings of the n-grams ending at it (``context_BxC``: the ids before a continuation;
@@ -59,16 +88,22 @@ class DecoderLM(nnx.Module):
             e_BxTxD = e_BxTxD + self.ngrams(ids_BxT, context_BxC, reach_BxT, drop=ngram_drop)
         return e_BxTxD.astype(self.dtype)
 
-    def __call__(self, ids_BxT: jax.Array, *, drop: Dropout | None = None, ngram_drop: Dropout | None = None) -> jax.Array:
+    def __call__(
+        self, ids_BxT: jax.Array, *, drop: Dropout | None = None, ngram_drop: Dropout | None = None
+    ) -> jax.Array:
         """``drop`` (training): dropout on the embeddings (site 0) and in the stack (site 1);
         ``ngram_drop``: on the n-gram tables' rows. With ``model.document_mask``, every BOS starts a
         document that nothing before it reaches."""
         segments_BxT = reach_BxT = None
         if self.cfg.document_mask:
             segments_BxT, reach_BxT = document_spans(ids_BxT)
-        h_BxTxD = apply_dropout(self.embed_ids(ids_BxT, reach_BxT=reach_BxT, ngram_drop=ngram_drop), drop_at(drop, 0))
+        h_BxTxD = apply_dropout(
+            self.embed_ids(ids_BxT, reach_BxT=reach_BxT, ngram_drop=ngram_drop), drop_at(drop, 0)
+        )
         h_BxTxD = self.stack(h_BxTxD, segments_BxT=segments_BxT, drop=drop_at(drop, 1))
-        return head_logits(self.norm(h_BxTxD), self.head[...], self.n_valid, self.dtype, self.cfg.logit_softcap)
+        return head_logits(
+            self.norm(h_BxTxD), self.head[...], self.n_valid, self.dtype, self.cfg.logit_softcap
+        )
 
     def score(self, batch: dict, *, dropout_key: jax.Array | None = None) -> Scores:
         """``batch["ids"]`` is ``(B, T+1)``: inputs ``[:, :-1]`` predict targets ``[:, 1:]``.
@@ -79,7 +114,9 @@ class DecoderLM(nnx.Module):
         ids = batch["ids"]
         drop = make_dropout(self.cfg.dropout, dropout_key)
         ngram_drop = drop_at(make_dropout(self.cfg.ngram_dropout, dropout_key), NGRAM_DROPOUT_SITE)
-        return next_id_scores(self(ids[:, :-1], drop=drop, ngram_drop=ngram_drop), ids[:, 1:], batch.get("nbytes"))
+        return next_id_scores(
+            self(ids[:, :-1], drop=drop, ngram_drop=ngram_drop), ids[:, 1:], batch.get("nbytes")
+        )
 
     # -- decoding (bytelm.sampling) ------------------------------------------------------------
     def init_cache(self, batch: int, slots: int) -> list[KVCache]:
@@ -93,7 +130,11 @@ class DecoderLM(nnx.Module):
         n-gram embeddings, ``context_BxC`` holds the :attr:`n_context` ids just before the new ones
         (PAD before the start)."""
         if self.n_context and (context_BxC is None or context_BxC.shape[1] != self.n_context):
-            raise ValueError(f"this model's n-grams need the {self.n_context} ids before the new ones (context_BxC)")
+            raise ValueError(
+                f"this model's n-grams need the {self.n_context} ids before the new ones (context_BxC)"
+            )
         h_BxNxD = self.embed_ids(ids_BxN, context_BxC)
         h_BxNxD, caches = stack_extend(self.stack, h_BxNxD, caches, pos0)
-        return head_logits(self.norm(h_BxNxD), self.head[...], self.n_valid, self.dtype, self.cfg.logit_softcap), caches
+        return head_logits(
+            self.norm(h_BxNxD), self.head[...], self.n_valid, self.dtype, self.cfg.logit_softcap
+        ), caches

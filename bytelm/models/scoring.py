@@ -29,7 +29,9 @@ def token_nll(logits_BxTxV: jax.Array, targets_BxT: jax.Array) -> jax.Array:
     return lse_BxT - picked_BxT
 
 
-def next_id_scores(logits_BxTxV: jax.Array, targets_BxT: jax.Array, nbytes_BxT: jax.Array | None = None) -> Scores:
+def next_id_scores(
+    logits_BxTxV: jax.Array, targets_BxT: jax.Array, nbytes_BxT: jax.Array | None = None
+) -> Scores:
     """The :class:`Scores` of predicting ``targets`` with ``logits``. Positions whose target is a
     control id (PAD, BOS, EOS, SEP) are not scored; each scored position covers ``nbytes`` bytes
     (a token's length) or, when None, one byte."""

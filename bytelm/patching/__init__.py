@@ -19,8 +19,20 @@ Representation and conventions (see :mod:`bytelm.patching.patchers` for details)
 """
 
 from bytelm.patching.calibrate import calibrate_threshold, mean_patch_length
-from bytelm.patching.entropy import EntropyModel, EntropyPatcher, PatchLayout, SpacePatcher, params_fingerprint
-from bytelm.patching.lengths import PatchOverflowError, cap_starts, lengths_to_patch_ids, patch_counts, starts_to_lengths
+from bytelm.patching.entropy import (
+    EntropyModel,
+    EntropyPatcher,
+    PatchLayout,
+    SpacePatcher,
+    params_fingerprint,
+)
+from bytelm.patching.lengths import (
+    PatchOverflowError,
+    cap_starts,
+    lengths_to_patch_ids,
+    patch_counts,
+    starts_to_lengths,
+)
 from bytelm.patching.patchers import (
     apply_max_len,
     entropy_starts,

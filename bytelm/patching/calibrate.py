@@ -100,7 +100,11 @@ def calibrate_threshold(
 
     def mean_at(k: int) -> float:
         starts = entropy_starts(
-            ids_BxL, h_BxL, threshold=threshold(k), monotonic_threshold=monotonic_threshold, max_patch_len=max_patch_len
+            ids_BxL,
+            h_BxL,
+            threshold=threshold(k),
+            monotonic_threshold=monotonic_threshold,
+            max_patch_len=max_patch_len,
         )
         return mean_patch_length(starts, n_B)
 
@@ -137,7 +141,11 @@ def calibrate_threshold(
         log.warning(
             "target mean patch length %.4g is not reachable within %.0f%% on this sample (the mean jumps from "
             "%.3f to %.3f); using the closest, %.4f",
-            target, 100 * tol, m_lo, m_hi, achieved,
+            target,
+            100 * tol,
+            m_lo,
+            m_hi,
+            achieved,
         )
     elif not close(achieved):
         raise UserError(
@@ -146,5 +154,7 @@ def calibrate_threshold(
             f"sample (more or longer rows) or accept a target near one of those values"
         )
     theta = threshold(k)
-    log.info("calibrated entropy threshold %.6g: mean patch length %.4f (target %.4g)", theta, achieved, target)
+    log.info(
+        "calibrated entropy threshold %.6g: mean patch length %.4f (target %.4g)", theta, achieved, target
+    )
     return theta, achieved

@@ -155,10 +155,19 @@ class EntropyPatcher:
 
     @classmethod
     def from_settings(cls, model: EntropyModel, settings: dict) -> EntropyPatcher:
-        return cls(model, settings.get("threshold"), settings.get("monotonic_threshold"), settings.get("max_patch_len"))
+        return cls(
+            model,
+            settings.get("threshold"),
+            settings.get("monotonic_threshold"),
+            settings.get("max_patch_len"),
+        )
 
     def settings(self) -> dict:
-        return {"threshold": self.threshold, "monotonic_threshold": self.monotonic_threshold, "max_patch_len": self.max_patch_len}
+        return {
+            "threshold": self.threshold,
+            "monotonic_threshold": self.monotonic_threshold,
+            "max_patch_len": self.max_patch_len,
+        }
 
     def record(self) -> dict:
         """:meth:`settings` plus the entropy model's fingerprint."""

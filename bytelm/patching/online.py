@@ -18,7 +18,13 @@ class OnlineStarts:
     """Patch starts, one position at a time. ``max_patches`` None: no slot limit (what generation
     uses past the training window, where no training rule exists)."""
 
-    def __init__(self, threshold: float | None, monotonic_threshold: float | None, max_patch_len: int | None, max_patches: int | None):
+    def __init__(
+        self,
+        threshold: float | None,
+        monotonic_threshold: float | None,
+        max_patch_len: int | None,
+        max_patches: int | None,
+    ):
         if threshold is None and monotonic_threshold is None:
             raise ValueError("an online patch rule needs threshold, monotonic_threshold, or both")
         # compared in float32, as entropy_starts compares the entropy model's float32 entropies

@@ -44,7 +44,9 @@ def plot_entropies(
     starts = np.asarray(starts, dtype=bool)
     n = len(data)
     if h.shape != (n,) or starts.shape != (n,):
-        raise ValueError(f"entropies {h.shape} and starts {starts.shape} must both have one value per byte ({n})")
+        raise ValueError(
+            f"entropies {h.shape} and starts {starts.shape} must both have one value per byte ({n})"
+        )
     fig = Figure(figsize=(min(max(6.0, 0.16 * n + 1.5), 80.0), 3.2), dpi=100)
     FigureCanvasAgg(fig)
     ax = fig.add_subplot(1, 1, 1)

@@ -22,6 +22,7 @@ from bytelm.patching.patchers import entropy_starts
 
 log = logging.getLogger(__name__)
 
+
 @dataclasses.dataclass(frozen=True)
 class PatchedText:
     data: bytes
@@ -51,7 +52,9 @@ class PatchedText:
 
 def text_ids(data: bytes) -> np.ndarray:
     """``[BOS, b0 + 4, b1 + 4, ...]`` as int32."""
-    return np.concatenate([[BOS_ID], np.frombuffer(data, np.uint8).astype(np.int32) + BYTE_OFFSET]).astype(np.int32)
+    return np.concatenate([[BOS_ID], np.frombuffer(data, np.uint8).astype(np.int32) + BYTE_OFFSET]).astype(
+        np.int32
+    )
 
 
 def patch_text(
@@ -80,7 +83,12 @@ def patch_text(
     h = model.entropies(ids[None])[0]
     if target_len is not None:
         threshold, _ = calibrate_threshold(
-            h[None], ids[None], target_len, max_patch_len=max_patch_len, monotonic_threshold=monotonic_threshold, strict=False
+            h[None],
+            ids[None],
+            target_len,
+            max_patch_len=max_patch_len,
+            monotonic_threshold=monotonic_threshold,
+            strict=False,
         )
         log.info("threshold %.6g calibrated on the %d-byte text itself", threshold, len(data))
     starts = entropy_starts(
@@ -122,7 +130,9 @@ def escape_bytes(data: bytes, *, sep: str = "|") -> str:
         elif ch == " " or (ch.isprintable() and unicodedata.category(ch) not in ("Zl", "Zp")):
             out.append(ch)
         else:
-            out.append(f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}")
+            out.append(
+                f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
+            )
     return "".join(out)
 
 

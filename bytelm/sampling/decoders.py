@@ -101,7 +101,9 @@ class Decoder(abc.ABC):
     @staticmethod
     def _check_recompute(n_positions: int, context: int) -> None:
         if n_positions > context:
-            raise UserError(f"the full recomputation is defined within the model's context ({context} positions), got {n_positions}")
+            raise UserError(
+                f"the full recomputation is defined within the model's context ({context} positions), got {n_positions}"
+            )
 
 
 def byte_of_unit(unit: int) -> bytes:
@@ -122,7 +124,9 @@ def allowed_ids(n_valid: int) -> np.ndarray:
 class FlatDecoder(Decoder):
     """The byte LM and the subword LM (:class:`~bytelm.models.lm.DecoderLM`): ``[BOS, units...]``."""
 
-    def __init__(self, model, context: int, encode: Callable[[bytes], list[int]], unit_bytes: Callable[[int], bytes]):
+    def __init__(
+        self, model, context: int, encode: Callable[[bytes], list[int]], unit_bytes: Callable[[int], bytes]
+    ):
         self.context, self.encode, self._unit_bytes = context, encode, unit_bytes
         self.allowed_V = allowed_ids(model.n_valid)
         self._model = model
@@ -144,13 +148,17 @@ class FlatDecoder(Decoder):
     def start(self, prompt: bytes) -> np.ndarray:
         ids = [BOS_ID, *self.encode(prompt)]
         self._check_prompt(len(ids), self.context)
-        logits, self.caches = self._extend(host_i32([ids]), self._model.init_cache(1, self.context), host_i32(0), self._context([]))
+        logits, self.caches = self._extend(
+            host_i32([ids]), self._model.init_cache(1, self.context), host_i32(0), self._context([])
+        )
         self.position = len(ids)
         self.recent = ids[-self.n_context :] if self.n_context else []
         return np.asarray(logits)
 
     def step(self, unit: int) -> np.ndarray:
-        logits, self.caches = self._extend(host_i32([[unit]]), self.caches, host_i32(self.position), self._context(self.recent))
+        logits, self.caches = self._extend(
+            host_i32([[unit]]), self.caches, host_i32(self.position), self._context(self.recent)
+        )
         self.position += 1
         if self.n_context:
             self.recent = [*self.recent, unit][-self.n_context :]

@@ -30,7 +30,9 @@ class SamplingOptions:
             raise UserError(f"top_p must be in (0, 1], got {self.top_p}")
 
 
-def choose(logits_V: np.ndarray, allowed_V: np.ndarray, options: SamplingOptions, rng: np.random.Generator) -> int:
+def choose(
+    logits_V: np.ndarray, allowed_V: np.ndarray, options: SamplingOptions, rng: np.random.Generator
+) -> int:
     """The next id among the ``allowed`` ones."""
     logits = np.where(allowed_V, np.asarray(logits_V, np.float64), -np.inf)
     if options.greedy:

@@ -50,14 +50,22 @@ class Checkpointer:
         read nor allocated (a third of a full restore's memory under Adam), and a checkpoint may
         hold none (``bytelm convert`` writes parameters only)."""
         restore_args = jax.tree.map(
-            lambda x: ocp.ArrayRestoreArgs(sharding=x.sharding, global_shape=x.shape, dtype=x.dtype, strict=True), params
+            lambda x: ocp.ArrayRestoreArgs(
+                sharding=x.sharding, global_shape=x.shape, dtype=x.dtype, strict=True
+            ),
+            params,
         )
-        out = self._restore(step, ocp.args.PyTreeRestore({key: params}, restore_args={key: restore_args}, partial_restore=True))
+        out = self._restore(
+            step,
+            ocp.args.PyTreeRestore({key: params}, restore_args={key: restore_args}, partial_restore=True),
+        )
         return out["state"][key], out["meta"]
 
     def _restore(self, step: int, state_args) -> dict:
         try:
-            return self.manager.restore(step, args=ocp.args.Composite(state=state_args, meta=ocp.args.JsonRestore()))
+            return self.manager.restore(
+                step, args=ocp.args.Composite(state=state_args, meta=ocp.args.JsonRestore())
+            )
         except (ValueError, KeyError, TypeError) as e:
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             raise UserError(

@@ -67,7 +67,11 @@ class Clock:
             self.mark, self.mark_steps = self.spent(), 1
             return False
         first = self.horizon is None and steps_this_run == 1 + self.PROBE_STEPS
-        again = (self.horizon is not None and steps_this_run & (steps_this_run - 1) == 0 and steps_this_run > 1 + self.PROBE_STEPS)
+        again = (
+            self.horizon is not None
+            and steps_this_run & (steps_this_run - 1) == 0
+            and steps_this_run > 1 + self.PROBE_STEPS
+        )
         if not (first or again):
             return False
         # a warmup that does not fit the planned horizon (a budget of a few steps) is not re-planned:

@@ -28,7 +28,11 @@ log = logging.getLogger(__name__)
 
 
 def initialize(
-    *, auto: bool = False, coordinator: str | None = None, num_processes: int | None = None, process_id: int | None = None
+    *,
+    auto: bool = False,
+    coordinator: str | None = None,
+    num_processes: int | None = None,
+    process_id: int | None = None,
 ) -> bool:
     """Join the job's processes (module docstring); returns False when nothing was asked for.
 
@@ -40,21 +44,31 @@ def initialize(
     if not auto and not given:
         return False
     if auto and given:
-        raise UserError(f"--distributed reads the cluster from the environment; drop {', '.join(sorted(given))} or --distributed")
+        raise UserError(
+            f"--distributed reads the cluster from the environment; drop {', '.join(sorted(given))} or --distributed"
+        )
     if given and len(given) < 3:
         missing = sorted(set(explicit) - given)
-        raise UserError(f"an explicit process layout needs --coordinator, --num-processes and --process-id; missing {', '.join(missing)}")
+        raise UserError(
+            f"an explicit process layout needs --coordinator, --num-processes and --process-id; missing {', '.join(missing)}"
+        )
     if given:
         if ":" not in coordinator or not coordinator.rsplit(":", 1)[1].isdigit():
-            raise UserError(f"--coordinator {coordinator!r} must be HOST:PORT (the address of process 0), e.g. 10.0.0.1:1234")
+            raise UserError(
+                f"--coordinator {coordinator!r} must be HOST:PORT (the address of process 0), e.g. 10.0.0.1:1234"
+            )
         if num_processes < 1:
             raise UserError(f"--num-processes must be >= 1, got {num_processes}")
         if not 0 <= process_id < num_processes:
-            raise UserError(f"--process-id must lie in [0, --num-processes {num_processes}), got {process_id}")
+            raise UserError(
+                f"--process-id must lie in [0, --num-processes {num_processes}), got {process_id}"
+            )
     # CPU devices need a collectives implementation to talk across processes (GPU and TPU have theirs)
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     if given:
-        jax.distributed.initialize(coordinator_address=coordinator, num_processes=num_processes, process_id=process_id)
+        jax.distributed.initialize(
+            coordinator_address=coordinator, num_processes=num_processes, process_id=process_id
+        )
     else:
         try:
             jax.distributed.initialize()
@@ -63,8 +77,13 @@ def initialize(
                 f"--distributed could not find the cluster from the environment ({str(e).splitlines()[0][:200]}); "
                 "outside TPU pods, SLURM, Open MPI and Kubernetes give --coordinator, --num-processes and --process-id"
             ) from None
-    log.info("process %d of %d, %d local / %d global devices", jax.process_index(), jax.process_count(),
-             jax.local_device_count(), jax.device_count())
+    log.info(
+        "process %d of %d, %d local / %d global devices",
+        jax.process_index(),
+        jax.process_count(),
+        jax.local_device_count(),
+        jax.device_count(),
+    )
     return True
 
 

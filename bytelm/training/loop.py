@@ -32,7 +32,13 @@ from bytelm.training.clock import Clock
 from bytelm.training.distributed import barrier, is_primary
 from bytelm.training.peak import measure_matmul_peak
 from bytelm.training.restore import make_task
-from bytelm.training.trainer import Trainer, TrainingDiverged, TrainResult, check_fingerprints, check_run_config
+from bytelm.training.trainer import (
+    Trainer,
+    TrainingDiverged,
+    TrainResult,
+    check_fingerprints,
+    check_run_config,
+)
 
 log = logging.getLogger(__name__)
 
@@ -97,9 +103,17 @@ def _finished_result(run_dir: Path, cfg: Config) -> TrainResult | None:
     run = RunDir(run_dir).info_or_empty()
     if not run:
         return None
-    if run.get("status") != "finished" or (run.get("step") != cfg.train.steps and not cfg.train.time_budget_s):
+    if run.get("status") != "finished" or (
+        run.get("step") != cfg.train.steps and not cfg.train.time_budget_s
+    ):
         return None  # (a time-budgeted run's config matches the finished one: check_run_config)
-    return TrainResult(run_dir, run["step"], run.get("final_loss", float("nan")), run.get("final_eval_bpb"), train_s=run.get("train_s"))
+    return TrainResult(
+        run_dir,
+        run["step"],
+        run.get("final_loss", float("nan")),
+        run.get("final_eval_bpb"),
+        train_s=run.get("train_s"),
+    )
 
 
 class _Run:
@@ -111,13 +125,19 @@ class _Run:
         self.files = RunDir(run_dir)
         self.ckpt = Checkpointer(self.files.checkpoints_path, keep=cfg.train.keep_checkpoints)
         self.wall0, self.train_s0, self.horizon0 = 0.0, 0.0, None
-        self.stats_run: dict[str, int] = {}  # the batches' host-side counts over the whole run (kept in checkpoints)
+        self.stats_run: dict[
+            str, int
+        ] = {}  # the batches' host-side counts over the whole run (kept in checkpoints)
         self.last_good_step = self.ckpt.latest_step()
         if self.last_good_step is not None:
             self._resume(self.last_good_step)
         self.budgeted = cfg.train.time_budget_s > 0
-        self.clock = Clock(cfg.train.time_budget_s, self.train_s0, self.horizon0 if self.budgeted else cfg.train.steps,
-                            cfg.train.warmup_steps)
+        self.clock = Clock(
+            cfg.train.time_budget_s,
+            self.train_s0,
+            self.horizon0 if self.budgeted else cfg.train.steps,
+            cfg.train.warmup_steps,
+        )
         trainer.horizon = self.clock.horizon if self.clock.horizon is not None else Clock.UNPLANNED
         self.peak_total = self._peak_flops()
         self.flops_per_step = self.task.train_flops_per_position() * self.task.positions_per_step()
@@ -136,7 +156,9 @@ class _Run:
         self.trainer.load_state_tree(tree)
         self.trainer.step = int(meta["step"])
         if meta["data"]["seed"] != self.cfg.train.seed or meta["data"]["step"] != self.trainer.step:
-            raise UserError(f"checkpoint {step} in {self.run_dir} has an inconsistent data-iterator state {meta['data']}")
+            raise UserError(
+                f"checkpoint {step} in {self.run_dir} has an inconsistent data-iterator state {meta['data']}"
+            )
         self.wall0 = float(meta.get("wall_s", 0.0))
         self.train_s0 = float(meta.get("train_s", self.wall0))
         self.horizon0 = meta.get("horizon")
@@ -175,13 +197,23 @@ class _Run:
     def write_status(self, status: str, **extra) -> None:
         if not is_primary():
             return
-        record = {**self.info, "status": status, "step": self.trainer.step, **self.task.stats_record(self.stats_run), **extra}
+        record = {
+            **self.info,
+            "status": status,
+            "step": self.trainer.step,
+            **self.task.stats_record(self.stats_run),
+            **extra,
+        }
         self.files.write_info(record)
 
     def save(self, step: int) -> None:
         meta = {
-            "step": step, "wall_s": self.wall_s(), "train_s": self.clock.spent(), "horizon": self.clock.horizon,
-            "data": {"step": step, "seed": self.cfg.train.seed}, "stats": self.stats_run,
+            "step": step,
+            "wall_s": self.wall_s(),
+            "train_s": self.clock.spent(),
+            "horizon": self.clock.horizon,
+            "data": {"step": step, "seed": self.cfg.train.seed},
+            "stats": self.stats_run,
         }
         self.ckpt.save(step, self.trainer.state_tree(), meta)
         self.last_good_step = step
@@ -191,7 +223,11 @@ class _Run:
 
     def finished(self) -> bool:
         """The run has trained for ``train.steps``, or spent its time budget (or reached its planned horizon)."""
-        return self.clock.exhausted(self.trainer.step) if self.budgeted else self.trainer.step >= self.cfg.train.steps
+        return (
+            self.clock.exhausted(self.trainer.step)
+            if self.budgeted
+            else self.trainer.step >= self.cfg.train.steps
+        )
 
     def log_train(self, m: dict, loss: float, step_s: float, progress) -> None:
         trainer, steps = self.trainer, self.clock.horizon
@@ -216,7 +252,11 @@ class _Run:
         self.stats_log = {}
         self.metrics.write(rec)
         if progress:
-            progress(trainer.step, steps, f"loss {loss:.3f} bpb {rec['bpb']:.3f} {rec['bytes_s']:,.0f} B/s mfu {rec['mfu']:.2f}")
+            progress(
+                trainer.step,
+                steps,
+                f"loss {loss:.3f} bpb {rec['bpb']:.3f} {rec['bytes_s']:,.0f} B/s mfu {rec['mfu']:.2f}",
+            )
 
     def evaluate(self) -> None:
         with self.clock.paused():  # evaluations do not count as training time
@@ -278,15 +318,28 @@ class _Run:
                 if clock.plan(trainer.step, steps_this_run):
                     trainer.horizon = clock.horizon
                     self.metrics.write(
-                        {"kind": "plan", "step": trainer.step, "planned_steps": clock.horizon, "step_s": clock.step_s,
-                         "train_s": clock.spent(), "time_budget_s": tcfg.time_budget_s}
+                        {
+                            "kind": "plan",
+                            "step": trainer.step,
+                            "planned_steps": clock.horizon,
+                            "step_s": clock.step_s,
+                            "train_s": clock.spent(),
+                            "time_budget_s": tcfg.time_budget_s,
+                        }
                     )
-                    log.info("time budget %.0fs: %.3fs per step, horizon planned at step %d", tcfg.time_budget_s, clock.step_s, clock.horizon)
+                    log.info(
+                        "time budget %.0fs: %.3fs per step, horizon planned at step %d",
+                        tcfg.time_budget_s,
+                        clock.step_s,
+                        clock.horizon,
+                    )
                 last = self.finished()
                 log_now = trainer.step % tcfg.log_every == 0 or last
                 eval_now = bool(cfg.eval.every) and (trainer.step % cfg.eval.every == 0 or last)
                 save_now = trainer.step % tcfg.checkpoint_every == 0
-                stop_now = flag.signum is not None or (stop_after is not None and steps_this_run >= stop_after)
+                stop_now = flag.signum is not None or (
+                    stop_after is not None and steps_this_run >= stop_after
+                )
                 if log_now or eval_now or save_now or stop_now or last:
                     settle()  # this step's loss is needed (or its state is about to be kept)
                 if log_now:
@@ -300,7 +353,9 @@ class _Run:
                 if flag.signum is not None:
                     self.save(trainer.step)
                     self.stopped_by_signal = True
-                    log.warning("signal %d: saved checkpoint at step %d and stopped", flag.signum, trainer.step)
+                    log.warning(
+                        "signal %d: saved checkpoint at step %d and stopped", flag.signum, trainer.step
+                    )
                     break
                 if stop_after is not None and steps_this_run >= stop_after:
                     break
@@ -324,11 +379,22 @@ class _Run:
         if self.budgeted:
             budget = {"time_budget_s": self.cfg.train.time_budget_s, "planned_steps": self.clock.horizon}
         self.write_status(
-            "finished" if done else "stopped", wall_s=self.wall_s(), train_s=self.clock.spent(), final_loss=self.last_loss,
-            final_eval_bpb=self.last_eval, **budget,
+            "finished" if done else "stopped",
+            wall_s=self.wall_s(),
+            train_s=self.clock.spent(),
+            final_loss=self.last_loss,
+            final_eval_bpb=self.last_eval,
+            **budget,
         )
-        return TrainResult(self.run_dir, self.trainer.step, self.last_loss, self.last_eval, self.stopped_by_signal, self.clock.spent(),
-                           trainer=self.trainer)
+        return TrainResult(
+            self.run_dir,
+            self.trainer.step,
+            self.last_loss,
+            self.last_eval,
+            self.stopped_by_signal,
+            self.clock.spent(),
+            trainer=self.trainer,
+        )
 
 
 def train(

@@ -40,7 +40,11 @@ _HEAD_AXES = ("heads", "kv")  # an attention projection's per-head output (or in
 def schedule_plan(tcfg, horizon) -> dict:
     """The schedule's run-time arguments: ``horizon``, ``peak`` (``train.learning_rate``) and
     ``warmup`` (``train.warmup_steps``), float32 scalars."""
-    return {"horizon": np.float32(horizon), "peak": np.float32(tcfg.learning_rate), "warmup": np.float32(tcfg.warmup_steps)}
+    return {
+        "horizon": np.float32(horizon),
+        "peak": np.float32(tcfg.learning_rate),
+        "warmup": np.float32(tcfg.warmup_steps),
+    }
 
 
 def learning_rate_schedule(tcfg):
@@ -125,7 +129,9 @@ def _muon_labels(params):
     """``"muon"`` or ``"adam"`` per leaf of a parameter tree (an ``nnx.State``: the logical axes
     are the variables' metadata; a bare array keeps Adam)."""
     return jax.tree.map(
-        lambda v: v.replace("muon" if _variable_dimensions(v) else "adam") if _is_variable(v) else "adam", params, is_leaf=_is_variable
+        lambda v: v.replace("muon" if _variable_dimensions(v) else "adam") if _is_variable(v) else "adam",
+        params,
+        is_leaf=_is_variable,
     )
 
 
@@ -154,10 +160,14 @@ def _scale_to_adamw_rms() -> optax.GradientTransformation:
         def one(u, dims):
             if not isinstance(dims, MuonDimensionNumbers):
                 return u
-            fans = [int(np.prod([u.shape[a] for a in axes])) for axes in (dims.reduction_axis, dims.output_axis)]
+            fans = [
+                int(np.prod([u.shape[a] for a in axes])) for axes in (dims.reduction_axis, dims.output_axis)
+            ]
             return u * jnp.asarray(MUON_RMS * max(fans) ** 0.5, u.dtype)
 
-        return jax.tree.map(one, updates, _muon_dimension_tree(updates), is_leaf=lambda x: isinstance(x, optax.MaskedNode)), state
+        return jax.tree.map(
+            one, updates, _muon_dimension_tree(updates), is_leaf=lambda x: isinstance(x, optax.MaskedNode)
+        ), state
 
     return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
 
@@ -206,7 +216,9 @@ def _split_newton_schulz(muon: optax.GradientTransformation) -> optax.GradientTr
             axis = split_axis(u.shape, dims, n)
             if axis is None:
                 return u
-            return jax.lax.with_sharding_constraint(u, P(*["data" if a == axis else None for a in range(u.ndim)]))
+            return jax.lax.with_sharding_constraint(
+                u, P(*["data" if a == axis else None for a in range(u.ndim)])
+            )
 
         dims = _muon_dimension_tree(updates)
         updates = jax.tree.map(spread, updates, dims, is_leaf=lambda x: isinstance(x, optax.MaskedNode))
@@ -223,7 +235,14 @@ def _scale_embeddings(scale: float) -> optax.GradientTransformation:
 
     def update(updates, state, params=None):
         del params
-        scaled = lambda u: u.replace(u.get_value() * jnp.asarray(scale, u.get_value().dtype)) if is_lookup_table(u) else u  # noqa: E731
+
+        def scaled(u):
+            return (
+                u.replace(u.get_value() * jnp.asarray(scale, u.get_value().dtype))
+                if is_lookup_table(u)
+                else u
+            )
+
         return jax.tree.map(scaled, updates, is_leaf=_is_variable), state
 
     return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
@@ -240,7 +259,9 @@ def make_optimizer(tcfg) -> optax.GradientTransformationExtraArgs:
     adam = optax.scale_by_adam(b1=tcfg.beta1, b2=tcfg.beta2)
     if tcfg.optimizer == "muon":
         muon = optax.chain(
-            _split_newton_schulz(scale_by_muon(beta=tcfg.muon_momentum, weight_dimension_numbers=_muon_dimension_tree)),
+            _split_newton_schulz(
+                scale_by_muon(beta=tcfg.muon_momentum, weight_dimension_numbers=_muon_dimension_tree)
+            ),
             _scale_to_adamw_rms(),
         )
         direction = optax.partition({"muon": muon, "adam": adam}, _muon_labels)

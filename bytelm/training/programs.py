@@ -57,7 +57,9 @@ class Programs:
         self.score_positions = jax.jit(self._score_positions_fn)
         self.opt_init = jax.jit(self.tx.init)
         schedule = learning_rate_schedule(spec)
-        self.lr = jax.jit(lambda count, plan: schedule(count, plan["horizon"], plan["peak"], plan["warmup"]))  # one call, not a dozen eager ops
+        self.lr = jax.jit(
+            lambda count, plan: schedule(count, plan["horizon"], plan["peak"], plan["warmup"])
+        )  # one call, not a dozen eager ops
 
     def _scores(self, params, batch, dropout_key=None):
         return nnx.merge(self.graphdef, params).score(batch, dropout_key=dropout_key)
@@ -85,7 +87,9 @@ class Programs:
                 return (jax.tree.map(jnp.add, g_acc, g), nll_acc + nll, c_acc + c, b_acc + b), None
 
             zeros = jax.tree.map(jnp.zeros_like, params)
-            (grads, nll, count, nbytes), _ = jax.lax.scan(body, (zeros, 0.0, 0.0, 0.0), (micro, jnp.arange(accum, dtype=jnp.int32)))
+            (grads, nll, count, nbytes), _ = jax.lax.scan(
+                body, (zeros, 0.0, 0.0, 0.0), (micro, jnp.arange(accum, dtype=jnp.int32))
+            )
         count = jnp.maximum(count, 1.0)
         grads = jax.tree.map(lambda g: g / count, grads)
         updates, opt_state = self.tx.update(grads, opt_state, params, plan=plan)
@@ -141,7 +145,8 @@ def shared_init(graphdef, mesh, shardings, build_model):
         if len(_INITS) >= _PROGRAMS_LIMIT:
             _INITS.clear()
         init = _INITS[key] = jax.jit(
-            lambda seed: nnx.state(build_model(nnx.Rngs(jax.random.key(seed))), nnx.Param), out_shardings=shardings
+            lambda seed: nnx.state(build_model(nnx.Rngs(jax.random.key(seed))), nnx.Param),
+            out_shardings=shardings,
         )
     return init
 

@@ -43,7 +43,9 @@ def _restore_artefact_run(value: str, field: str, kind) -> tuple[nnx.Module, dic
             f"model.{field} is empty: point it at the run directory of the {kind.noun} (train one with '{kind.made_by}')"
         )
     run_dir = Path(value)
-    record = RunDir(run_dir).info(what="a finished run directory", how=f"train the {kind.noun} first ({kind.made_by})")
+    record = RunDir(run_dir).info(
+        what="a finished run directory", how=f"train the {kind.noun} first ({kind.made_by})"
+    )
     family = record.get("family")
     if family != kind.run_family:
         raise UserError(
@@ -53,7 +55,9 @@ def _restore_artefact_run(value: str, field: str, kind) -> tuple[nnx.Module, dic
     return restore_model(run_dir), record
 
 
-def restore_trainer(run_dir: str | Path, *, corpus=None, step: int | None = None, load_corpus: bool = True) -> Trainer:
+def restore_trainer(
+    run_dir: str | Path, *, corpus=None, step: int | None = None, load_corpus: bool = True
+) -> Trainer:
     """Rebuild the trainer of ``run_dir`` from its config and load the model's weights of its latest
     (or ``step``) checkpoint, to score and sample with: the parameters, or with ``train.ema_decay``
     their average, as ``params`` (its optimizer state stays abstract: training resumes through
@@ -86,7 +90,9 @@ def _restore(run_dir: Path, cfg: Config, corpus, step: int | None) -> Trainer:
         step = ckpt.latest_step() if step is None else step
         if step is None:
             raise UserError(f"the run directory {run_dir} has no checkpoint yet")
-        trainer.params, meta = ckpt.restore_params(step, trainer.params, key="ema" if cfg.train.ema_decay > 0 else "params")
+        trainer.params, meta = ckpt.restore_params(
+            step, trainer.params, key="ema" if cfg.train.ema_decay > 0 else "params"
+        )
     finally:
         ckpt.close()
     trainer.step = int(meta["step"])
@@ -100,7 +106,15 @@ def _restore_mesh(cfg: Config, run_dir: Path):
     try:
         return default_mesh(cfg)
     except UserError:
-        fallback = dataclasses.replace(cfg, train=dataclasses.replace(t, mesh_data=-1, mesh_fsdp=1, mesh_tensor=1))
-        log.info("%s was trained on a mesh (data=%d, fsdp=%d, tensor=%d) that %d devices cannot hold: restoring data-parallel",
-                 run_dir, t.mesh_data, t.mesh_fsdp, t.mesh_tensor, jax.device_count())
+        fallback = dataclasses.replace(
+            cfg, train=dataclasses.replace(t, mesh_data=-1, mesh_fsdp=1, mesh_tensor=1)
+        )
+        log.info(
+            "%s was trained on a mesh (data=%d, fsdp=%d, tensor=%d) that %d devices cannot hold: restoring data-parallel",
+            run_dir,
+            t.mesh_data,
+            t.mesh_fsdp,
+            t.mesh_tensor,
+            jax.device_count(),
+        )
         return default_mesh(fallback)

@@ -40,7 +40,9 @@ def mesh_shape(sizes: tuple[int, int, int], n_devices: int) -> tuple[int, int, i
     known = math.prod(s for s in sizes if s != -1)
     if -1 in sizes:
         if n_devices % known:
-            raise UserError(f"{n_devices} devices cannot be split into a mesh {sizes} (product of fixed axes {known})")
+            raise UserError(
+                f"{n_devices} devices cannot be split into a mesh {sizes} (product of fixed axes {known})"
+            )
         sizes = tuple(n_devices // known if s == -1 else s for s in sizes)
     if math.prod(sizes) != n_devices:
         raise UserError(

@@ -17,16 +17,16 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from bytelm.bpb import score_segments
 from bytelm.config import Config, config_to_dict, load_config
 from bytelm.errors import UserError
-from bytelm.bpb import score_segments
+from bytelm.families import STATS_KEY, Task
 from bytelm.models.core import is_hashed_ngram_table, is_lookup_table
 from bytelm.rundir import RunDir
 from bytelm.training.distributed import gather_rows
 from bytelm.training.optim import schedule_plan
 from bytelm.training.programs import StepSpec, ema_weight, shared_init, shared_programs
 from bytelm.training.sharding import batch_sharding, make_mesh, param_shardings
-from bytelm.families import STATS_KEY, Task
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +60,9 @@ class TrainResult:
     loss: float
     eval_bpb: float | None
     stopped_by_signal: bool = False
-    train_s: float | None = None  # training time (compilation included, evaluations not), summed across resumes
+    train_s: float | None = (
+        None  # training time (compilation included, evaluations not), summed across resumes
+    )
     # the trainer at the end of this invocation (None when the run had finished before): its state is
     # the last checkpoint's, so evaluating it equals evaluating the restored run, without the restore
     trainer: Trainer | None = dataclasses.field(default=None, repr=False, compare=False)
@@ -89,7 +91,9 @@ def check_run_config(run_dir: Path, cfg: Config) -> None:
     try:
         old = config_to_dict(load_config(rd.config_path))
     except UserError as e:
-        raise UserError(f"the run directory {run_dir} has an unreadable config ({e}); use a new --out") from None
+        raise UserError(
+            f"the run directory {run_dir} has an unreadable config ({e}); use a new --out"
+        ) from None
     new = config_to_dict(cfg)
     diffs = []
     for section in sorted(set(old) | set(new)):
@@ -113,7 +117,11 @@ def default_mesh(cfg: Config):
     any batch size works (see :mod:`bytelm.training.host`). Several processes use every device."""
     t = cfg.train
     devices = jax.devices()
-    if jax.default_backend() == "cpu" and jax.process_count() == 1 and (t.mesh_data, t.mesh_fsdp, t.mesh_tensor) == (-1, 1, 1):
+    if (
+        jax.default_backend() == "cpu"
+        and jax.process_count() == 1
+        and (t.mesh_data, t.mesh_fsdp, t.mesh_tensor) == (-1, 1, 1)
+    ):
         micro = t.batch_size // t.grad_accum
         n = max(k for k in range(1, len(devices) + 1) if micro % k == 0 and cfg.eval.batch_size % k == 0)
         devices = devices[:n]
@@ -159,9 +167,15 @@ class Trainer:
         self.param_shardings = param_shardings(abstract_state, self.mesh)
         # nnx.Rngs(seed) and nnx.Rngs(jax.random.key(seed)) draw the same numbers
         if init:
-            self.params = shared_init(self.graphdef, self.mesh, self.param_shardings, task.build_model)(np.int32(seed))
+            self.params = shared_init(self.graphdef, self.mesh, self.param_shardings, task.build_model)(
+                np.int32(seed)
+            )
         else:
-            self.params = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract_state, self.param_shardings)
+            self.params = jax.tree.map(
+                lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                abstract_state,
+                self.param_shardings,
+            )
         self.programs = shared_programs(self.graphdef, StepSpec.of(cfg.train))
         self.tx = self.programs.tx
         self._lr = self.programs.lr
@@ -172,7 +186,9 @@ class Trainer:
         replicated = jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec())
         if init:
             self.opt_state = jax.tree.map(
-                lambda x: x if isinstance(x.sharding, jax.sharding.NamedSharding) else jax.device_put(x, replicated),
+                lambda x: (
+                    x if isinstance(x.sharding, jax.sharding.NamedSharding) else jax.device_put(x, replicated)
+                ),
                 self.programs.opt_init(self.params),
             )
         else:
@@ -183,7 +199,10 @@ class Trainer:
             self.ema = jax.tree.map(jnp.copy, self.params) if init else self.params
         self.step = 0
         self.last_plan: dict | None = None  # the schedule_plan of the latest step
-        self._train_step, self._score_positions = self._on_mesh(self.programs.train_step), self.programs.score_positions
+        self._train_step, self._score_positions = (
+            self._on_mesh(self.programs.train_step),
+            self.programs.score_positions,
+        )
         self._train_step_ema = self._on_mesh(self.programs.train_step_ema)
         self.param_counts = count_params(self.params)
 
@@ -225,7 +244,9 @@ class Trainer:
         plan = self.last_plan = schedule_plan(self.cfg.train, self.horizon)
         seed_step = np.asarray([self.cfg.train.seed, self.step], np.uint32)
         if self.ema is None:
-            self.params, self.opt_state, metrics = self._train_step(self.params, self.opt_state, self.device_batch(batch), plan, seed_step)
+            self.params, self.opt_state, metrics = self._train_step(
+                self.params, self.opt_state, self.device_batch(batch), plan, seed_step
+            )
         else:
             weight = np.float32(ema_weight(self.cfg.train.ema_decay, self.step + 1))
             self.params, self.opt_state, metrics, self.ema = self._train_step_ema(
@@ -240,7 +261,11 @@ class Trainer:
         return self.params if self.ema is None else self.ema
 
     def evaluate(
-        self, segments: list[bytes], *, on_batch: Callable[[dict, int], None] | None = None, batch_size: int | None = None
+        self,
+        segments: list[bytes],
+        *,
+        on_batch: Callable[[dict, int], None] | None = None,
+        batch_size: int | None = None,
     ):
         """Score ``segments`` with the model's weights (:attr:`model_params`; the evaluation protocol), ``batch_size``
         (default ``eval.batch_size``) segments per batch.
@@ -253,8 +278,12 @@ class Trainer:
             # per-position values summed here in float64, in one fixed order: a segment's total does
             # not pick up the float32 reduction order of a program shaped by its batch
             # (every process builds the same global batch, scores its rows, and gets every row back)
-            nll_BxT, nbytes_BxT = self._score_positions(self.model_params, self.device_batch(batch, whole=True))
-            return gather_rows(nll_BxT).astype(np.float64).sum(axis=1), gather_rows(nbytes_BxT).astype(np.float64).sum(axis=1)
+            nll_BxT, nbytes_BxT = self._score_positions(
+                self.model_params, self.device_batch(batch, whole=True)
+            )
+            return gather_rows(nll_BxT).astype(np.float64).sum(axis=1), gather_rows(nbytes_BxT).astype(
+                np.float64
+            ).sum(axis=1)
 
         def observed(batches):
             for batch, n_real in batches:
@@ -279,7 +308,9 @@ class Trainer:
         replicated = jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec())
 
         def place(new, old):
-            return jax.device_put(new, old.sharding if set(old.sharding.device_set) == mesh_devices else replicated)
+            return jax.device_put(
+                new, old.sharding if set(old.sharding.device_set) == mesh_devices else replicated
+            )
 
         tree = jax.tree.map(place, tree, self.state_tree())
         self.params, self.opt_state, self.ema = tree["params"], tree["opt_state"], tree.get("ema")

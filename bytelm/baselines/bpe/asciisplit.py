@@ -31,7 +31,7 @@ import functools
 import numpy as np
 import regex
 
-L, N, O, S, NL = 0, 1, 2, 3, 4  # letter, digit, other, whitespace (not a newline), \r or \n
+L, N, O, S, NL = 0, 1, 2, 3, 4  # noqa: E741  letter, digit, other, whitespace (not a newline), \r or \n
 W = S  # run class of whitespace: S and NL together
 
 

@@ -65,5 +65,10 @@ def extend_embeddings(
         pieces = old.encode_ordinary(data)
         out[i] = emb[pieces].mean(axis=0, dtype=np.float64).astype(emb.dtype)
         initialised += 1
-    log.info("extended embeddings %s -> %s rows; %d rows initialised from old pieces", emb.shape[0], rows, initialised)
+    log.info(
+        "extended embeddings %s -> %s rows; %d rows initialised from old pieces",
+        emb.shape[0],
+        rows,
+        initialised,
+    )
     return out

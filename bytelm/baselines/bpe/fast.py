@@ -76,7 +76,9 @@ class FastEncoder:
         self._cache = _ChunkCache()
 
     # -- the one entry point ------------------------------------------------------------------
-    def encode_documents(self, docs: list, *, num_workers: int | None = None, dtype=np.int32) -> tuple[np.ndarray, np.ndarray]:
+    def encode_documents(
+        self, docs: list, *, num_workers: int | None = None, dtype=np.int32
+    ) -> tuple[np.ndarray, np.ndarray]:
         """``(ids, counts)`` of the ordinary encoding of ``docs`` (see
         :meth:`~bytelm.baselines.bpe.tokenizer.Tokenizer.encode_documents`)."""
         workers = resolve_workers(num_workers)
@@ -84,7 +86,9 @@ class FastEncoder:
         self._prepare_tables()  # once, before the workers fork
         if workers <= 1 or sum(sizes) < _PARALLEL_BYTES:
             return _encode_documents_shard((self, docs, [(0, len(docs))], dtype), 0)
-        shards = balanced_shards(sizes, _SHARDS_PER_WORKER * workers)  # a worker's cache serves all its shards
+        shards = balanced_shards(
+            sizes, _SHARDS_PER_WORKER * workers
+        )  # a worker's cache serves all its shards
         parts = shard_map(_encode_documents_shard, (self, docs, shards, dtype), len(shards), workers)
         if not parts:
             return np.zeros(0, dtype), np.zeros(0, np.int64)
@@ -112,7 +116,10 @@ class FastEncoder:
             n = len(self.ranks)
             keys = np.fromiter(self.ranks.keys(), dtype=np.uint64, count=n)
             ranks = np.fromiter(self.ranks.values(), dtype=np.int64, count=n)
-            self._pair_arrays = (IntTable(keys, ranks) if n else None, np.asarray(self.results, dtype=np.int64))
+            self._pair_arrays = (
+                IntTable(keys, ranks) if n else None,
+                np.asarray(self.results, dtype=np.int64),
+            )
         return self._pair_arrays
 
     def _whole_packed(self) -> IntTable:
@@ -120,7 +127,11 @@ class FastEncoder:
         the ASCII tokens of up to 8 bytes that encode to themselves."""
         if self._whole_packed_table is None:
             self._prepare()
-            items = [(pack_bytes(b), i) for b, i in self._whole_tokens.items() if len(b) <= PACKED_BYTES and b.isascii()]
+            items = [
+                (pack_bytes(b), i)
+                for b, i in self._whole_tokens.items()
+                if len(b) <= PACKED_BYTES and b.isascii()
+            ]
             keys = np.array([k for k, _ in items], dtype=np.uint64)
             self._whole_packed_table = IntTable(keys, np.array([i for _, i in items], dtype=np.int64))
         return self._whole_packed_table
@@ -328,7 +339,9 @@ class FastEncoder:
         n_tok = lens[kind]  # tokens per chunk occurrence
         ends = np.cumsum(n_tok)
         total = int(ends[-1]) if len(ends) else 0
-        ids = flat[np.repeat(starts[kind] - (ends - n_tok), n_tok) + np.arange(total)].astype(dtype, copy=False)
+        ids = flat[np.repeat(starts[kind] - (ends - n_tok), n_tok) + np.arange(total)].astype(
+            dtype, copy=False
+        )
         cum = np.concatenate([[0], ends])
         bounds = np.concatenate([[0], np.cumsum(n_chunks)])
         return ids, cum[bounds[1:]] - cum[bounds[:-1]]

@@ -58,7 +58,11 @@ def native_json(tok) -> str:
         "merges": [list(m) for m in tok.merges],
     }
     if tok.encoder != "ranks":
-        doc = {**{k: v for k, v in doc.items() if k != "merges"}, "encoder": tok.encoder, "merges": doc["merges"]}
+        doc = {
+            **{k: v for k, v in doc.items() if k != "merges"},
+            "encoder": tok.encoder,
+            "merges": doc["merges"],
+        }
     head = json.dumps({k: v for k, v in doc.items() if k != "merges"}, indent=1, ensure_ascii=False)
     # one merge per line keeps the file diffable and short
     merges = ",\n".join(f"  [{a}, {b}]" for a, b in tok.merges)
@@ -93,7 +97,9 @@ def hf_model(tok) -> dict:
         "byte_fallback": False,
         "ignore_merges": False,
         "vocab": {bytes_to_chars(tok.token_bytes(i)): i for i in range(tok.n_mergeable)},
-        "merges": [[bytes_to_chars(tok.token_bytes(a)), bytes_to_chars(tok.token_bytes(b))] for a, b in tok.merges],
+        "merges": [
+            [bytes_to_chars(tok.token_bytes(a)), bytes_to_chars(tok.token_bytes(b))] for a, b in tok.merges
+        ],
     }
 
 
@@ -184,7 +190,9 @@ def write_tokenizer_files(tok, directory: str | os.PathLike) -> Path:
 
 
 # -- reading ------------------------------------------------------------------------------------
-def read_native(directory: str | os.PathLike, *, name: str = NATIVE_FILE, format_name: str = FORMAT_NAME) -> tuple[Path, dict]:
+def read_native(
+    directory: str | os.PathLike, *, name: str = NATIVE_FILE, format_name: str = FORMAT_NAME
+) -> tuple[Path, dict]:
     """``(path, document)`` of the native file ``name`` in ``directory``, its format and version checked.
 
     Raises :class:`~bytelm.errors.UserError` (a ``ValueError``) naming the file when the
@@ -195,7 +203,9 @@ def read_native(directory: str | os.PathLike, *, name: str = NATIVE_FILE, format
         raise UserError(f"tokenizer directory {d} does not exist; train one with 'bytelm tokenizer train'")
     path = d / name
     if not path.is_file():
-        raise UserError(f"{path} is missing: {d} is not a bytelm tokenizer directory (or its save did not finish)")
+        raise UserError(
+            f"{path} is missing: {d} is not a bytelm tokenizer directory (or its save did not finish)"
+        )
     try:
         doc = json.loads(path.read_text(encoding="utf-8"))
     except UnicodeDecodeError as e:
@@ -212,4 +222,6 @@ def read_native(directory: str | os.PathLike, *, name: str = NATIVE_FILE, format
 
 def invalid(path: Path, why: str) -> UserError:
     """The error for a native file that cannot be read back."""
-    return UserError(f"{path} is not a valid bytelm tokenizer file ({why}); re-save or re-train the tokenizer")
+    return UserError(
+        f"{path} is not a valid bytelm tokenizer file ({why}); re-save or re-train the tokenizer"
+    )

@@ -31,7 +31,9 @@ def resolve_workers(num_workers: int | None) -> int:
     if num_workers is None:
         return available_cpus()
     if not isinstance(num_workers, int) or isinstance(num_workers, bool) or num_workers < 1:
-        raise UserError(f"the number of workers must be a positive integer (or None: all CPUs), got {num_workers!r}")
+        raise UserError(
+            f"the number of workers must be a positive integer (or None: all CPUs), got {num_workers!r}"
+        )
     return num_workers
 
 

@@ -52,7 +52,9 @@ def resolve_pattern(pattern: str) -> str:
     does not compile.
     """
     if not isinstance(pattern, str):
-        raise UserError(f"pattern must be a string (a name in {sorted(PATTERNS)} or a regex), got {pattern!r}")
+        raise UserError(
+            f"pattern must be a string (a name in {sorted(PATTERNS)} or a regex), got {pattern!r}"
+        )
     if pattern in PATTERNS:
         return PATTERNS[pattern]
     if not pattern:

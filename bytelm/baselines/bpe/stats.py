@@ -76,11 +76,25 @@ class TokenizerStats:
         """The token tax table (groups by decreasing tax, then the total), as text."""
         header = ("group", "docs", "bytes", "tokens", "bytes/token", "token tax")
         rows = [
-            (g.group, f"{g.documents:,}", f"{g.bytes:,}", f"{g.tokens:,}", f"{g.bytes_per_token:.3f}", f"{g.tax(self.overall):.3f}")
+            (
+                g.group,
+                f"{g.documents:,}",
+                f"{g.bytes:,}",
+                f"{g.tokens:,}",
+                f"{g.bytes_per_token:.3f}",
+                f"{g.tax(self.overall):.3f}",
+            )
             for g in sorted(self.groups, key=lambda g: (-g.tax(self.overall) if g.tokens else 0.0, g.group))
         ]
         o = self.overall
-        total = ("TOTAL", f"{o.documents:,}", f"{o.bytes:,}", f"{o.tokens:,}", f"{o.bytes_per_token:.3f}", "1.000")
+        total = (
+            "TOTAL",
+            f"{o.documents:,}",
+            f"{o.bytes:,}",
+            f"{o.tokens:,}",
+            f"{o.bytes_per_token:.3f}",
+            "1.000",
+        )
         widths = [max(len(r[i]) for r in [header, *rows, total]) for i in range(len(header))]
 
         def fmt(r) -> str:

@@ -99,7 +99,14 @@ class Tokenizer(SubwordTokenizer):
             self.ranks.setdefault((left, right), rank)
             self.merge_results.append(id_of[new])
             self.merges.append((left, right))
-        self._init_vocab(vocab, id_of, pattern=pattern, special_tokens=special_tokens, added_tokens=added_tokens, encoder=encoder)
+        self._init_vocab(
+            vocab,
+            id_of,
+            pattern=pattern,
+            special_tokens=special_tokens,
+            added_tokens=added_tokens,
+            encoder=encoder,
+        )
 
     def _fingerprint_payload(self) -> dict:
         payload = {
@@ -143,8 +150,11 @@ class Tokenizer(SubwordTokenizer):
     def with_encoder(self, encoder: str) -> Tokenizer:
         """The same merges and tokens segmented by another rule (``"ranks"`` or ``"longest"``)."""
         return Tokenizer(
-            self.merges, pattern=self.pattern, special_tokens=list(self.special_tokens),
-            added_tokens=list(self.added_tokens), encoder=encoder,
+            self.merges,
+            pattern=self.pattern,
+            special_tokens=list(self.special_tokens),
+            added_tokens=list(self.added_tokens),
+            encoder=encoder,
         )
 
     # -- encoding -------------------------------------------------------------------------------

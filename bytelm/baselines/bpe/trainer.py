@@ -108,7 +108,9 @@ def count_chunks(
     size = 0
     for doc in documents:
         if not isinstance(doc, (bytes, bytearray, memoryview)):
-            raise TypeError(f"documents must be bytes, got {type(doc).__name__}; encode text with .encode('utf-8')")
+            raise TypeError(
+                f"documents must be bytes, got {type(doc).__name__}; encode text with .encode('utf-8')"
+            )
         doc = bytes(doc)
         block.append(doc)
         size += len(doc)
@@ -350,7 +352,9 @@ def train_bpe(
         documents, pattern=pattern, num_workers=num_workers, progress=count_progress, total_bytes=total_bytes
     )
     if not chunks:
-        raise UserError("the training corpus is empty (no documents, or only empty ones): nothing to learn from")
+        raise UserError(
+            "the training corpus is empty (no documents, or only empty ones): nothing to learn from"
+        )
     t1 = time.perf_counter()
     log.info("counted %d distinct chunks in %.2fs", len(chunks), t1 - t0)
     merges = learn_merges(chunks, n_merges, progress=progress)

@@ -15,6 +15,19 @@ Modules:
 """
 
 from bytelm.baselines.unigram.tokenizer import UnigramTokenizer
-from bytelm.baselines.unigram.trainer import digamma, learn_pieces, seed_pieces, train_unigram, train_unigram_on_corpus
+from bytelm.baselines.unigram.trainer import (
+    digamma,
+    learn_pieces,
+    seed_pieces,
+    train_unigram,
+    train_unigram_on_corpus,
+)
 
-__all__ = ["UnigramTokenizer", "digamma", "learn_pieces", "seed_pieces", "train_unigram", "train_unigram_on_corpus"]
+__all__ = [
+    "UnigramTokenizer",
+    "digamma",
+    "learn_pieces",
+    "seed_pieces",
+    "train_unigram",
+    "train_unigram_on_corpus",
+]

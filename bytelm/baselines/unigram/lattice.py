@@ -301,7 +301,9 @@ class Lattice:
             m = np.maximum.reduceat(v, local)
             hit = np.flatnonzero(v == np.repeat(m, sizes))
             group = np.repeat(np.arange(len(local)), sizes)[hit]
-            first = a + hit[np.r_[True, group[1:] != group[:-1]]]  # edges are by start, ascending: the longest piece
+            first = (
+                a + hit[np.r_[True, group[1:] != group[:-1]]]
+            )  # edges are by start, ascending: the longest piece
             back[edges.dst[first]] = first
             return m
 

@@ -83,5 +83,10 @@ def quality(chunks: list[bytes], *, ours=None, sp=None) -> dict:
         scores = np.array([sp.get_score(i) for i in range(sp.get_piece_size())])
     ids = np.fromiter((i for p in paths for i in p), dtype=np.int64)
     if sp is not None and np.any(ids == sp.unk_id()):
-        raise ValueError("SentencePiece produced <unk>: a byte of the held-out text was not in its training chunks")
-    return {"bytes_per_token": n_bytes / max(len(ids), 1), "loglik_per_byte": float(scores[ids].sum()) / max(n_bytes, 1)}
+        raise ValueError(
+            "SentencePiece produced <unk>: a byte of the held-out text was not in its training chunks"
+        )
+    return {
+        "bytes_per_token": n_bytes / max(len(ids), 1),
+        "loglik_per_byte": float(scores[ids].sum()) / max(n_bytes, 1),
+    }

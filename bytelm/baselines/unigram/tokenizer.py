@@ -39,7 +39,15 @@ from bytelm.atomic import atomic_write_text
 from bytelm.baselines.bpe.asciisplit import PACKED_BYTES
 from bytelm.baselines.bpe.bytelevel import bytes_to_chars, chars_to_bytes
 from bytelm.baselines.bpe.fast import FastEncoder, _ChunkCache
-from bytelm.baselines.bpe.io import FORMAT_VERSION, HF_FILE, VOCAB_DUMP_FILE, hf_longest_match_model, hf_tokenizer_json, invalid, read_native
+from bytelm.baselines.bpe.io import (
+    FORMAT_VERSION,
+    HF_FILE,
+    VOCAB_DUMP_FILE,
+    hf_longest_match_model,
+    hf_tokenizer_json,
+    invalid,
+    read_native,
+)
 from bytelm.baselines.subword import SubwordTokenizer, _literal_regex, as_text, check_loaded
 from bytelm.baselines.unigram.lattice import MAX_PIECE_BYTES, Chunks, Lattice, PieceIndex, find_edges
 from bytelm.errors import UserError
@@ -85,12 +93,23 @@ class UnigramTokenizer(SubwordTokenizer):
             vocab.append(p)
         scores = [float(s) for s in scores]
         if len(scores) != len(vocab):
-            raise UserError(f"{len(scores)} scores for {len(vocab)} pieces (256 bytes + {len(vocab) - 256} learned): one score each")
+            raise UserError(
+                f"{len(scores)} scores for {len(vocab)} pieces (256 bytes + {len(vocab) - 256} learned): one score each"
+            )
         bad = next((i for i, s in enumerate(scores) if not math.isfinite(s)), None)
         if bad is not None:
-            raise UserError(f"the score of piece {bad} ({vocab[bad]!r}) is {scores[bad]}, not a finite log-probability")
+            raise UserError(
+                f"the score of piece {bad} ({vocab[bad]!r}) is {scores[bad]}, not a finite log-probability"
+            )
         self.scores = scores
-        self._init_vocab(vocab, id_of, pattern=pattern, special_tokens=special_tokens, added_tokens=added_tokens, encoder=encoder)
+        self._init_vocab(
+            vocab,
+            id_of,
+            pattern=pattern,
+            special_tokens=special_tokens,
+            added_tokens=added_tokens,
+            encoder=encoder,
+        )
         self._max_len = max(map(len, vocab))
         self._logp = np.asarray(scores, np.float64)
         self._index: PieceIndex | None = None
@@ -135,8 +154,12 @@ class UnigramTokenizer(SubwordTokenizer):
     def with_encoder(self, encoder: str) -> UnigramTokenizer:
         """The same pieces and tokens segmented by another rule."""
         return UnigramTokenizer(
-            self.vocab[256:], self.scores, pattern=self.pattern, special_tokens=list(self.special_tokens),
-            added_tokens=list(self.added_tokens), encoder=encoder,
+            self.vocab[256:],
+            self.scores,
+            pattern=self.pattern,
+            special_tokens=list(self.special_tokens),
+            added_tokens=list(self.added_tokens),
+            encoder=encoder,
         )
 
     # -- encoding -------------------------------------------------------------------------------
@@ -192,7 +215,9 @@ class UnigramTokenizer(SubwordTokenizer):
                 out[i] = tuple(path.tolist())
         return out
 
-    def encode_sampled(self, text: str | bytes, *, alpha: float = 0.1, rng: np.random.Generator | int | None = None) -> list[int]:
+    def encode_sampled(
+        self, text: str | bytes, *, alpha: float = 0.1, rng: np.random.Generator | int | None = None
+    ) -> list[int]:
         """An ordinary encoding with each chunk's segmentation *drawn* with probability
         proportional to ``P(segmentation) ** alpha`` (subword regularisation, Kudo 2018: small
         ``alpha`` is close to uniform, large ``alpha`` close to Viterbi). For training data
@@ -211,12 +236,18 @@ class UnigramTokenizer(SubwordTokenizer):
             pos = m.end()
         parts.append(text[pos:])
         pieces = [
-            [c.encode("utf-8", "surrogateescape") for c in self.pretokenizer.splitter_for(p)(p)] if isinstance(p, str) else p
+            [c.encode("utf-8", "surrogateescape") for c in self.pretokenizer.splitter_for(p)(p)]
+            if isinstance(p, str)
+            else p
             for p in parts
         ]
         chunks = [c for p in pieces if isinstance(p, list) for c in p]
         table = Chunks.of(chunks)
-        paths = iter(Lattice(table, find_edges(table, self.piece_index())).sample(self._logp, alpha, rng) if chunks else ())
+        paths = iter(
+            Lattice(table, find_edges(table, self.piece_index())).sample(self._logp, alpha, rng)
+            if chunks
+            else ()
+        )
         out: list[int] = []
         for p in pieces:
             if isinstance(p, int):
@@ -226,7 +257,9 @@ class UnigramTokenizer(SubwordTokenizer):
                     out += next(paths).tolist()
         return out
 
-    def encode_documents(self, documents: Iterable[bytes | str], *, num_workers: int | None = None, dtype=np.int32) -> tuple[np.ndarray, np.ndarray]:
+    def encode_documents(
+        self, documents: Iterable[bytes | str], *, num_workers: int | None = None, dtype=np.int32
+    ) -> tuple[np.ndarray, np.ndarray]:
         """Ordinary encoding of many documents into ``(ids, counts)``, as for BPE
         (:meth:`bytelm.baselines.bpe.tokenizer.Tokenizer.encode_documents`); the same ids as
         :meth:`encode_ordinary`. With ``encoder="longest"``: the reference path."""
@@ -268,7 +301,10 @@ class UnigramTokenizer(SubwordTokenizer):
             "fingerprint": self.fingerprint,
         }
         text = json.dumps(head, indent=1, ensure_ascii=False)
-        rows = ",\n".join(f"  [{json.dumps(bytes_to_chars(p), ensure_ascii=False)}, {s!r}]" for p, s in zip(self.vocab, self.scores))
+        rows = ",\n".join(
+            f"  [{json.dumps(bytes_to_chars(p), ensure_ascii=False)}, {s!r}]"
+            for p, s in zip(self.vocab, self.scores)
+        )
         return text[:-2] + ',\n "pieces": [\n' + rows + "\n ]\n}\n"
 
     def _vocab_dump(self) -> str:

@@ -49,8 +49,8 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 import numpy as np
 
 from bytelm.baselines.bpe.pretokenize import PreTokenizer
-from bytelm.baselines.subword import learnable_ids
 from bytelm.baselines.bpe.trainer import count_chunks
+from bytelm.baselines.subword import learnable_ids
 from bytelm.baselines.unigram.lattice import MAX_PIECE_BYTES, Chunks, Lattice, PieceIndex, _words, find_edges
 from bytelm.baselines.unigram.tokenizer import UnigramTokenizer
 from bytelm.data import load_corpus
@@ -129,7 +129,9 @@ def chunk_table(chunks: dict[bytes, int], max_chunk_bytes: int = MAX_CHUNK_BYTES
     return Chunks.of(keys, [cut[k] for k in keys])
 
 
-def seed_pieces(chunks: Chunks, seed_size: int, max_piece_bytes: int = MAX_PIECE_BYTES) -> tuple[list[bytes], np.ndarray]:
+def seed_pieces(
+    chunks: Chunks, seed_size: int, max_piece_bytes: int = MAX_PIECE_BYTES
+) -> tuple[list[bytes], np.ndarray]:
     """The seed vocabulary: ``(pieces, occurrences)`` of the ``seed_size`` substrings of 2 to
     ``max_piece_bytes`` bytes with the highest ``occurrences x length`` among those occurring at
     least twice (see the module docstring)."""
@@ -236,7 +238,11 @@ class _Model:
         own = Chunks.of([self.pieces[i] for i in learned.tolist()])
         edges = find_edges(own, PieceIndex([self.pieces[i] for i in live.tolist()], ids=live))
         first, last = own.first_nodes(), own.last_nodes()
-        selfedge = (edges.piece == learned[edges.chunk]) & (edges.src == first[edges.chunk]) & (edges.dst == last[edges.chunk])
+        selfedge = (
+            (edges.piece == learned[edges.chunk])
+            & (edges.src == first[edges.chunk])
+            & (edges.dst == last[edges.chunk])
+        )
         alts, _ = Lattice(own, edges.take(~selfedge)).viterbi(self.logp)
         c = self.counts
         C = c[self.alive].sum()
@@ -247,7 +253,10 @@ class _Model:
         with np.errstate(divide="ignore", invalid="ignore"):
             logprob_sp = np.log(cx) - math.log(C)
             logsum_alt = np.log(C + cx * (lens - 1))
-            logprob_alt = np.bincount(alt_owner, weights=np.log(c[alt_piece] + cx[alt_owner]), minlength=len(alts)) - lens * logsum_alt
+            logprob_alt = (
+                np.bincount(alt_owner, weights=np.log(c[alt_piece] + cx[alt_owner]), minlength=len(alts))
+                - lens * logsum_alt
+            )
             loss = np.where(cx > 0, cx / C * (logprob_sp - logprob_alt), 0.0)
         # the highest losses survive; ties by the lower index (deterministic)
         order = np.lexsort((learned, -loss))
@@ -270,7 +279,9 @@ def learn_pieces(
     default seed size). ``progress(round, rounds)`` is called after each pruning round.
     """
     with small_pages():
-        return _learn_pieces(chunks, n_learned, seed_size=seed_size, em_steps=em_steps, shrink=shrink, progress=progress)
+        return _learn_pieces(
+            chunks, n_learned, seed_size=seed_size, em_steps=em_steps, shrink=shrink, progress=progress
+        )
 
 
 def _learn_pieces(chunks, n_learned, *, seed_size, em_steps, shrink, progress):
@@ -279,15 +290,26 @@ def _learn_pieces(chunks, n_learned, *, seed_size, em_steps, shrink, progress):
     t0 = time.perf_counter()
     seeds, seed_freq = seed_pieces(table, seed_size)
     byte_count = np.bincount(table.data, weights=np.repeat(table.counts, table.lens), minlength=256)
-    score = np.concatenate([byte_count, seed_freq * np.fromiter(map(len, seeds), dtype=np.float64, count=len(seeds))])
+    score = np.concatenate(
+        [byte_count, seed_freq * np.fromiter(map(len, seeds), dtype=np.float64, count=len(seeds))]
+    )
     with np.errstate(divide="ignore"):
         logp = floored(np.log(score) - math.log(score.sum()), score > 0)
     model = _Model(table, [bytes([b]) for b in range(256)] + seeds, logp)
     target = 256 + n_learned
     desired = max(target, int(1.1 * target))
-    rounds = max(1, math.ceil(math.log(max(len(model.pieces), 1) / desired) / math.log(1 / shrink)) + 1) if len(model.pieces) > desired else 1
+    rounds = (
+        max(1, math.ceil(math.log(max(len(model.pieces), 1) / desired) / math.log(1 / shrink)) + 1)
+        if len(model.pieces) > desired
+        else 1
+    )
     done = 0
-    stats = {"seed_pieces": len(seeds), "distinct_chunks": len(table), "seed_s": time.perf_counter() - t0, "rounds": []}
+    stats = {
+        "seed_pieces": len(seeds),
+        "distinct_chunks": len(table),
+        "seed_s": time.perf_counter() - t0,
+        "rounds": [],
+    }
     log.info("%d distinct chunks, %d seed pieces (%.2fs)", len(table), len(seeds), stats["seed_s"])
     while True:
         for _ in range(em_steps):
@@ -334,9 +356,13 @@ def train_unigram(
     """
     specials, n_learned = learnable_ids(vocab_size, special_tokens, unit="pieces")
     PreTokenizer(pattern)
-    chunks = count_chunks(documents, pattern=pattern, num_workers=num_workers, progress=count_progress, total_bytes=total_bytes)
+    chunks = count_chunks(
+        documents, pattern=pattern, num_workers=num_workers, progress=count_progress, total_bytes=total_bytes
+    )
     if not chunks:
-        raise UserError("the training corpus is empty (no documents, or only empty ones): nothing to learn from")
+        raise UserError(
+            "the training corpus is empty (no documents, or only empty ones): nothing to learn from"
+        )
     pieces, logp, stats = learn_pieces(chunks, n_learned, seed_size=seed_size, progress=progress)
     log.info("unigram: %d learned pieces in %.2fs", len(pieces), stats["train_s"])
     return UnigramTokenizer(pieces, logp.tolist(), pattern=pattern, special_tokens=specials)
@@ -345,4 +371,6 @@ def train_unigram(
 def train_unigram_on_corpus(data, *, vocab_size: int, split: str = "train", **kwargs) -> UnigramTokenizer:
     """:func:`train_unigram` on the ``split`` documents of a corpus (a data spec or a loaded corpus)."""
     corpus = load_corpus(data) if isinstance(data, str) else data
-    return train_unigram(corpus.documents(split), vocab_size=vocab_size, total_bytes=corpus.split_bytes(split), **kwargs)
+    return train_unigram(
+        corpus.documents(split), vocab_size=vocab_size, total_bytes=corpus.split_bytes(split), **kwargs
+    )

@@ -65,8 +65,12 @@ class BLTTask(ByteTask):
 
     def _calibration_sample(self) -> np.ndarray:
         return WindowBatches(
-            self.corpus.train_stream, batch_size=self.calibration_rows, window=self.cfg.train.seq_len + 1,
-            seed=self.cfg.train.seed + 7919, process_index=0, process_count=1,
+            self.corpus.train_stream,
+            batch_size=self.calibration_rows,
+            window=self.cfg.train.seq_len + 1,
+            seed=self.cfg.train.seed + 7919,
+            process_index=0,
+            process_count=1,
         ).batch(0)
 
     @functools.cached_property
@@ -85,7 +89,10 @@ class BLTTask(ByteTask):
             sample = self._calibration_sample()
             return patcher, mean_patch_length(patcher.starts(sample), real_lengths(sample))
         if recorded.get("threshold") is not None:
-            patcher, achieved = EntropyPatcher.from_settings(self.entropy_model, recorded), recorded.get("achieved_mean_patch_len")
+            patcher, achieved = (
+                EntropyPatcher.from_settings(self.entropy_model, recorded),
+                recorded.get("achieved_mean_patch_len"),
+            )
         elif m.threshold > 0:
             patcher, achieved = EntropyPatcher(self.entropy_model, m.threshold, mono, m.max_patch_len), None
         elif self.corpus is None:
@@ -96,9 +103,15 @@ class BLTTask(ByteTask):
             )
         else:
             return EntropyPatcher.calibrated(
-                self.entropy_model, self._calibration_sample(), m.target_patch_len, monotonic_threshold=mono, max_patch_len=m.max_patch_len
+                self.entropy_model,
+                self._calibration_sample(),
+                m.target_patch_len,
+                monotonic_threshold=mono,
+                max_patch_len=m.max_patch_len,
             )
-        if achieved is None and self.corpus is not None:  # a fixed threshold: its mean length measured as calibration would
+        if (
+            achieved is None and self.corpus is not None
+        ):  # a fixed threshold: its mean length measured as calibration would
             sample = self._calibration_sample()
             achieved = mean_patch_length(patcher.starts(sample), real_lengths(sample))
         return patcher, achieved
@@ -116,8 +129,16 @@ class BLTTask(ByteTask):
 
     def decoder(self, model: nnx.Module) -> Decoder:
         if self.space:
-            raise UserError("sampling from a space-patched BLT (model.patching = 'space') is not supported; sample an entropy-patched run")
-        return BLTDecoder(model, self.modules["entropy_run"], self.patcher.settings(), self.cfg.train.seq_len, self.max_patches)
+            raise UserError(
+                "sampling from a space-patched BLT (model.patching = 'space') is not supported; sample an entropy-patched run"
+            )
+        return BLTDecoder(
+            model,
+            self.modules["entropy_run"],
+            self.patcher.settings(),
+            self.cfg.train.seq_len,
+            self.max_patches,
+        )
 
     def decorate(self, batch: dict) -> dict:
         layout = self.patcher.layout(batch["ids"], self.max_patches)
@@ -134,7 +155,9 @@ class BLTTask(ByteTask):
         return self.achieved or self.cfg.model.target_patch_len
 
     def forward_flops_per_position(self) -> float:
-        return forward_flops_per_byte(self.cfg.model, self.cfg.train.seq_len, self.mean_bytes_per_global_step())
+        return forward_flops_per_byte(
+            self.cfg.model, self.cfg.train.seq_len, self.mean_bytes_per_global_step()
+        )
 
     def entropy_inference_flops_per_byte(self) -> float:
         if self.space:
@@ -153,7 +176,10 @@ class BLTTask(ByteTask):
         if trained is not None:
             fixed = {"entropy model training": trained, **fixed}
         return Ledger(
-            own.own_per_step, per_window * self.cfg.train.batch_size, fixed, () if trained is not None else ("entropy model training",),
+            own.own_per_step,
+            per_window * self.cfg.train.batch_size,
+            fixed,
+            () if trained is not None else ("entropy model training",),
             per_step_name="entropy model forward over the training bytes",
         )
 

@@ -9,6 +9,7 @@ from bytelm.models.configs import ModelConfig, check_ngram_dropout, check_ngrams
 
 VARIANTS = ("bytelm", "reference")  # BLTConfig.variant
 
+
 @dataclasses.dataclass(frozen=True)
 class BLTConfig(ModelConfig):
     """BLT (Pagnoni et al. 2024): entropy patches, a local encoder with hashed n-grams and
@@ -43,8 +44,12 @@ class BLTConfig(ModelConfig):
     queries_per_patch: int = 2  # k (the reference's cross_attn_k)
     cross_heads: int = 2
     cross_attention: bool = True  # False: pooled patch states / global states enter by projection
-    encoder_cross_all_layers: bool = False  # patch queries cross-attend after every encoder layer (else the last)
-    decoder_cross_all_layers: bool = True  # bytes cross-attend before every decoder layer (the reference's 1B config)
+    encoder_cross_all_layers: bool = (
+        False  # patch queries cross-attend after every encoder layer (else the last)
+    )
+    decoder_cross_all_layers: bool = (
+        True  # bytes cross-attend before every decoder layer (the reference's 1B config)
+    )
     global_path: bool = True  # False (an ablation, at evaluation): the decoder reads no global output
     # "reference": the architecture of Meta's released BLT exactly (its n-gram hash, a cross-attention
     # residual that adds the queries twice, no norm after the global stack; docs/interop.md), which
@@ -67,11 +72,23 @@ class BLTConfig(ModelConfig):
                 f"and model.patch_slots ({self.patch_slots}) >= 1"
             )
         if self.threshold < 0 or self.monotonic_threshold < 0:
-            raise ValueError("model.threshold and model.monotonic_threshold must be >= 0 (0 = off / calibrate)")
-        check_transformer("model.local_", self.local_d_model, self.local_heads, max(self.encoder_layers, self.decoder_layers), self.local_mlp_dim)
-        check_transformer("model.global_", self.global_d_model, self.global_heads, self.global_layers, self.global_mlp_dim)
+            raise ValueError(
+                "model.threshold and model.monotonic_threshold must be >= 0 (0 = off / calibrate)"
+            )
+        check_transformer(
+            "model.local_",
+            self.local_d_model,
+            self.local_heads,
+            max(self.encoder_layers, self.decoder_layers),
+            self.local_mlp_dim,
+        )
+        check_transformer(
+            "model.global_", self.global_d_model, self.global_heads, self.global_layers, self.global_mlp_dim
+        )
         if self.local_d_model % self.cross_heads or (self.local_d_model // self.cross_heads) % 2:
-            raise ValueError(f"model.local_d_model {self.local_d_model} must split into model.cross_heads {self.cross_heads} even-sized heads")
+            raise ValueError(
+                f"model.local_d_model {self.local_d_model} must split into model.cross_heads {self.cross_heads} even-sized heads"
+            )
         check_ngrams(self.ngram_sizes, self.hash_table_size)
         if self.queries_per_patch < 1:
             raise ValueError(f"model.queries_per_patch must be >= 1, got {self.queries_per_patch}")
@@ -81,7 +98,9 @@ class BLTConfig(ModelConfig):
         if self.variant not in VARIANTS:
             raise ValueError(f"model.variant must be one of {VARIANTS}, got {self.variant!r}")
         if self.hash_functions < 1 or (self.variant == "bytelm" and self.hash_functions != 1):
-            raise ValueError(f"model.hash_functions ({self.hash_functions}) must be 1 for variant 'bytelm' and >= 1 for 'reference'")
+            raise ValueError(
+                f"model.hash_functions ({self.hash_functions}) must be 1 for variant 'bytelm' and >= 1 for 'reference'"
+            )
         if self.variant == "reference":
             if self.encoder_cross_all_layers:
                 raise ValueError(

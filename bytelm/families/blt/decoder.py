@@ -54,7 +54,9 @@ class BLTDecoder(Decoder):
             else:
                 slots_1xPxkxD, global_cache = jnp.zeros((1, 1, k, dl), m.dtype), caches["global"]
             src_slots = jnp.take(slots_1xPxkxD[0], jnp.maximum(src_1xN[0], 0), axis=0)[None]
-            logits, decoder_cache = m.decode_extend(inputs_1xNxD, src_slots, src_1xN >= 0, caches["decoder"], 0)
+            logits, decoder_cache = m.decode_extend(
+                inputs_1xNxD, src_slots, src_1xN >= 0, caches["decoder"], 0
+            )
             return logits[0, -1, :V], slots_1xPxkxD[:, -1], global_cache, decoder_cache
 
         def byte_step(m, ent, unit_1x1, recent_1xC, entropy_cache, encoder_cache, buffers, n_open, pos):
@@ -62,18 +64,34 @@ class BLTDecoder(Decoder):
             states, encoder_cache = m.encode_extend(unit_1x1, recent_1xC, encoder_cache, pos)
             # a patch keeps its first J bytes (as in training); later ones are not pooled
             row = jnp.minimum(n_open, J - 1)
-            buffers = [jnp.where(n_open < J, jax.lax.dynamic_update_slice_in_dim(b, st, row, axis=1), b) for b, st in zip(buffers, states)]
-            recent_1xC = jnp.concatenate([recent_1xC, unit_1x1], axis=1)[:, 1:] if recent_1xC.shape[1] else recent_1xC
-            return entropy_of_logits(logits_e)[0, 0], states[-1], recent_1xC, entropy_cache, encoder_cache, buffers
+            buffers = [
+                jnp.where(n_open < J, jax.lax.dynamic_update_slice_in_dim(b, st, row, axis=1), b)
+                for b, st in zip(buffers, states)
+            ]
+            recent_1xC = (
+                jnp.concatenate([recent_1xC, unit_1x1], axis=1)[:, 1:] if recent_1xC.shape[1] else recent_1xC
+            )
+            return (
+                entropy_of_logits(logits_e)[0, 0],
+                states[-1],
+                recent_1xC,
+                entropy_cache,
+                encoder_cache,
+                buffers,
+            )
 
         def decode(m, h_1x1xD, slots_1xkxD, has_src, decoder_cache, pos):
-            logits, decoder_cache = m.decode_extend(h_1x1xD, slots_1xkxD[:, None], jnp.reshape(has_src, (1, 1)), decoder_cache, pos)
+            logits, decoder_cache = m.decode_extend(
+                h_1x1xD, slots_1xkxD[:, None], jnp.reshape(has_src, (1, 1)), decoder_cache, pos
+            )
             return logits[0, -1, :V], decoder_cache
 
         def close_and_decode(m, buffers, n_open, global_cache, n_closed, h_1x1xD, decoder_cache, pos):
             patch_1x1xG = m.close_patches(buffers, jnp.reshape(n_open, (1, 1)))
             slots_1x1xkxD, global_cache = m.global_extend(patch_1x1xG, global_cache, n_closed)
-            logits, decoder_cache = m.decode_extend(h_1x1xD, slots_1x1xkxD, jnp.ones((1, 1), bool), decoder_cache, pos)
+            logits, decoder_cache = m.decode_extend(
+                h_1x1xD, slots_1x1xkxD, jnp.ones((1, 1), bool), decoder_cache, pos
+            )
             return logits[0, -1, :V], slots_1x1xkxD[:, 0], global_cache, decoder_cache
 
         self._prefill = jit_call(prefill, model, entropy_model, donate=(2, 3))
@@ -88,7 +106,9 @@ class BLTDecoder(Decoder):
 
     def _rule(self) -> OnlineStarts:
         s = self.settings
-        return OnlineStarts(s.get("threshold"), s.get("monotonic_threshold"), s.get("max_patch_len"), self.max_patches)
+        return OnlineStarts(
+            s.get("threshold"), s.get("monotonic_threshold"), s.get("max_patch_len"), self.max_patches
+        )
 
     def start(self, prompt: bytes) -> np.ndarray:
         ids = [BOS_ID, *byte_units(prompt)]
@@ -97,7 +117,10 @@ class BLTDecoder(Decoder):
         caches = self.model.init_cache(1, self.context, self.max_patches)
         before = [PAD_ID] * C  # PAD before the start, as the n-gram hashes see it in training
         h, states, self.encoder_cache, self.entropy_cache = self._prefill(
-            host_i32([ids]), host_i32([before]).reshape(1, C), caches.pop("encoder"), self._entropy_model.init_cache(1, self.context)
+            host_i32([ids]),
+            host_i32([before]).reshape(1, C),
+            caches.pop("encoder"),
+            self._entropy_model.init_cache(1, self.context),
         )
         h = np.asarray(h)
         self.rule = self._rule()
@@ -113,7 +136,10 @@ class BLTDecoder(Decoder):
         self.global_calls += 1 if self.n_closed else 0
         self.has_src = self.n_closed > 0
         # the open patch's first J encoder states, in a J-row buffer
-        self.buffers = [jnp.pad(st[:, open_from : open_from + J], ((0, 0), (0, J - min(n - open_from, J)), (0, 0))) for st in states]
+        self.buffers = [
+            jnp.pad(st[:, open_from : open_from + J], ((0, 0), (0, J - min(n - open_from, J)), (0, 0)))
+            for st in states
+        ]
         self.n_open = n - open_from
         self.recent = host_i32([(before + ids)[len(before + ids) - C :]]).reshape(1, C)
         self.position = n
@@ -124,19 +150,33 @@ class BLTDecoder(Decoder):
         if i + 1 > self.context:  # the next position lies past any training window: no slot limit
             self.rule.lift_slot_limit()
         h, h_dec, self.recent, self.entropy_cache, self.encoder_cache, self.buffers = self._byte_step(
-            host_i32([[unit]]), self.recent, self.entropy_cache, self.encoder_cache, self.buffers, host_i32(self.n_open), host_i32(i)
+            host_i32([[unit]]),
+            self.recent,
+            self.entropy_cache,
+            self.encoder_cache,
+            self.buffers,
+            host_i32(self.n_open),
+            host_i32(i),
         )
         self.n_open += 1
         closes = self.rule.next(float(h))
         self.starts.append(closes)
         if closes:  # the patch holding position i is complete: one global step, fused with the decoder's
             logits, self.last_slots, self.global_cache, self.decoder_cache = self._close_and_decode(
-                self.buffers, host_i32(self.n_open), self.global_cache, host_i32(self.n_closed), h_dec, self.decoder_cache, host_i32(i)
+                self.buffers,
+                host_i32(self.n_open),
+                self.global_cache,
+                host_i32(self.n_closed),
+                h_dec,
+                self.decoder_cache,
+                host_i32(i),
             )
             self.global_calls += 1
             self.n_closed, self.n_open, self.has_src = self.n_closed + 1, 0, True
         else:
-            logits, self.decoder_cache = self._decode(h_dec, self.last_slots, np.asarray(self.has_src), self.decoder_cache, host_i32(i))
+            logits, self.decoder_cache = self._decode(
+                h_dec, self.last_slots, np.asarray(self.has_src), self.decoder_cache, host_i32(i)
+            )
         self.position = i + 1
         return np.asarray(logits)
 
@@ -149,11 +189,17 @@ class BLTDecoder(Decoder):
         self._check_recompute(n, self.context)
         row = np.full((1, self.context + 1), PAD_ID, np.int32)  # the T + 1 ids of a training window
         row[0, :n] = ids
-        row[0, n] = BYTE_OFFSET  # a (dummy) target after the prefix: whether it starts a patch decides what n - 1 reads
+        row[0, n] = (
+            BYTE_OFFSET  # a (dummy) target after the prefix: whether it starts a patch decides what n - 1 reads
+        )
         h = np.asarray(entropy_of_logits(self._entropy_forward(jnp.asarray(row)))[0])
         s = self.settings
         start_row = entropy_starts(
-            row[0], h, threshold=s.get("threshold"), monotonic_threshold=s.get("monotonic_threshold"), max_patch_len=s.get("max_patch_len")
+            row[0],
+            h,
+            threshold=s.get("threshold"),
+            monotonic_threshold=s.get("monotonic_threshold"),
+            max_patch_len=s.get("max_patch_len"),
         )
         real = n + 1
         capped, _ = cap_starts(start_row[None], [real], self.max_patches)
@@ -167,4 +213,8 @@ class BLTDecoder(Decoder):
     def stats(self) -> dict:
         """``global_calls`` (the prefill's one call counted when the prompt closed a patch), ``patches`` (the starts decided so far, the
         BOS's patch included) and ``positions`` (BOS, prompt and generated bytes fed so far)."""
-        return {"global_calls": self.global_calls, "patches": int(sum(self.starts[: self.position])), "positions": self.position}
+        return {
+            "global_calls": self.global_calls,
+            "patches": int(sum(self.starts[: self.position])),
+            "positions": self.position,
+        }

@@ -4,7 +4,12 @@ forward cost (what its compute ledger charges for patching)."""
 from __future__ import annotations
 
 from bytelm.constants import NUM_BYTE_IDS
-from bytelm.models.flops import decoder_lm_forward_flops_per_position, head_flops, mean_attended, stack_forward_flops_per_position
+from bytelm.models.flops import (
+    decoder_lm_forward_flops_per_position,
+    head_flops,
+    mean_attended,
+    stack_forward_flops_per_position,
+)
 
 
 def forward_flops_per_byte(mcfg, seq_len: int, mean_patch_len: float, *, dense: bool = False) -> float:
@@ -39,7 +44,9 @@ def forward_flops_per_byte(mcfg, seq_len: int, mean_patch_len: float, *, dense: 
         2.0 * d * k * d
         + n_enc * (4.0 * k * d * d + 4.0 * d * enc_keys)
         + 2.0 * 2.0 * k * d * G
-        + stack_forward_flops_per_position(G, mcfg.global_layers, mcfg.global_mlp_dim, mean_attended(round(patches), dense=dense))
+        + stack_forward_flops_per_position(
+            G, mcfg.global_layers, mcfg.global_mlp_dim, mean_attended(round(patches), dense=dense)
+        )
         + n_dec * 4.0 * k * d * d
     )
     return per_byte + per_patch * patches / T

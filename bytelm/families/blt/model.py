@@ -64,8 +64,20 @@ from bytelm.constants import NUM_BYTE_IDS
 from bytelm.models.attention import attend
 from bytelm.models.cache import KVCache, block_extend, stack_cache, stack_extend
 from bytelm.models.core import (
-    COMPUTE_DTYPES, Dropout, Embed, RMSNorm, Transformer, apply_dropout, drop_at, drop_rows, head_logits, head_param, make_dropout, ngram_hashes,
-    pad_vocab, param,
+    COMPUTE_DTYPES,
+    Dropout,
+    Embed,
+    RMSNorm,
+    Transformer,
+    apply_dropout,
+    drop_at,
+    drop_rows,
+    head_logits,
+    head_param,
+    make_dropout,
+    ngram_hashes,
+    pad_vocab,
+    param,
 )
 from bytelm.models.kernels import resolve_kernels
 from bytelm.models.scoring import Scores, next_id_scores
@@ -76,8 +88,19 @@ NGRAM_DROPOUT_SITE = 5
 
 # The reference's hash primes, one per hash function (``compute_hash_embeddings`` in
 # facebookresearch/blt and in transformers' BLT port), cycled when there are more functions.
-REFERENCE_PRIMES = (1000000007, 5915587277, 1500450271, 3267000013, 5754853343, 4093082899, 9576890767, 3628273133,
-                    2860486313, 5463458053, 3367900313)
+REFERENCE_PRIMES = (
+    1000000007,
+    5915587277,
+    1500450271,
+    3267000013,
+    5754853343,
+    4093082899,
+    9576890767,
+    3628273133,
+    2860486313,
+    5463458053,
+    3367900313,
+)
 _LIMB = np.uint32(0xFFFF)
 
 
@@ -98,17 +121,17 @@ def reference_ngram_hashes(ids_BxT: jax.Array, n: int, table_size: int, prime: i
     for j in range(n):
         power = pow(prime, j, 2**64)
         t = padded[:, j : j + T]
-        for l in range(4):
-            limbs[l] = limbs[l] + t * np.uint32((power >> (16 * l)) & 0xFFFF)
+        for i in range(4):
+            limbs[i] = limbs[i] + t * np.uint32((power >> (16 * i)) & 0xFFFF)
     carry = jnp.zeros(ids_BxT.shape, jnp.uint32)
-    for l in range(4):
-        v = limbs[l] + carry
-        limbs[l], carry = v & _LIMB, v >> np.uint32(16)
+    for i in range(4):
+        v = limbs[i] + carry
+        limbs[i], carry = v & _LIMB, v >> np.uint32(16)
     m = np.uint32(table_size)
     r = jnp.zeros(ids_BxT.shape, jnp.uint32)
-    for l in reversed(range(4)):  # bytes from the most significant
+    for i in reversed(range(4)):  # bytes from the most significant
         for shift in (8, 0):
-            r = (r * np.uint32(256) + ((limbs[l] >> np.uint32(shift)) & np.uint32(0xFF))) % m
+            r = (r * np.uint32(256) + ((limbs[i] >> np.uint32(shift)) & np.uint32(0xFF))) % m
     negative = limbs[3] >= np.uint32(0x8000)  # the int64 sum was negative: subtract 2^64 (mod table_size)
     r = jnp.where(negative, (r + m - np.uint32(2**64 % table_size)) % m, r)
     return r.astype(jnp.int32)
@@ -121,7 +144,9 @@ def patch_ids_from_lengths(lengths_BxP: jax.Array, length: int) -> jax.Array:
     B, P = lengths_BxP.shape
     starts_BxP = jnp.cumsum(lengths_BxP, axis=1) - lengths_BxP
     marks_BxL = jnp.zeros((B, length + 1), jnp.int32)
-    marks_BxL = marks_BxL.at[jnp.arange(B)[:, None], jnp.minimum(starts_BxP, length)].add((lengths_BxP > 0).astype(jnp.int32))
+    marks_BxL = marks_BxL.at[jnp.arange(B)[:, None], jnp.minimum(starts_BxP, length)].add(
+        (lengths_BxP > 0).astype(jnp.int32)
+    )
     pid_BxL = jnp.cumsum(marks_BxL[:, :length], axis=1) - 1
     covered_BxL = jnp.arange(length)[None, :] < jnp.sum(lengths_BxP, axis=1, keepdims=True)
     return jnp.where(covered_BxL, pid_BxL, P).astype(jnp.int32)
@@ -135,7 +160,16 @@ class PatchCrossAttention(nnx.Module):
     by several groups is projected once. Queries and sources are RMS-normalised first; the output
     (zero for a group with no valid row) is meant to be added to the queries as a residual."""
 
-    def __init__(self, d_model: int, n_heads: int, *, rngs: nnx.Rngs, dtype, implementation: str, norm_eps: float = 1e-6):
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int,
+        *,
+        rngs: nnx.Rngs,
+        dtype,
+        implementation: str,
+        norm_eps: float = 1e-6,
+    ):
         if d_model % n_heads:
             raise ValueError(f"cross-attention width {d_model} is not divisible by its {n_heads} heads")
         hk = (n_heads, d_model // n_heads)
@@ -146,7 +180,9 @@ class PatchCrossAttention(nnx.Module):
         self.wo = param(rngs, (*hk, d_model), ("heads", "kv", "embed"), fan_in=d_model)
         self.dtype, self.implementation = dtype, implementation
 
-    def __call__(self, q_BxMxQxD: jax.Array, src_BxSxD: jax.Array, index_BxMxJ: jax.Array, valid_BxMxJ: jax.Array) -> jax.Array:
+    def __call__(
+        self, q_BxMxQxD: jax.Array, src_BxSxD: jax.Array, index_BxMxJ: jax.Array, valid_BxMxJ: jax.Array
+    ) -> jax.Array:
         dt = self.dtype
         B, M, Q, D = q_BxMxQxD.shape
         J = index_BxMxJ.shape[-1]
@@ -160,7 +196,14 @@ class PatchCrossAttention(nnx.Module):
         k_NxJxHxK = gather(k_BxSxHxK).reshape(B * M, J, H, K)
         v_NxJxHxK = gather(v_BxSxHxK).reshape(B * M, J, H, K)
         mask_NxQxJ = jnp.broadcast_to(valid_BxMxJ.reshape(B * M, 1, J), (B * M, Q, J))
-        out_NxQxHxK = attend(q.reshape(B * M, Q, H, K), k_NxJxHxK, v_NxJxHxK, causal=False, mask_BxTxS=mask_NxQxJ, implementation=self.implementation)
+        out_NxQxHxK = attend(
+            q.reshape(B * M, Q, H, K),
+            k_NxJxHxK,
+            v_NxJxHxK,
+            causal=False,
+            mask_BxTxS=mask_NxQxJ,
+            implementation=self.implementation,
+        )
         out_BxMxQxD = jnp.einsum("nqhk,hkd->nqd", out_NxQxHxK, self.wo[...].astype(dt)).reshape(B, M, Q, D)
         return jnp.where(jnp.any(valid_BxMxJ, axis=-1)[:, :, None, None], out_BxMxQxD, 0.0)
 
@@ -189,8 +232,14 @@ class Variant:
 
     def hashes(self, cfg, inputs_BxT: jax.Array) -> list[jax.Array]:
         """The rows of the n-grams ending at each position, one array per table."""
-        if self.reference_hash:  # one table per (hash function, n), function-major, as the reference fuses them
-            sizes = [(REFERENCE_PRIMES[f % len(REFERENCE_PRIMES)], n) for f in range(cfg.hash_functions) for n in cfg.ngram_sizes]
+        if (
+            self.reference_hash
+        ):  # one table per (hash function, n), function-major, as the reference fuses them
+            sizes = [
+                (REFERENCE_PRIMES[f % len(REFERENCE_PRIMES)], n)
+                for f in range(cfg.hash_functions)
+                for n in cfg.ngram_sizes
+            ]
             return [reference_ngram_hashes(inputs_BxT, n, cfg.hash_table_size, prime) for prime, n in sizes]
         return [ngram_hashes(inputs_BxT, n, cfg.hash_table_size) for n in cfg.ngram_sizes]
 
@@ -210,8 +259,18 @@ class LocalEncoder(nnx.Module):
     patches of byte states to global-width patch vectors (max-pooled queries cross-attending to
     their own bytes). One code path for a whole window and for the new ids of a cached step."""
 
-    def __init__(self, cfg, variant: Variant, byte_embed: Embed, ngram_embeds: nnx.List, stack: Transformer, to_queries: nnx.Param,
-                 to_global: nnx.Param, cross: nnx.List, dtype):
+    def __init__(
+        self,
+        cfg,
+        variant: Variant,
+        byte_embed: Embed,
+        ngram_embeds: nnx.List,
+        stack: Transformer,
+        to_queries: nnx.Param,
+        to_global: nnx.Param,
+        cross: nnx.List,
+        dtype,
+    ):
         self.cfg, self.variant, self.dtype = cfg, variant, dtype
         self.byte_embed, self.ngram_embeds, self.stack = byte_embed, ngram_embeds, stack
         self.to_queries, self.to_global, self.cross = to_queries, to_global, cross
@@ -226,8 +285,15 @@ class LocalEncoder(nnx.Module):
         return e.astype(self.dtype)
 
     def __call__(
-        self, ids_BxN: jax.Array, *, context_BxC: jax.Array | None = None, cache: list[KVCache] | None = None, pos0=0,
-        embeddings_BxNxD: jax.Array | None = None, drop: Dropout | None = None, ngram_drop: Dropout | None = None,
+        self,
+        ids_BxN: jax.Array,
+        *,
+        context_BxC: jax.Array | None = None,
+        cache: list[KVCache] | None = None,
+        pos0=0,
+        embeddings_BxNxD: jax.Array | None = None,
+        drop: Dropout | None = None,
+        ngram_drop: Dropout | None = None,
     ) -> tuple[list[jax.Array], list[KVCache] | None]:
         """Each encoder layer's states of the ids (the embeddings when there is no layer), and the
         caches. A whole window: ``cache`` None. A cached step: the ``N`` new ids at positions
@@ -252,11 +318,15 @@ class LocalEncoder(nnx.Module):
             states.append(h_BxNxD)
         return states or [h_BxNxD], (None if cache is None else new)
 
-    def pooled_queries(self, h_BxMxD: jax.Array, own_BxPxJ: jax.Array, own_valid_BxPxJ: jax.Array) -> jax.Array:
+    def pooled_queries(
+        self, h_BxMxD: jax.Array, own_BxPxJ: jax.Array, own_valid_BxPxJ: jax.Array
+    ) -> jax.Array:
         """``k`` queries per patch from the max over its own bytes (zero for a patch without bytes)."""
         B, P, J = own_BxPxJ.shape
         k, dl, dt = self.cfg.queries_per_patch, self.cfg.local_d_model, self.dtype
-        rows_BxPxJxD = jnp.take_along_axis(h_BxMxD, own_BxPxJ.reshape(B, P * J)[:, :, None], axis=1).reshape(B, P, J, dl)
+        rows_BxPxJxD = jnp.take_along_axis(h_BxMxD, own_BxPxJ.reshape(B, P * J)[:, :, None], axis=1).reshape(
+            B, P, J, dl
+        )
         neg = jnp.asarray(jnp.finfo(rows_BxPxJxD.dtype).min, rows_BxPxJxD.dtype)
         pooled_BxPxD = jnp.max(jnp.where(own_valid_BxPxJ[..., None], rows_BxPxJxD, neg), axis=2)
         pooled_BxPxD = jnp.where(own_valid_BxPxJ[:, :, :1], pooled_BxPxD, 0.0).astype(dt)
@@ -273,15 +343,21 @@ class LocalEncoder(nnx.Module):
             queries = self.pooled_queries(states[-1], own_BxPxJ, own_valid_BxPxJ)
         elif not self.stack.blocks:  # no encoder layers: the pooled queries attend to the embeddings
             queries = self.pooled_queries(states[0], own_BxPxJ, own_valid_BxPxJ)
-            queries = self.variant.residual(queries, self.cross[0](queries, states[0], own_BxPxJ, own_valid_BxPxJ))
+            queries = self.variant.residual(
+                queries, self.cross[0](queries, states[0], own_BxPxJ, own_valid_BxPxJ)
+            )
         else:  # after the last layer, or after every one (pooled at the first)
             cross_after = len(self.stack.blocks) - 1 if not cfg.encoder_cross_all_layers else 0
             queries = None
             for i, layer_states in enumerate(states[cross_after:]):
                 if queries is None:
                     queries = self.pooled_queries(layer_states, own_BxPxJ, own_valid_BxPxJ)
-                queries = self.variant.residual(queries, self.cross[i](queries, layer_states, own_BxPxJ, own_valid_BxPxJ))
-        patches_BxPxG = queries.reshape(B, P, cfg.queries_per_patch * cfg.local_d_model) @ self.to_global[...].astype(dt)
+                queries = self.variant.residual(
+                    queries, self.cross[i](queries, layer_states, own_BxPxJ, own_valid_BxPxJ)
+                )
+        patches_BxPxG = queries.reshape(B, P, cfg.queries_per_patch * cfg.local_d_model) @ self.to_global[
+            ...
+        ].astype(dt)
         return jnp.where(((lengths_BxP > 0) & own_valid_BxPxJ[:, :, 0])[..., None], patches_BxPxG, 0.0)
 
 
@@ -292,8 +368,14 @@ class GlobalModel(nnx.Module):
     def __init__(self, cfg, stack: Transformer, norm: RMSNorm | None, from_global: nnx.Param, dtype):
         self.cfg, self.stack, self.norm, self.from_global, self.dtype = cfg, stack, norm, from_global, dtype
 
-    def __call__(self, patches_BxPxG: jax.Array, *, cache: list[KVCache] | None = None, pos0=0,
-                 drop: Dropout | None = None) -> tuple[jax.Array, list[KVCache] | None]:
+    def __call__(
+        self,
+        patches_BxPxG: jax.Array,
+        *,
+        cache: list[KVCache] | None = None,
+        pos0=0,
+        drop: Dropout | None = None,
+    ) -> tuple[jax.Array, list[KVCache] | None]:
         """``(slots_BxPxkxD, caches)``; ``drop``: dropout on the patch inputs (site 2) and in the stack (3)."""
         B, P, _ = patches_BxPxG.shape
         x_BxPxG = apply_dropout(patches_BxPxG, drop_at(drop, 2))
@@ -312,12 +394,36 @@ class LocalDecoder(nnx.Module):
     target's), before every decoder layer or the first, then the layers and the head. A whole
     window (``cache`` None) or the new positions of a cached step."""
 
-    def __init__(self, cfg, variant: Variant, cross: nnx.List, stack: Transformer, norm: RMSNorm, head: nnx.Param, dtype):
-        self.cfg, self.variant, self.cross, self.stack, self.norm, self.head, self.dtype = cfg, variant, cross, stack, norm, head, dtype
+    def __init__(
+        self,
+        cfg,
+        variant: Variant,
+        cross: nnx.List,
+        stack: Transformer,
+        norm: RMSNorm,
+        head: nnx.Param,
+        dtype,
+    ):
+        self.cfg, self.variant, self.cross, self.stack, self.norm, self.head, self.dtype = (
+            cfg,
+            variant,
+            cross,
+            stack,
+            norm,
+            head,
+            dtype,
+        )
 
     def __call__(
-        self, h_BxTxD: jax.Array, slots_BxSxD: jax.Array, index_BxTxk: jax.Array, valid_BxT: jax.Array, *,
-        cache: list[KVCache] | None = None, pos0=0, drop: Dropout | None = None,
+        self,
+        h_BxTxD: jax.Array,
+        slots_BxSxD: jax.Array,
+        index_BxTxk: jax.Array,
+        valid_BxT: jax.Array,
+        *,
+        cache: list[KVCache] | None = None,
+        pos0=0,
+        drop: Dropout | None = None,
     ) -> tuple[jax.Array, list[KVCache] | None]:
         """Logits ``(B, T, V)`` and the caches. Byte ``t`` reads the slot rows ``index[t]`` of
         ``slots_BxSxD`` when ``valid[t]`` (a byte of the first patch has no source);
@@ -328,7 +434,9 @@ class LocalDecoder(nnx.Module):
         blocks = list(self.stack.blocks)
         new = None if cache is None else list(cache)
         if not cfg.cross_attention:  # the projected global state of the source patch, summed over its k slots
-            rows_BxTxkxD = jnp.take_along_axis(slots_BxSxD, index_BxTxk.reshape(B, T * k)[:, :, None], axis=1).reshape(B, T, k, -1)
+            rows_BxTxkxD = jnp.take_along_axis(
+                slots_BxSxD, index_BxTxk.reshape(B, T * k)[:, :, None], axis=1
+            ).reshape(B, T, k, -1)
             h_BxTxD = h_BxTxD + jnp.where(valid_BxT[..., None], rows_BxTxkxD.sum(axis=2), 0.0)
             if cache is None:
                 h_BxTxD = self.stack(h_BxTxD, drop=drop_at(drop, 4))
@@ -364,14 +472,34 @@ class BLT(nnx.Module):
         std = dl**-0.5  # the reference's init of the byte and hash embeddings (truncated at 3 std)
         byte_embed = Embed(self.vocab_rows, dl, rngs=rngs, std=std, truncated=True)
         n_tables = len(cfg.ngram_sizes) * cfg.hash_functions
-        ngram_embeds = nnx.List([Embed(cfg.hash_table_size, dl, rngs=rngs, std=std, truncated=True, hashed=True) for _ in range(n_tables)])
-        local = dict(rngs=rngs, kernels=kernels, window=cfg.local_window, rope_base=cfg.rope_base, dtype=dt, norm_eps=cfg.norm_eps)
+        ngram_embeds = nnx.List(
+            [
+                Embed(cfg.hash_table_size, dl, rngs=rngs, std=std, truncated=True, hashed=True)
+                for _ in range(n_tables)
+            ]
+        )
+        local = dict(
+            rngs=rngs,
+            kernels=kernels,
+            window=cfg.local_window,
+            rope_base=cfg.rope_base,
+            dtype=dt,
+            norm_eps=cfg.norm_eps,
+        )
         encoder_stack = Transformer(dl, cfg.encoder_layers, cfg.local_heads, cfg.local_mlp_dim, **local)
         to_queries = param(rngs, (dl, k * dl), ("embed", "mlp"))
         to_global = param(rngs, (k * dl, dg), ("mlp", "embed"))
         global_stack = Transformer(
-            dg, cfg.global_layers, cfg.global_heads, cfg.global_mlp_dim, rngs=rngs, kernels=kernels, rope_base=cfg.rope_base, dtype=dt,
-            scan=cfg.scan_layers, norm_eps=cfg.norm_eps,
+            dg,
+            cfg.global_layers,
+            cfg.global_heads,
+            cfg.global_mlp_dim,
+            rngs=rngs,
+            kernels=kernels,
+            rope_base=cfg.rope_base,
+            dtype=dt,
+            scan=cfg.scan_layers,
+            norm_eps=cfg.norm_eps,
         )
         global_norm = RMSNorm(dg, eps=cfg.norm_eps) if self.variant.global_norm else None
         from_global = param(rngs, (dg, k * dl), ("embed", "mlp"))
@@ -382,12 +510,27 @@ class BLT(nnx.Module):
         decoder_stack = Transformer(dl, cfg.decoder_layers, cfg.local_heads, cfg.local_mlp_dim, **local)
         decoder_norm = RMSNorm(dl, eps=cfg.norm_eps)
         head = head_param(rngs, dl, NUM_BYTE_IDS, cfg.vocab_multiple)
-        self.encoder = LocalEncoder(cfg, self.variant, byte_embed, ngram_embeds, encoder_stack, to_queries, to_global, encoder_cross, dt)
+        self.encoder = LocalEncoder(
+            cfg,
+            self.variant,
+            byte_embed,
+            ngram_embeds,
+            encoder_stack,
+            to_queries,
+            to_global,
+            encoder_cross,
+            dt,
+        )
         self.latent = GlobalModel(cfg, global_stack, global_norm, from_global, dt)
         self.decoder = LocalDecoder(cfg, self.variant, decoder_cross, decoder_stack, decoder_norm, head, dt)
 
     def __call__(
-        self, inputs_BxT: jax.Array, patch_lengths_BxP: jax.Array, *, embeddings_BxTxD: jax.Array | None = None, drop: Dropout | None = None,
+        self,
+        inputs_BxT: jax.Array,
+        patch_lengths_BxP: jax.Array,
+        *,
+        embeddings_BxTxD: jax.Array | None = None,
+        drop: Dropout | None = None,
         ngram_drop: Dropout | None = None,
     ) -> jax.Array:
         """Logits ``(B, T, V)`` for the ``T`` inputs; ``patch_lengths`` cover the ``T + 1`` window.
@@ -401,7 +544,9 @@ class BLT(nnx.Module):
         B, T = inputs_BxT.shape
         P, k = patch_lengths_BxP.shape[1], self.cfg.queries_per_patch
         # 1-2. local encoder, patch vectors
-        states, _ = self.encoder(inputs_BxT, embeddings_BxNxD=embeddings_BxTxD, drop=drop, ngram_drop=ngram_drop)
+        states, _ = self.encoder(
+            inputs_BxT, embeddings_BxNxD=embeddings_BxTxD, drop=drop, ngram_drop=ngram_drop
+        )
         patches_BxPxG = self.encoder.patches(states, patch_lengths_BxP)
         # 3. global latent transformer over patches
         slots_BxPxkxD, _ = self.latent(patches_BxPxG, drop=drop)
@@ -409,7 +554,9 @@ class BLT(nnx.Module):
         # patch ids are the targets': the lengths shifted by one position; the encoder's would leak the future)
         src_pid_BxT = patch_ids_from_lengths(patch_lengths_BxP, T + 1)[:, 1:] - 1
         index_BxTxk = jnp.clip(src_pid_BxT, 0, P - 1)[:, :, None] * k + jnp.arange(k)[None, None, :]
-        logits, _ = self.decoder(states[-1], slots_BxPxkxD.reshape(B, P * k, -1), index_BxTxk, src_pid_BxT >= 0, drop=drop)
+        logits, _ = self.decoder(
+            states[-1], slots_BxPxkxD.reshape(B, P * k, -1), index_BxTxk, src_pid_BxT >= 0, drop=drop
+        )
         return logits
 
     # -- decoding (bytelm.families.blt.decoder): bytes through the local models, patches through the global one
@@ -422,7 +569,9 @@ class BLT(nnx.Module):
             "decoder": stack_cache(self.decoder.stack, batch, slots),
         }
 
-    def encode_extend(self, ids_BxN: jax.Array, context_BxC: jax.Array, caches: list[KVCache], pos0: jax.Array):
+    def encode_extend(
+        self, ids_BxN: jax.Array, context_BxC: jax.Array, caches: list[KVCache], pos0: jax.Array
+    ):
         """The local encoder over ``N`` new ids at positions ``pos0 ..`` (:meth:`LocalEncoder.__call__`)."""
         return self.encoder(ids_BxN, context_BxC=context_BxC, cache=caches, pos0=pos0)
 
@@ -434,11 +583,20 @@ class BLT(nnx.Module):
         """The global step for ``N`` new patches: their ``k`` key/value slots, ``B x N x k x D``, and the caches."""
         return self.latent(patches_BxNxG, cache=caches, pos0=pos0)
 
-    def decode_extend(self, h_BxNxD: jax.Array, slots_BxNxkxD: jax.Array, has_src_BxN: jax.Array, caches: list[KVCache], pos0: jax.Array):
+    def decode_extend(
+        self,
+        h_BxNxD: jax.Array,
+        slots_BxNxkxD: jax.Array,
+        has_src_BxN: jax.Array,
+        caches: list[KVCache],
+        pos0: jax.Array,
+    ):
         """Logits for ``N`` new positions, each reading the ``k`` slots given for it (``has_src`` False: none)."""
         B, N, k, dl = slots_BxNxkxD.shape
         index_BxNxk = jnp.broadcast_to(jnp.arange(N)[:, None] * k + jnp.arange(k)[None, :], (B, N, k))
-        return self.decoder(h_BxNxD, slots_BxNxkxD.reshape(B, N * k, dl), index_BxNxk, has_src_BxN, cache=caches, pos0=pos0)
+        return self.decoder(
+            h_BxNxD, slots_BxNxkxD.reshape(B, N * k, dl), index_BxNxk, has_src_BxN, cache=caches, pos0=pos0
+        )
 
     def score(self, batch: dict, *, dropout_key: jax.Array | None = None) -> Scores:
         """``batch["ids"]`` ``(B, T+1)`` and ``batch["patch_lengths"]`` ``(B, P)`` over the window.
@@ -447,4 +605,6 @@ class BLT(nnx.Module):
         ids = batch["ids"]
         drop = make_dropout(self.cfg.dropout, dropout_key)
         ngram_drop = drop_at(make_dropout(self.cfg.ngram_dropout, dropout_key), NGRAM_DROPOUT_SITE)
-        return next_id_scores(self(ids[:, :-1], batch["patch_lengths"], drop=drop, ngram_drop=ngram_drop), ids[:, 1:])
+        return next_id_scores(
+            self(ids[:, :-1], batch["patch_lengths"], drop=drop, ngram_drop=ngram_drop), ids[:, 1:]
+        )

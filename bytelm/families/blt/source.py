@@ -28,10 +28,14 @@ class PatchSource:
         if threshold is not None and target_len is not None:
             raise UserError("give either a threshold or a target mean patch length, not both")
         if target_len is not None and not target_len >= 1:
-            raise UserError(f"target mean patch length {target_len} is below 1: a patch holds at least one byte; use a target >= 1")
+            raise UserError(
+                f"target mean patch length {target_len} is below 1: a patch holds at least one byte; use a target >= 1"
+            )
         settings = self.settings or {}
         kwargs = {
-            "threshold": threshold if threshold is not None or target_len is not None else settings.get("threshold"),
+            "threshold": threshold
+            if threshold is not None or target_len is not None
+            else settings.get("threshold"),
             "monotonic_threshold": settings.get("monotonic_threshold"),
             "max_patch_len": settings.get("max_patch_len"),
             "target_len": target_len,
@@ -55,7 +59,10 @@ class PatchSource:
 
 
 def _read_run_json(run_dir: Path) -> dict:
-    return RunDir(run_dir).info(what="a run directory", how="give a BLT run or an entropy-model run trained with 'bytelm train CONFIG --out RUN_DIR'")
+    return RunDir(run_dir).info(
+        what="a run directory",
+        how="give a BLT run or an entropy-model run trained with 'bytelm train CONFIG --out RUN_DIR'",
+    )
 
 
 def read_patch_source(run_dir: str | Path) -> PatchSource:
@@ -72,9 +79,12 @@ def read_patch_source(run_dir: str | Path) -> PatchSource:
         )
     entropy_run = info.get("entropy_run")
     settings = info.get("patching")
-    if not entropy_run or not isinstance(settings, dict) or settings.get("threshold") is None and settings.get(
-        "monotonic_threshold"
-    ) is None:
+    if (
+        not entropy_run
+        or not isinstance(settings, dict)
+        or settings.get("threshold") is None
+        and settings.get("monotonic_threshold") is None
+    ):
         raise UserError(
             f"{RunDir(run_dir).info_path} is a BLT run without 'entropy_run' and a 'patching' record holding a threshold; "
             f"was its training interrupted before patching was set up? Re-run 'bytelm train' on it"

@@ -64,21 +64,31 @@ class TokenTask(Task):
         alpha = self.cfg.model.sample_alpha
         sampled = f"-a{alpha:g}-s{self.cfg.train.seed}" if alpha > 0 else ""
         if alpha > 0 and self.tokenizer.kind != "unigram":
-            raise UserError(f"model.sample_alpha = {alpha} draws Unigram segmentations, but {self.cfg.model.tokenizer} holds a "
-                            f"{self.tokenizer.kind} tokenizer; set model.sample_alpha = 0 or train one with --kind unigram")
-        path = corpus.path.parent.parent / "tokens" / f"{corpus.path.name}-{self.tokenizer.fingerprint[:24]}{sampled}"
+            raise UserError(
+                f"model.sample_alpha = {alpha} draws Unigram segmentations, but {self.cfg.model.tokenizer} holds a "
+                f"{self.tokenizer.kind} tokenizer; set model.sample_alpha = 0 or train one with --kind unigram"
+            )
+        path = (
+            corpus.path.parent.parent
+            / "tokens"
+            / f"{corpus.path.name}-{self.tokenizer.fingerprint[:24]}{sampled}"
+        )
         if not (path / "manifest.json").is_file():
             with atomic_directory(path) as tmp:
                 # one process: forking a process that already runs JAX threads risks deadlocks; cached once
                 if alpha > 0:
                     parts = [
-                        self.tokenizer.encode_sampled(doc, alpha=alpha, rng=np.random.default_rng([self.cfg.train.seed, j]))
+                        self.tokenizer.encode_sampled(
+                            doc, alpha=alpha, rng=np.random.default_rng([self.cfg.train.seed, j])
+                        )
                         for j, doc in enumerate(corpus.documents("train"))
                     ]
                     counts = np.array([len(p) for p in parts], np.int64)
                     ids = np.fromiter((i for p in parts for i in p), dtype=np.int64, count=int(counts.sum()))
                 else:
-                    ids, counts = self.tokenizer.encode_documents(corpus.documents("train"), dtype=np.int64, num_workers=1)
+                    ids, counts = self.tokenizer.encode_documents(
+                        corpus.documents("train"), dtype=np.int64, num_workers=1
+                    )
                 n_docs = len(counts)
                 stream = np.empty(len(ids) + 2 * n_docs, np.uint32)
                 starts = np.concatenate([[0], np.cumsum(counts + 2)])[:-1]
@@ -90,7 +100,13 @@ class TokenTask(Task):
                 stream[body] = ids + BYTE_OFFSET
                 stream.tofile(tmp / "train.u32")
                 (tmp / "manifest.json").write_text(
-                    json.dumps({"tokens": int(len(ids)), "bytes": corpus.split_bytes("train"), "length": int(len(stream))})
+                    json.dumps(
+                        {
+                            "tokens": int(len(ids)),
+                            "bytes": corpus.split_bytes("train"),
+                            "length": int(len(stream)),
+                        }
+                    )
                 )
         manifest = json.loads((path / "manifest.json").read_text())
         self._stream = np.memmap(path / "train.u32", dtype=np.uint32, mode="r", shape=(manifest["length"],))
@@ -136,7 +152,11 @@ class TokenTask(Task):
     @classmethod
     def report_note(cls, run_info: dict) -> str:
         kind = run_info.get("tokenizer_kind")
-        return f"{kind} tokenizer, {run_info.get('tokenizer_n_vocab')} ids, encoder {run_info.get('tokenizer_encoder')}" if kind else ""
+        return (
+            f"{kind} tokenizer, {run_info.get('tokenizer_n_vocab')} ids, encoder {run_info.get('tokenizer_encoder')}"
+            if kind
+            else ""
+        )
 
 
 def token_decoder(model, tokenizer, context: int) -> FlatDecoder:

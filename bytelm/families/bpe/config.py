@@ -7,6 +7,7 @@ import math
 
 from bytelm.families.byte.config import ByteLMConfig
 
+
 @dataclasses.dataclass(frozen=True)
 class TokenLMConfig(ByteLMConfig):
     """The subword baseline: the same decoder over the ids of a subword tokenizer directory (BPE

@@ -7,6 +7,7 @@ import math
 
 from bytelm.models.configs import ModelConfig, check_ngram_dropout, check_ngrams, check_transformer
 
+
 @dataclasses.dataclass(frozen=True)
 class ByteLMConfig(ModelConfig):
     """ByT5-style decoder-only transformer over byte ids (also the BLT entropy model)."""
@@ -42,7 +43,9 @@ class ByteLMConfig(ModelConfig):
         super().__post_init__()
         check_transformer("model.", self.d_model, self.n_heads, self.n_layers, self.mlp_dim)
         if not (math.isfinite(self.logit_softcap) and self.logit_softcap >= 0):
-            raise ValueError(f"model.logit_softcap must be a finite number >= 0 (0 = no cap), got {self.logit_softcap}")
+            raise ValueError(
+                f"model.logit_softcap must be a finite number >= 0 (0 = no cap), got {self.logit_softcap}"
+            )
         if self.window < 0:
             raise ValueError(f"model.window must be >= 0 (0 = full attention), got {self.window}")
         check_ngrams(self.ngram_sizes, self.hash_table_size)

@@ -30,8 +30,14 @@ class MegaByteTask(ByteTask):
     def sized(cls, model_cfg, trunk: Trunk, changes):
         P = changes.get("patch_size", model_cfg.patch_size)
         if trunk.main.d_model % P:
-            raise UserError(f"the size rule's width {trunk.main.d_model} is not divisible by model.patch_size {P} (embed_dim = width / P)")
-        return with_stacks(model_cfg, {"global_": trunk.main, "local_": trunk.local}, **{"embed_dim": trunk.main.d_model // P, **changes})
+            raise UserError(
+                f"the size rule's width {trunk.main.d_model} is not divisible by model.patch_size {P} (embed_dim = width / P)"
+            )
+        return with_stacks(
+            model_cfg,
+            {"global_": trunk.main, "local_": trunk.local},
+            **{"embed_dim": trunk.main.d_model // P, **changes},
+        )
 
     def __init__(self, cfg, corpus, run_dir=None, *, modules=None, records=None, record=None):
         super().__init__(cfg, corpus, run_dir, modules=modules, records=records, record=record)

@@ -7,6 +7,7 @@ import dataclasses
 from bytelm.errors import UserError
 from bytelm.models.configs import ModelConfig, check_transformer
 
+
 @dataclasses.dataclass(frozen=True)
 class MegaByteConfig(ModelConfig):
     """MegaByte (Yu et al. 2023): a global transformer over patches of ``patch_size`` bytes and a
@@ -34,8 +35,12 @@ class MegaByteConfig(ModelConfig):
                 f"model.global_d_model {self.global_d_model} must equal model.patch_size {self.patch_size} x "
                 f"model.embed_dim {self.embed_dim} = {self.patch_size * self.embed_dim} (the concatenated patch width)"
             )
-        check_transformer("model.global_", self.global_d_model, self.global_heads, self.global_layers, self.global_mlp_dim)
-        check_transformer("model.local_", self.local_d_model, self.local_heads, self.local_layers, self.local_mlp_dim)
+        check_transformer(
+            "model.global_", self.global_d_model, self.global_heads, self.global_layers, self.global_mlp_dim
+        )
+        check_transformer(
+            "model.local_", self.local_d_model, self.local_heads, self.local_layers, self.local_mlp_dim
+        )
 
     def padded_length(self, length: int, *, what: str = "sequence length") -> int:
         """``length`` rounded up to whole patches; raises :class:`UserError` when it is not a

@@ -57,7 +57,9 @@ class MegaByteDecoder(Decoder):
         prev[0, 1:] = np.asarray(ids[: p * C], np.int32).reshape(p, C)
         self.current = ids[p * C :]
         local_prev = host_i32([[-1, *self.current]])  # the learned pad, then the patch's bytes so far
-        logits, self.from_global, self.global_cache, self.local_cache = self._prefill(prev, local_prev, self.model.init_cache(1, self.width // C))
+        logits, self.from_global, self.global_cache, self.local_cache = self._prefill(
+            prev, local_prev, self.model.init_cache(1, self.width // C)
+        )
         self.global_calls += 1
         self.patch = p
         return np.asarray(logits)
@@ -73,7 +75,9 @@ class MegaByteDecoder(Decoder):
             self.global_calls += 1
             self.current = []
         else:
-            logits, self.local_cache = self._local_step(self.from_global, host_i32([[unit]]), self.local_cache, host_i32(c))
+            logits, self.local_cache = self._local_step(
+                self.from_global, host_i32([[unit]]), self.local_cache, host_i32(c)
+            )
         return np.asarray(logits)
 
     def recompute(self, prompt: bytes, units: list[int]) -> np.ndarray:

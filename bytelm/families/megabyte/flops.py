@@ -14,8 +14,12 @@ def forward_flops_per_byte(mcfg, seq_len: int, *, dense: bool = False) -> float:
     C = mcfg.patch_size
     n, T = seq_len + 1, seq_len
     P = -(-n // C)
-    global_per_patch = stack_forward_flops_per_position(mcfg.global_d_model, mcfg.global_layers, mcfg.global_mlp_dim, mean_attended(P, dense=dense))
-    local = stack_forward_flops_per_position(mcfg.local_d_model, mcfg.local_layers, mcfg.local_mlp_dim, mean_attended(C, dense=dense))
+    global_per_patch = stack_forward_flops_per_position(
+        mcfg.global_d_model, mcfg.global_layers, mcfg.global_mlp_dim, mean_attended(P, dense=dense)
+    )
+    local = stack_forward_flops_per_position(
+        mcfg.local_d_model, mcfg.local_layers, mcfg.local_mlp_dim, mean_attended(C, dense=dense)
+    )
     projection = 2.0 * mcfg.embed_dim * mcfg.local_d_model
     head = head_flops(mcfg.local_d_model, mcfg.vocab_multiple)
     if dense:

@@ -33,7 +33,18 @@ from flax import nnx
 from bytelm.constants import NUM_BYTE_IDS, PAD_ID
 from bytelm.models.cache import KVCache, stack_cache, stack_extend
 from bytelm.models.core import (
-    COMPUTE_DTYPES, Dropout, Embed, RMSNorm, Transformer, apply_dropout, drop_at, head_logits, head_param, make_dropout, pad_vocab, param,
+    COMPUTE_DTYPES,
+    Dropout,
+    Embed,
+    RMSNorm,
+    Transformer,
+    apply_dropout,
+    drop_at,
+    head_logits,
+    head_param,
+    make_dropout,
+    pad_vocab,
+    param,
 )
 from bytelm.models.kernels import resolve_kernels
 from bytelm.models.scoring import Scores, next_id_scores
@@ -50,16 +61,32 @@ class MegaByte(nnx.Module):
         self.global_embed = Embed(self.vocab_rows, cfg.embed_dim, rngs=rngs)
         self.global_pad = param(rngs, (cfg.global_d_model,), ("embed",), std=1.0)
         self.global_stack = Transformer(
-            cfg.global_d_model, cfg.global_layers, cfg.global_heads, cfg.global_mlp_dim, rngs=rngs, kernels=kernels, rope_base=cfg.rope_base, dtype=dtype,
-            scan=cfg.scan_layers, norm_eps=cfg.norm_eps,
+            cfg.global_d_model,
+            cfg.global_layers,
+            cfg.global_heads,
+            cfg.global_mlp_dim,
+            rngs=rngs,
+            kernels=kernels,
+            rope_base=cfg.rope_base,
+            dtype=dtype,
+            scan=cfg.scan_layers,
+            norm_eps=cfg.norm_eps,
         )
         self.global_norm = RMSNorm(cfg.global_d_model, eps=cfg.norm_eps)
         self.to_local = param(rngs, (cfg.embed_dim, cfg.local_d_model), (None, "embed"))
         self.local_embed = Embed(self.vocab_rows, cfg.local_d_model, rngs=rngs)
         self.local_pad = param(rngs, (cfg.local_d_model,), ("embed",), std=1.0)
         self.local_stack = Transformer(
-            cfg.local_d_model, cfg.local_layers, cfg.local_heads, cfg.local_mlp_dim, rngs=rngs, kernels=kernels, rope_base=cfg.rope_base, dtype=dtype,
-            scan=cfg.scan_layers, norm_eps=cfg.norm_eps,
+            cfg.local_d_model,
+            cfg.local_layers,
+            cfg.local_heads,
+            cfg.local_mlp_dim,
+            rngs=rngs,
+            kernels=kernels,
+            rope_base=cfg.rope_base,
+            dtype=dtype,
+            scan=cfg.scan_layers,
+            norm_eps=cfg.norm_eps,
         )
         self.local_norm = RMSNorm(cfg.local_d_model, eps=cfg.norm_eps)
         self.head = head_param(rngs, cfg.local_d_model, NUM_BYTE_IDS, cfg.vocab_multiple)
@@ -72,7 +99,9 @@ class MegaByte(nnx.Module):
         B, T = x_BxT.shape[:2]
         C, cfg, dt = self.patch_size, self.cfg, self.dtype
         if T % C:
-            raise ValueError(f"MegaByte input length {T} must be a multiple of the patch size {C}; pad it first")
+            raise ValueError(
+                f"MegaByte input length {T} must be a multiple of the patch size {C}; pad it first"
+            )
         P = T // C
         # 1-2: concatenated byte embeddings per patch, shifted right by one patch
         patches_BxPxG = self.global_embed(x_BxT).reshape(B, P, C * cfg.embed_dim).astype(dt)
@@ -109,9 +138,14 @@ class MegaByte(nnx.Module):
     def init_cache(self, batch: int, max_patches: int) -> dict[str, list[KVCache]]:
         """Empty caches: the global stack's over ``max_patches`` patch positions, the local stack's
         over one patch (it restarts with every patch)."""
-        return {"global": stack_cache(self.global_stack, batch, max_patches), "local": stack_cache(self.local_stack, batch, self.patch_size)}
+        return {
+            "global": stack_cache(self.global_stack, batch, max_patches),
+            "local": stack_cache(self.local_stack, batch, self.patch_size),
+        }
 
-    def global_extend(self, prev_ids_BxNxC: jax.Array, caches: list[KVCache], pos0: jax.Array) -> tuple[jax.Array, list[KVCache]]:
+    def global_extend(
+        self, prev_ids_BxNxC: jax.Array, caches: list[KVCache], pos0: jax.Array
+    ) -> tuple[jax.Array, list[KVCache]]:
         """The global step for patches ``pos0 .. pos0 + N - 1``: row ``n`` reads the complete patch
         before it (``prev_ids[:, n]``; the learned pad for patch 0). Returns every byte slot's
         projection to the local width, ``B x N x C x D``."""
@@ -124,11 +158,15 @@ class MegaByte(nnx.Module):
         slices_BxNxCxE = self.global_norm(out_BxNxG).reshape(B, N, C, cfg.embed_dim)
         return slices_BxNxCxE @ self.to_local[...].astype(dt), caches
 
-    def local_extend(self, from_global_BxNxD: jax.Array, prev_BxN: jax.Array, caches: list[KVCache], pos0: jax.Array) -> tuple[jax.Array, list[KVCache]]:
+    def local_extend(
+        self, from_global_BxNxD: jax.Array, prev_BxN: jax.Array, caches: list[KVCache], pos0: jax.Array
+    ) -> tuple[jax.Array, list[KVCache]]:
         """Logits for positions ``pos0 ..`` of the current patch: each reads its global slot and the
         previous byte of the patch (``prev < 0``: the learned pad, at position 0)."""
         dt = self.dtype
         prev_BxNxD = self.local_embed(jnp.maximum(prev_BxN, 0)).astype(dt)
         prev_BxNxD = jnp.where((prev_BxN < 0)[..., None], self.local_pad[...].astype(dt), prev_BxNxD)
-        h_BxNxD, caches = stack_extend(self.local_stack, from_global_BxNxD.astype(dt) + prev_BxNxD, caches, pos0)
+        h_BxNxD, caches = stack_extend(
+            self.local_stack, from_global_BxNxD.astype(dt) + prev_BxNxD, caches, pos0
+        )
         return head_logits(self.local_norm(h_BxNxD), self.head[...], NUM_BYTE_IDS, dt), caches
