@@ -72,7 +72,11 @@ def score_segments(
     )
     expected = np.asarray(segment_lengths, np.int64)
     if scores.nbytes.shape != expected.shape or not np.array_equal(scores.nbytes, expected):
-        bad = np.flatnonzero(scores.nbytes != expected)[:5] if scores.nbytes.shape == expected.shape else []
+        bad = (
+            list(np.flatnonzero(scores.nbytes != expected)[:5])
+            if scores.nbytes.shape == expected.shape
+            else []
+        )
         raise RuntimeError(
             f"scored bytes differ from segment lengths (protocol violation): {len(scores.nbytes)} scored segments "
             f"vs {len(expected)} expected; first mismatches at {list(bad)}"

@@ -17,6 +17,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import jax
 
@@ -275,14 +276,14 @@ def cmd_train(args: argparse.Namespace) -> int:
         print(f"bytelm: training stopped: {e}", file=sys.stderr)
         return 1
     bar.close()
-    bpb = f", held-out BPB {result.eval_bpb:.4f}" if result.eval_bpb is not None else ""
+    held_out = f", held-out BPB {result.eval_bpb:.4f}" if result.eval_bpb is not None else ""
     state = "stopped by signal" if result.stopped_by_signal else "done"
-    budget = (
+    spent = (
         f" ({result.train_s:.0f}s of training)"
         if cfg.train.time_budget_s and result.train_s is not None
         else ""
     )
-    print(f"{state}: {out} at step {result.step}{budget}, train loss {result.loss:.4f}{bpb}")
+    print(f"{state}: {out} at step {result.step}{spent}, train loss {result.loss:.4f}{held_out}")
     return 0
 
 
@@ -503,6 +504,7 @@ def add_tokenizer_encode(sub) -> None:
 def cmd_tokenizer_encode(args: argparse.Namespace) -> int:
     tok = load_tokenizer(args.tokenizer)
     data = sys.stdin.buffer.read()
+    kwargs: dict[str, Any]
     if args.allow_special:
         kwargs = {"allowed_special": "all"}
     elif args.special_as_text:
@@ -1071,7 +1073,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _enable_compilation_cache() -> None:
     """Reuse compiled XLA programs across runs (resumes, evals, compare stages) unless the user
     configured JAX's cache themselves."""
-    if "JAX_COMPILATION_CACHE_DIR" in os.environ or jax.config.jax_compilation_cache_dir:
+    if "JAX_COMPILATION_CACHE_DIR" in os.environ or getattr(jax.config, "jax_compilation_cache_dir", None):
         return
     jax.config.update("jax_compilation_cache_dir", str(default_cache_dir() / "jax"))
     if "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS" not in os.environ:

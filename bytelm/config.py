@@ -156,6 +156,14 @@ class Config:
     train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
     eval: EvalConfig = dataclasses.field(default_factory=EvalConfig)
 
+    def require_model(self) -> ModelConfig:
+        """The ``[model]`` section; :class:`UserError` when the config has none."""
+        if self.model is None:
+            raise UserError(
+                "the config has no [model] section: set model.family (e.g. --set model.family=byte)"
+            )
+        return self.model
+
 
 _SECTIONS = {"data": DataConfig, "train": TrainConfig, "eval": EvalConfig}
 

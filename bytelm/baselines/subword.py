@@ -24,13 +24,16 @@ import json
 import re
 from collections.abc import Collection, Iterable, Sequence
 from itertools import chain
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
 from bytelm.baselines.bpe.parallel import balanced_shards, resolve_workers, shard_map
 from bytelm.baselines.bpe.pretokenize import PreTokenizer, resolve_pattern
 from bytelm.errors import UserError
+
+if TYPE_CHECKING:
+    from bytelm.baselines.bpe.fast import FastEncoder
 
 _CACHE_LIMIT = 1 << 20  # chunks remembered by encode() before the cache starts over
 _PARALLEL_BYTES = 1 << 20  # encode_batch inputs smaller than this stay in-process
@@ -176,7 +179,7 @@ class SubwordTokenizer:
         self._id_to_bytes: list[bytes] = vocab + [s.encode("utf-8") for s in specials]
         self.added_tokens: dict[str, int] = {}
         self._cache: dict[bytes, tuple[int, ...]] = {}
-        self._fast = None
+        self._fast: FastEncoder | None = None  # the batch encoder (its kind's), built on first use
         self._longest: LongestMatch | None = None
         self._fingerprint: str | None = None
         self.add_tokens(added_tokens)
@@ -322,8 +325,9 @@ class SubwordTokenizer:
         disallowed = (
             specials.keys() - allowed if disallowed_special == "all" else frozenset(disallowed_special)
         )
-        if disallowed:
-            m = _literal_regex(disallowed).search(text)
+        pattern = _literal_regex(disallowed)
+        if pattern is not None:
+            m = pattern.search(text)
             if m:
                 tok = m.group()
                 raise ValueError(

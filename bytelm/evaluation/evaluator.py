@@ -13,14 +13,14 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
 
 from bytelm.bpb import SegmentScores, UnigramByteModel, byte_counts
 from bytelm.config import load_config, with_values
-from bytelm.data import load_corpus_from_config
+from bytelm.data import Corpus, load_corpus_from_config
 from bytelm.errors import UserError
 from bytelm.evaluation.external import parse_external_arg, read_external_scores
 from bytelm.evaluation.report import build_report, write_report_json
@@ -66,7 +66,7 @@ class CorpusCache:
 
 def eval_sets_for_runs(
     run_dirs: Sequence[str | Path], *, data_spec: str | None = None, corpora: CorpusCache | None = None
-) -> tuple[EvalSet, dict[str, object]]:
+) -> tuple[EvalSet, dict[str, Corpus]]:
     """The one evaluation set of ``run_dirs`` and each run's corpus.
 
     Without ``data_spec`` each run is scored on the held-out bytes of its own config, which must
@@ -75,7 +75,7 @@ def eval_sets_for_runs(
     :class:`UserError` listing every run's fingerprint when they differ.
     """
     corpora = corpora or CorpusCache()
-    per_run: dict[str, object] = {}
+    per_run: dict[str, Corpus] = {}
     for run_dir in run_dirs:
         info = read_run_json(run_dir)
         cfg = run_config(run_dir, data_spec)
@@ -93,7 +93,7 @@ def eval_sets_for_runs(
     return EvalSet.from_corpus(first), per_run
 
 
-def check_same_fingerprint(fingerprints: dict[str, str], corpora: dict[str, object] | None = None) -> None:
+def check_same_fingerprint(fingerprints: dict[str, str], corpora: Mapping[str, Corpus] | None = None) -> None:
     """Raise :class:`UserError` listing ``name: fingerprint`` when the fingerprints differ."""
     if len(set(fingerprints.values())) <= 1:
         return

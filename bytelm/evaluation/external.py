@@ -42,6 +42,7 @@ import json
 import math
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -94,7 +95,7 @@ def read_heldout(path: str | Path) -> tuple[dict, list[dict]]:
 
     Checks the fingerprint against the decoded bytes (a damaged or edited file is refused)."""
     (_, header), rows = _read_jsonl(path, HELDOUT_FORMAT)
-    out = []
+    out: list[dict[str, Any]] = []
     for n, row in rows:
         try:
             data = base64.b64decode(row["bytes"], validate=True)

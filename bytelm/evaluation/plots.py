@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
@@ -31,7 +32,7 @@ def plot_bpb_vs_flops(
     path: str | Path,
     curves: dict[str, Sequence[tuple[float, float]]],
     *,
-    finals: dict[str, tuple[float, float]] | None = None,
+    finals: dict[str, tuple[float | None, float]] | None = None,
     baselines: dict[str, float] | None = None,
     title: str = "held-out bits per byte vs training FLOPs",
     subtitle: str = "",
@@ -135,7 +136,7 @@ def plot_training_curves(path: str | Path, report: dict) -> None:
     fig = Figure(figsize=(8.0, 5.0), dpi=110)
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()
-    colors: dict[str, str] = {}
+    colors: dict[str, Any] = {}  # family -> its line's colour
     styles = ["-", "--", ":", "-."]
     for r in sorted(_grid_cells(report), key=lambda r: (r["family"], r["budget_index"], r["cell"])):
         pts = sorted(p for p in eval_curve(r["run_dir"]) if p[0] > 0)

@@ -13,7 +13,7 @@ import sys
 import numpy as np
 
 from bytelm.bpb import SegmentScores, breakdown, top_directory
-from bytelm.data.corpus import fingerprint_segments
+from bytelm.data.corpus import Corpus, Segment, fingerprint_segments
 from bytelm.errors import UserError
 
 
@@ -21,8 +21,8 @@ from bytelm.errors import UserError
 class EvalSet:
     """The scored held-out bytes of a corpus: segments in canonical order and their fingerprint."""
 
-    corpus: object  # bytelm.data.Corpus
-    segments: list  # list[bytelm.data.Segment]
+    corpus: Corpus
+    segments: list[Segment]
     data: list[bytes]
     fingerprint: str
 

@@ -105,6 +105,9 @@ class AblationRunner(Runner):
         return shared
 
     def build_report(self, stage: str) -> dict:
+        size, validation = self.exp.size, self.validation_set
+        if size is None or validation is None:
+            raise RuntimeError("an ablation grid has a size rule and a validation split")
         rows = []
         shared = self.shared_auxiliary()
         order = {m.name: i for i, m in enumerate(self.exp.members)}
@@ -171,15 +174,13 @@ class AblationRunner(Runner):
             "stage": stage,
             "fingerprint": self.eval_set.fingerprint,
             "eval_bytes": self.eval_set.n_bytes,
-            "validation_fingerprint": self.validation_set.fingerprint,
-            "validation_bytes": self.validation_set.n_bytes,
+            "validation_fingerprint": validation.fingerprint,
+            "validation_bytes": validation.n_bytes,
             "data": {**self.eval_set.describe(), "dirs": sorted(set(self.eval_set.dirs))},
             "budgets": self.budgets,
             "scale": self.scale,
-            "size_rule": dataclasses.asdict(self.exp.size),
-            "trunks": {
-                f"{b:.3g}": dict(zip(("d_model", "layers"), self.exp.size.trunk(b))) for b in self.budgets
-            },
+            "size_rule": dataclasses.asdict(size),
+            "trunks": {f"{b:.3g}": dict(zip(("d_model", "layers"), size.trunk(b))) for b in self.budgets},
             "learning_rates": list(self.exp.learning_rates),
             "sweep": self.searches,
             "matched": "total",
@@ -223,7 +224,7 @@ def budget_sentences(report: dict) -> list[str]:
     spread = report.get("seed_spread", {})
     for b, budget in enumerate(report["budgets"]):
         done = [r for r in grid_rows(report, b) if r.get("bpb") is not None]
-        best = {}
+        best: dict[str, dict] = {}
         for r in done:
             if r["family"] not in best or r["bpb"] < best[r["family"]]["bpb"]:
                 best[r["family"]] = r
@@ -286,7 +287,7 @@ def _scores(row: dict) -> SegmentScores:
 
 
 def _best_per_family(rows: list[dict]) -> list[dict]:
-    best = {}
+    best: dict[str, dict] = {}
     for r in rows:
         if r.get("bpb") is not None and (r["family"] not in best or r["bpb"] < best[r["family"]]["bpb"]):
             best[r["family"]] = r

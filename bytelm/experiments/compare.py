@@ -73,6 +73,7 @@ from bytelm.evaluation.report import (
     table,
     write_report_json,
 )
+from bytelm.evaluation.results import ModelResult
 from bytelm.experiments import spec
 from bytelm.experiments.rates import rate_label
 from bytelm.experiments.report import ledger_lines, ranked_pairs, rates_lines, seed_lines, spread
@@ -129,11 +130,9 @@ class CompareRunner(Runner):
     def layout(self, run: Run) -> tuple[str, Path]:
         if run.artefact:
             return run.member, self.out / "runs" / run.member
-        if run.stage == "sweep":
-            return (
-                f"{run.member}.lr{rate_label(run.lr)}",
-                self.out / "sweeps" / run.member / f"lr{rate_label(run.lr)}",
-            )
+        if run.stage == "sweep" and run.lr is not None:
+            rate = rate_label(run.lr)
+            return f"{run.member}.lr{rate}", self.out / "sweeps" / run.member / f"lr{rate}"
         if run.seed:
             return f"{run.member}.s{run.seed}", self.out / "seeds" / run.member / f"s{run.seed}"
         return run.member, self.out / "runs" / run.member
@@ -173,21 +172,22 @@ class CompareRunner(Runner):
         info = RunDir(run.run_dir).info_or_empty()
         timed = bool(self.exp.time_budget_s) and not run.artefact
         lr_member = member.lr_from or member.name
+        cfg, ledger = run.planned
         return {
-            "family": run.cfg.model.family,
+            "family": cfg.require_model().family,
             "role": member.role,
             "config": str(member.config),
             "overrides": list(member.overrides),
             "ngram_from": member.ngram_from,
             "flop_budget": None if timed else run.budget,
             "time_budget_s": self.exp.time_budget_s if timed else None,
-            "flops_per_step": run.ledger.own_per_step,
-            "auxiliary_flops_per_step": run.ledger.auxiliary_per_step,
-            "auxiliary_flops_fixed": dict(run.ledger.auxiliary_fixed),
+            "flops_per_step": ledger.own_per_step,
+            "auxiliary_flops_per_step": ledger.auxiliary_per_step,
+            "auxiliary_flops_fixed": dict(ledger.auxiliary_fixed),
             "steps": info.get("step"),
             "train_s": info.get("train_s"),
             "run_dir": str(run.run_dir),
-            "learning_rate": run.cfg.train.learning_rate,
+            "learning_rate": cfg.train.learning_rate,
             "lr_sweep": self.searches.get(lr_member),
             "seeds": [
                 {
@@ -203,22 +203,24 @@ class CompareRunner(Runner):
     def report(self, stages: _Stages) -> CompareResult:
         """``report.json``, ``report.md`` and ``bpb.png``: the compared models first, then the entropy model."""
         self.check()
-        plan, results, seeds = {}, [], {}
+        plan: dict[str, dict] = {}
+        results: list[ModelResult] = []
+        seeds: dict[str, dict] = {}
         for m in self.exp.members:
             runs = self.member_runs(m.name)
             main = runs[0]
-            results.append(main.result)
+            results.append(main.heldout)
             plan[m.name] = self.plan_record(main, runs)
             if len(runs) > 1:
-                seeds[m.name] = spread([r.result.bpb for r in runs])
+                seeds[m.name] = spread([r.heldout.bpb for r in runs])
         ent = self.runs.get(self.exp.entropy.name) if self.exp.entropy is not None else None
         if ent is not None:
             self.evaluate(ent, "heldout")
-            ent.result.note = (
-                (ent.result.note + "; " if ent.result.note else "")
-                + f"the {ARTEFACT_KINDS['entropy_model'].noun} of the other runs (own budget {ent.budget:.3g} FLOPs)"
+            made = ent.heldout
+            made.note = (made.note + "; " if made.note else "") + (
+                f"the {ARTEFACT_KINDS['entropy_model'].noun} of the other runs (own budget {ent.budget:.3g} FLOPs)"
             )
-            results.append(ent.result)
+            results.append(made)
             plan[ent.member] = self.plan_record(ent, [ent])
         stages.record(self.stage_s)
         self.stage_s = {}
@@ -242,7 +244,7 @@ class CompareRunner(Runner):
         compared = [r for r in results if plan[r.name]["role"] == "compared"]
         plot_bpb_vs_flops(
             plot,
-            {r.name: eval_curve(r.run_dir) for r in compared},
+            {r.name: eval_curve(r.run_dir) for r in compared if r.run_dir is not None},
             finals={
                 r.name: (r.flops_total if r.flops_total is not None else r.flops, r.bpb) for r in compared
             },

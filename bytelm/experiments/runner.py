@@ -99,6 +99,20 @@ class Run:
     def artefact(self) -> bool:
         return self.stage == "artefacts"
 
+    @property
+    def planned(self) -> tuple[Config, Ledger]:
+        """The run's config and ledger (a run that could not be planned has none: its ``error`` says why)."""
+        if self.cfg is None or self.ledger is None:
+            raise RuntimeError(f"the run {self.id} was not planned: {self.error}")
+        return self.cfg, self.ledger
+
+    @property
+    def heldout(self) -> ModelResult:
+        """The run's held-out result (once evaluated)."""
+        if self.result is None:
+            raise RuntimeError(f"the run {self.id} has no held-out result: {self.error or 'not evaluated'}")
+        return self.result
+
     def command(self) -> str:
         """The ``bytelm train`` command that trains this run: the member's config file and the ``--set``
         strings that turn it into this run's config."""
@@ -222,13 +236,12 @@ class Runner:
     def artefact_values(self, member: Member, cell: dict, cfg: Config) -> dict:
         """The config values pointing a run at the artefacts its family names (tokenizer, entropy run)."""
         out = {}
-        for field, kind in task_class(cfg.model.family).artefacts_of(cfg.model).items():
+        model = cfg.require_model()
+        for field, kind in task_class(model.family).artefacts_of(model).items():
             if kind == "tokenizer":
                 tok = self.cell_tokenizer(cell)
                 if not all(k in tok for k in TOKENIZER_KEYS):
-                    raise UserError(
-                        f"a {cfg.model.family} cell needs tokenizer.vocab_size and tokenizer.pattern"
-                    )
+                    raise UserError(f"a {model.family} cell needs tokenizer.vocab_size and tokenizer.pattern")
                 out[f"model.{field}"] = self.tokenizer_dir(tok).absolute()
             elif kind == "entropy_model":
                 if self.exp.entropy is None:
@@ -238,7 +251,7 @@ class Runner:
                         else "an [entropy] table"
                     )
                     raise UserError(
-                        f"{self.exp.kind} {self.exp.path}: {member.name!r} ({cfg.model.family}) needs "
+                        f"{self.exp.kind} {self.exp.path}: {member.name!r} ({model.family}) needs "
                         f"{ARTEFACT_KINDS[kind].noun}, but it has none: add {maker}"
                     )
                 out[f"model.{field}"] = self.entropy_run().run_dir.absolute()
@@ -248,17 +261,22 @@ class Runner:
                 )
         return out
 
+    def cell_changes(self, member: Member, cell: dict) -> dict:
+        """The cell's ``model.*`` values, typed like the member's model config fields."""
+        model = self.plain(member).require_model()
+        return typed_fields(
+            type(model), {k.split(".", 1)[1]: v for k, v in cell.items() if k.startswith("model.")}
+        )
+
     def sized(self, member: Member, cell: dict, budget: float) -> Config:
         """The member's config for one cell at ``budget``: the cell's model values given to the family's
         size rule (or to the config's own sizes), its other values set."""
         plain = self.plain(member)
-        changes = typed_fields(
-            type(plain.model), {k.split(".", 1)[1]: v for k, v in cell.items() if k.startswith("model.")}
-        )
+        plain_model, changes = plain.require_model(), self.cell_changes(member, cell)
         if self.exp.size is None:
-            model = dataclasses.replace(plain.model, **changes)
+            model = dataclasses.replace(plain_model, **changes)
         else:
-            model = task_class(plain.model.family).sized(plain.model, self.exp.size.sizes(budget), changes)
+            model = task_class(plain_model.family).sized(plain_model, self.exp.size.sizes(budget), changes)
         rest = {
             k: v
             for k, v in cell.items()
@@ -355,7 +373,7 @@ class Runner:
         seen = {}
         for m in self.exp.members:
             try:
-                model = self.plain(m).model
+                model = self.plain(m).require_model()
             except (UserError, ValueError):
                 continue  # a bad member is reported with its cells
             if "tokenizer" not in task_class(model.family).artefacts_of(model).values():
@@ -370,13 +388,7 @@ class Runner:
         for m in self.exp.members:
             for cell in m.cells():
                 try:
-                    model = dataclasses.replace(
-                        self.plain(m).model,
-                        **typed_fields(
-                            type(self.plain(m).model),
-                            {k.split(".", 1)[1]: v for k, v in cell.items() if k.startswith("model.")},
-                        ),
-                    )
+                    model = dataclasses.replace(self.plain(m).require_model(), **self.cell_changes(m, cell))
                 except (UserError, ValueError):
                     continue  # a bad cell is reported with the cells
                 if "entropy_model" in task_class(model.family).artefacts_of(model).values():
@@ -386,6 +398,8 @@ class Runner:
     def entropy_run(self) -> Run:
         """The entropy model's run (an artefact at its own budget)."""
         member = self.exp.entropy
+        if member is None:
+            raise RuntimeError(f"{self.exp.kind} {self.exp.path} has no entropy model")
         run = Run("artefacts", member.name, {}, 0, self.exp.entropy_budget * self.scale, None, 0)
         run.id, run.run_dir = self.layout(run)
         if run.id in self.runs:
@@ -496,10 +510,11 @@ class Runner:
                     )
             return
         for run in todo:
-            ledger, steps = run.ledger, run.cfg.train.steps
+            cfg, ledger = run.planned
+            steps = cfg.train.steps
             if run.steps is None:
                 self.say(
-                    f"train {run.id} ({run.cfg.model.family}): {run.cfg.train.time_budget_s:g}s of training at {ledger.own_per_step:.3g} FLOPs per step"
+                    f"train {run.id} ({cfg.require_model().family}): {cfg.train.time_budget_s:g}s of training at {ledger.own_per_step:.3g} FLOPs per step"
                 )
             else:
                 aux = (
@@ -508,12 +523,12 @@ class Runner:
                     else ""
                 )
                 self.say(
-                    f"train {run.id} ({run.cfg.model.family}): {steps} steps x {ledger.own_per_step:.3g} FLOPs = {ledger.own(steps):.3g}{aux} FLOPs"
+                    f"train {run.id} ({cfg.require_model().family}): {steps} steps x {ledger.own_per_step:.3g} FLOPs = {ledger.own(steps):.3g}{aux} FLOPs"
                 )
             t0 = time.perf_counter()
             try:
                 result = loop.train(
-                    run.cfg, run.run_dir, corpus=self.corpus, progress=self.bar(f"train {run.id}")
+                    cfg, run.run_dir, corpus=self.corpus, progress=self.bar(f"train {run.id}")
                 )
             except Exception as e:  # one broken run never stops the others
                 log.debug("run %s failed", run.id, exc_info=True)
@@ -561,6 +576,8 @@ class Runner:
         if run.error is not None or not run.finished():
             return
         eval_set = self.eval_set if split == "heldout" else self.validation_set
+        if eval_set is None:
+            raise RuntimeError(f"{split} scores asked for, but the {self.exp.kind} has no {split} split")
         cache = self.out / "evals" / f"{run.id.replace('/', '__')}.{split}.json"
         step = RunDir(run.run_dir).info_or_empty().get("step")
         if cache.is_file():
@@ -669,7 +686,7 @@ class Runner:
                 "chosen": None,
                 "grid": list(search.grid),
                 "fraction": self.exp.sweep_fraction,
-                "errors": {rate_label(r.lr): r.error for r in runs if r.error},
+                "errors": {rate_label(r.lr): r.error for r in runs if r.error and r.lr is not None},
             }
             if done and choice.chosen is not None:
                 self.chosen[m.name] = choice.chosen
@@ -685,7 +702,7 @@ class Runner:
                 )
 
     def best_cells(self) -> dict[Member, Run]:
-        best = {}
+        best: dict[Member, Run] = {}
         for m in self.exp.members:
             runs = [
                 r
@@ -697,7 +714,7 @@ class Runner:
                 and r.result is not None
             ]
             if runs:
-                best[m] = min(runs, key=lambda r: r.result.bpb)
+                best[m] = min(runs, key=lambda r: r.heldout.bpb)
         return best
 
     def go(self) -> tuple[str, list[str]]:

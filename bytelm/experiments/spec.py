@@ -290,7 +290,8 @@ def load_preset(path: Path, *, seeds: int | None = None, time_budget_s: float | 
     tok = _section(f"preset {path}", "tokenizer", _TokenizerTable, raw.get("tokenizer", {}))
     if not isinstance(raw.get("model", []), list):
         raise UserError(f"preset {path}: model must be [[model]] tables")
-    members, entropy = [], []
+    members: list[Member] = []
+    entropy: list[Member] = []
     for i, table in enumerate(raw.get("model", [])):
         where = f"preset {path} [[model]] #{i + 1}"
         m = _section(where, "model", _ModelTable, table)
@@ -428,7 +429,7 @@ def load_grid(path: Path) -> Experiment:
         extra_seeds=ab.extra_seeds,
         sweep_fraction=1.0,
         entropy=entropy,
-        entropy_budget=entropy.flop_budget if entropy else 0.0,
+        entropy_budget=(entropy.flop_budget or 0.0) if entropy else 0.0,
     )
 
 

@@ -105,6 +105,14 @@ class Task:
         self.modules = dict(modules or {})  # restored run artefacts, by config field
         self.records = dict(records or {})  # their run records (what making them cost), by config field
 
+    def require_corpus(self) -> Corpus:
+        """The task's corpus; :class:`UserError` for a task built without one (restored to sample or export)."""
+        if self.corpus is None:
+            raise UserError(
+                f"{self.description} needs its training corpus here, but it was restored without one"
+            )
+        return self.corpus
+
     # model
     def build_model(self, rngs: nnx.Rngs) -> nnx.Module:
         raise NotImplementedError

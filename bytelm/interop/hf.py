@@ -234,9 +234,9 @@ _STACKS = ("stack", "global_stack", "local_stack")  # Transformer attributes tha
 def _flat_params(model: nnx.Module) -> dict[tuple, tuple[nnx.Variable, int | None]]:
     """The model's parameters by flat path, as ``(variable, layer)``: a scanned stack's layers
     appear under ``blocks, i`` paths with their index into the stacked array."""
-    out = {}
-    for path, var in nnx.to_flat_state(nnx.state(model, nnx.Param)):
-        path = tuple(path)
+    out: dict[tuple, tuple[nnx.Variable, int | None]] = {}
+    for key, var in nnx.to_flat_state(nnx.state(model, nnx.Param)):
+        path = tuple(key)
         i = path.index("layers") if "layers" in path else -1
         if i > 0 and path[i - 1] in _STACKS:
             for layer in range(var.get_value().shape[0]):
@@ -575,7 +575,7 @@ def write_run(
     files = RunDir(out)
     if files.started():
         raise UserError(f"{out} already holds a run: choose a new --out (conversion never overwrites a run)")
-    task = task_class(cfg.model.family)(cfg, None, None, modules=modules or {})
+    task = task_class(cfg.require_model().family)(cfg, None, None, modules=modules or {})
     params = nnx.state(model, nnx.Param)
     out.mkdir(parents=True, exist_ok=True)
     files.write_config(dump_config(cfg))
@@ -592,7 +592,7 @@ def write_run(
     finally:
         ckpt.close()
     record = {
-        "family": cfg.model.family,
+        "family": task.family,
         "status": "finished",
         "step": 0,
         "params": count_params(params),
@@ -608,7 +608,7 @@ def write_run(
 
 def _abstract_model(cfg: Config, modules: dict | None = None) -> nnx.Module:
     """The model ``cfg`` describes with shapes only (no random initialisation, no compile)."""
-    task = task_class(cfg.model.family)(cfg, None, None, modules=modules or {})
+    task = task_class(cfg.require_model().family)(cfg, None, None, modules=modules or {})
     return nnx.eval_shape(lambda: task.build_model(nnx.Rngs(0)))
 
 
@@ -652,9 +652,8 @@ def convert_hf_blt(
     entropy_entries = decoder_lm_entries(entropy_cfg.model, "model.patcher.", PATCHER_HEAD, rope_perm=True)
     entries = blt_entries(blt_cfg.model)
     dead: tuple[str, ...] = ()
-    if note[
-        "encoder_cross_all_layers"
-    ]:  # the reference re-pools at every layer: only the last cross-attention counts
+    # the reference re-pools at every layer: only the last cross-attention counts
+    if note["encoder_cross_all_layers"] and isinstance(blt_cfg.model, BLTConfig):
         last = f"model.local_encoder.cross_attn_layers.{blt_cfg.model.encoder_layers - 1}."
         entries = [
             dataclasses.replace(e, hf=e.hf.replace("model.local_encoder.cross_attn_layers.0.", last))
@@ -817,7 +816,7 @@ def export_hf(
         raise UserError(f"{run_dir} is not a run directory (its config has no [model] table)")
     m = cfg.model
     meta = {"format": "pt", "bytelm_run": str(run_dir.absolute())}
-    if m.family == "byte":
+    if m.family == "byte" and isinstance(m, ByteLMConfig):
         if unmatched := _not_in_llama(m):
             raise UserError(
                 f"{run_dir} cannot be written as LlamaForCausalLM: "
@@ -830,7 +829,7 @@ def export_hf(
             _stage(progress, "gather"),
         )
         config, arch = _llama_config_json(m), "LlamaForCausalLM"
-    elif m.family == "blt":
+    elif isinstance(m, BLTConfig):
         problems = []
         if m.variant != "reference":
             problems.append(

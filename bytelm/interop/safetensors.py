@@ -44,6 +44,7 @@ class SafetensorsFolder:
 
     def __init__(self, path: str | os.PathLike):
         path = Path(path)
+        files: dict[str | None, Path]
         if path.is_file():
             files = {None: path}
             self._where: dict[str, Path] = {}
@@ -54,8 +55,8 @@ class SafetensorsFolder:
                 raise UserError(
                     f"{path / INDEX_FILE} is not a safetensors index (no readable 'weight_map': {e})"
                 ) from None
-            files = {name: path / shard for name, shard in weight_map.items()}
-            self._where = dict(files)
+            self._where = {name: path / shard for name, shard in weight_map.items()}
+            files = {name: where for name, where in self._where.items()}
         elif (path / SINGLE_FILE).is_file():
             files = {None: path / SINGLE_FILE}
             self._where = {}

@@ -42,7 +42,7 @@ def is_lookup_table(v) -> bool:
     """Whether ``v`` is a lookup table (embeddings, n-gram hash tables): an ``nnx.Variable`` whose
     first logical axis is :data:`EMBEDDING_AXIS`. An output head (``embed, vocab``) is not."""
     axes = v.get_metadata().get("logical_axes") if isinstance(v, nnx.Variable) else None
-    return bool(axes) and axes[0] == EMBEDDING_AXIS
+    return axes is not None and len(axes) > 0 and axes[0] == EMBEDDING_AXIS
 
 
 def param(
@@ -240,7 +240,7 @@ class Attention(nnx.Module):
         q_BxTxHxK = jnp.einsum("btd,dhk->bthk", x, self.wq[...].astype(dt))
         k_BxSxHxK = jnp.einsum("bsd,dhk->bshk", src, self.wk[...].astype(dt))
         v_BxSxHxK = jnp.einsum("bsd,dhk->bshk", src, self.wv[...].astype(dt))
-        if self.q_norm is not None:
+        if self.q_norm is not None and self.k_norm is not None:
             q_BxTxHxK, k_BxSxHxK = self.q_norm(q_BxTxHxK), self.k_norm(k_BxSxHxK)
         return q_BxTxHxK, k_BxSxHxK, v_BxSxHxK
 
@@ -483,7 +483,8 @@ class Transformer(nnx.Module):
         """The stack's blocks, one per layer (for a scanned stack: views of its stacked weights)."""
         if not self.scan:
             return list(self.blocks)
-        graphdef, params, rest = nnx.split(self.layers, nnx.Param, ...)
+        graphdef, params, *others = nnx.split(self.layers, nnx.Param, ...)
+        (rest,) = others
         return [
             nnx.merge(graphdef, jax.tree.map(lambda a, i=i: a[i], params), rest) for i in range(self.n_layers)
         ]
@@ -506,7 +507,8 @@ class Transformer(nnx.Module):
             for i, block in enumerate(self.blocks):
                 x_BxTxD = block(x_BxTxD, **kw, drop=drop_at(drop, i))
             return x_BxTxD
-        graphdef, params, rest = nnx.split(self.layers, nnx.Param, ...)
+        graphdef, params, *others = nnx.split(self.layers, nnx.Param, ...)
+        (rest,) = others
 
         def layer(h_BxTxD, xs):
             layer_params, i = xs
@@ -619,11 +621,13 @@ class NgramEmbed(nnx.Module):
             if reach_BxT is not None:
                 raise ValueError("NgramEmbed takes a continuation's context or a window's reach, not both")
             ids_BxT = jnp.concatenate([context_BxC.astype(ids_BxT.dtype), ids_BxT], axis=1)
-        total = 0
-        for i, (n, table) in enumerate(zip(self.sizes, self.tables)):
-            total = total + drop_rows(
-                table(ngram_hashes(ids_BxT, n, self.rows, reach_BxT)[:, -T:]), drop_at(drop, i)
-            )
+        rows = [
+            drop_rows(table(ngram_hashes(ids_BxT, n, self.rows, reach_BxT)[:, -T:]), drop_at(drop, i))
+            for i, (n, table) in enumerate(zip(self.sizes, self.tables))
+        ]
+        total = rows[0]
+        for r in rows[1:]:
+            total = total + r
         return total
 
 

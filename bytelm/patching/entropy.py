@@ -72,7 +72,8 @@ class EntropyModel:
     def __init__(self, model: nnx.Module, *, width: int | None = None):
         if width is not None and width < 1:
             raise ValueError(f"width must be >= 1 (or None: the input's width), got {width}")
-        graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+        graphdef, params, *others = nnx.split(model, nnx.Param, ...)
+        (rest,) = others
         self.graphdef = graphdef
         # A snapshot on every local device: nnx.split shares Variable objects with the module, so
         # later changes to the module (an optimizer step, nnx.jit) would otherwise change these

@@ -43,18 +43,18 @@ class OnlineStarts:
 
     def next(self, h: float) -> bool:
         """Whether a patch starts at the next position, given the entropy after the current one."""
-        i, h = self.position, np.float32(h)
+        i, h32 = self.position, np.float32(h)
         wanted = i == 0  # forced start at 1: the first position is a patch of its own
-        if self.threshold is not None and h > self.threshold:
+        if self.threshold is not None and h32 > self.threshold:
             wanted = True
-        if self.monotonic is not None and self.prev_h is not None and h - self.prev_h > self.monotonic:
+        if self.monotonic is not None and self.prev_h is not None and h32 - self.prev_h > self.monotonic:
             wanted = True
         # (>=: a patch that grew past the limit under the slot cap is split as soon as the cap lifts)
         if self.max_patch_len is not None and self.run >= self.max_patch_len:
             wanted = True
         if wanted and self.max_patches is not None and self.patches >= self.max_patches:
             wanted = False  # the slots are used: the rest joins the last patch
-        self.prev_h = h
+        self.prev_h = h32
         self.position += 1
         if wanted:
             self.patches += 1

@@ -33,7 +33,8 @@ class Clock:
     def __init__(self, budget_s: float, spent_s: float, horizon: int | None, warmup: int = 0):
         self.budget_s, self.spent0, self.horizon, self.warmup = budget_s, spent_s, horizon, warmup
         self.replanning = budget_s > 0 and horizon is None  # planned in this invocation (not restored)
-        self.t0, self.paused_s, self.stopped_at = time.perf_counter(), 0.0, None
+        self.t0, self.paused_s = time.perf_counter(), 0.0
+        self.stopped_at: float | None = None
         self.mark: float | None = None
         self.mark_steps = 0
         self.step_s: float | None = None
@@ -66,37 +67,39 @@ class Clock:
         if steps_this_run == 1:
             self.mark, self.mark_steps = self.spent(), 1
             return False
-        first = self.horizon is None and steps_this_run == 1 + self.PROBE_STEPS
-        again = (
-            self.horizon is not None
-            and steps_this_run & (steps_this_run - 1) == 0
-            and steps_this_run > 1 + self.PROBE_STEPS
-        )
-        if not (first or again):
-            return False
-        # a warmup that does not fit the planned horizon (a budget of a few steps) is not re-planned:
-        # a later horizon would stretch the warmup the steps already taken ran with
-        if again and not self.warmup < self.horizon - 1:  # else the horizon stays
-            self.replanning = False
-            return False
-        if again and step >= self.horizon:  # the run has ended (the caller stops at the horizon)
-            return False
+        planned = self.horizon
+        if planned is None:  # the first plan: after the probe steps
+            if steps_this_run != 1 + self.PROBE_STEPS:
+                return False
+        else:  # a re-plan: at a doubling of the run's steps
+            if steps_this_run & (steps_this_run - 1) or steps_this_run <= 1 + self.PROBE_STEPS:
+                return False
+            # a warmup that does not fit the planned horizon (a budget of a few steps) is not re-planned:
+            # a later horizon would stretch the warmup the steps already taken ran with
+            if not self.warmup < planned - 1:  # else the horizon stays
+                self.replanning = False
+                return False
+            if step >= planned:  # the run has ended (the caller stops at the horizon)
+                return False
         spent = self.spent()
-        step_s = (spent - self.mark) / (steps_this_run - self.mark_steps)
+        mark = spent if self.mark is None else self.mark
+        step_s = (spent - mark) / (steps_this_run - self.mark_steps)
         self.mark, self.mark_steps = spent, steps_this_run
-        if again and not self._early(step):  # late: only a plan that misses the budget is corrected
-            end_s = spent + (self.horizon - step) * step_s
+        if planned is not None and not self._early(
+            step, planned
+        ):  # late: only a plan that misses the budget is corrected
+            end_s = spent + (planned - step) * step_s
             if abs(end_s - self.budget_s) <= self.LATE_MISS * self.budget_s:
                 return False
         self.step_s = step_s
-        horizon = step + max(0, int((self.budget_s - spent) / max(self.step_s, 1e-9)))
+        horizon = step + max(0, int((self.budget_s - spent) / max(step_s, 1e-9)))
         # a re-plan keeps the warmup whole, so the steps already taken keep their learning rates
-        self.horizon = max(horizon, self.warmup + 2) if again else horizon
+        self.horizon = max(horizon, self.warmup + 2) if planned is not None else horizon
         return True
 
-    def _early(self, step: int) -> bool:
-        """Inside the warmup, or the first :attr:`REPLAN_DECAY` of the decay, of the current plan."""
-        return step < self.warmup or step - self.warmup <= self.REPLAN_DECAY * (self.horizon - self.warmup)
+    def _early(self, step: int, horizon: int) -> bool:
+        """Inside the warmup, or the first :attr:`REPLAN_DECAY` of the decay, of the plan ending at ``horizon``."""
+        return step < self.warmup or step - self.warmup <= self.REPLAN_DECAY * (horizon - self.warmup)
 
     def exhausted(self, step: int) -> bool:
         return self.spent() >= self.budget_s or (self.horizon is not None and step >= self.horizon)

@@ -52,7 +52,7 @@ def initialize(
         raise UserError(
             f"an explicit process layout needs --coordinator, --num-processes and --process-id; missing {', '.join(missing)}"
         )
-    if given:
+    if coordinator is not None and num_processes is not None and process_id is not None:  # all three given
         if ":" not in coordinator or not coordinator.rsplit(":", 1)[1].isdigit():
             raise UserError(
                 f"--coordinator {coordinator!r} must be HOST:PORT (the address of process 0), e.g. 10.0.0.1:1234"

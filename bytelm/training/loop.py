@@ -176,7 +176,7 @@ class _Run:
     def _run_info(self, corpus) -> dict:
         task, trainer = self.task, self.trainer
         return {
-            "family": self.cfg.model.family,
+            "family": task.family,
             "fingerprint": corpus.fingerprint,
             "data": corpus.summary(),
             "params": trainer.param_counts,
@@ -229,6 +229,11 @@ class _Run:
             else self.trainer.step >= self.cfg.train.steps
         )
 
+    def _write(self, record: dict) -> None:
+        """A record to ``metrics.jsonl`` (once the loop has opened it)."""
+        if self.metrics is not None:
+            self.metrics.write(record)
+
     def log_train(self, m: dict, loss: float, step_s: float, progress) -> None:
         trainer, steps = self.trainer, self.clock.horizon
         nbytes = float(m["bytes"])
@@ -250,7 +255,7 @@ class _Run:
             **self.task.stats_record(self.stats_log),
         }
         self.stats_log = {}
-        self.metrics.write(rec)
+        self._write(rec)
         if progress:
             progress(
                 trainer.step,
@@ -261,7 +266,7 @@ class _Run:
     def evaluate(self) -> None:
         with self.clock.paused():  # evaluations do not count as training time
             scores = self.trainer.evaluate(self.segments)
-        self.metrics.write(
+        self._write(
             {
                 "kind": "eval",
                 "step": self.trainer.step,
@@ -289,6 +294,8 @@ class _Run:
         def settle() -> None:
             """Read the pending step's loss (the host waits for that step only); stop on a non-finite one."""
             nonlocal pending
+            if pending is None:
+                return
             step, m = pending
             pending = None
             loss = float(m["loss"])
@@ -315,9 +322,9 @@ class _Run:
                 if pending is not None:
                     settle()  # the previous step's loss, read one step late so the device queue never empties
                 pending = (trainer.step, m)
-                if clock.plan(trainer.step, steps_this_run):
+                if clock.plan(trainer.step, steps_this_run) and clock.horizon is not None:
                     trainer.horizon = clock.horizon
-                    self.metrics.write(
+                    self._write(
                         {
                             "kind": "plan",
                             "step": trainer.step,

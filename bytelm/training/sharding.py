@@ -32,7 +32,7 @@ RULES: dict[str, str | tuple[str, ...] | None] = {
 
 def mesh_shape(sizes: tuple[int, int, int], n_devices: int) -> tuple[int, int, int]:
     """Resolve one ``-1`` in ``sizes`` so the product is ``n_devices``."""
-    sizes = tuple(int(s) for s in sizes)
+    sizes = (int(sizes[0]), int(sizes[1]), int(sizes[2]))
     if sizes.count(-1) > 1:
         raise UserError(f"at most one mesh axis may be -1 (fill), got train.mesh_data/fsdp/tensor = {sizes}")
     if any(s == 0 or s < -1 for s in sizes):
@@ -43,7 +43,8 @@ def mesh_shape(sizes: tuple[int, int, int], n_devices: int) -> tuple[int, int, i
             raise UserError(
                 f"{n_devices} devices cannot be split into a mesh {sizes} (product of fixed axes {known})"
             )
-        sizes = tuple(n_devices // known if s == -1 else s for s in sizes)
+        d, f, t = (n_devices // known if s == -1 else s for s in sizes)
+        sizes = (d, f, t)
     if math.prod(sizes) != n_devices:
         raise UserError(
             f"mesh {dict(zip(MESH_AXES, sizes))} needs {math.prod(sizes)} devices but {n_devices} are available: "
@@ -67,11 +68,11 @@ def _axis_size(mesh: Mesh, axis) -> int:
 
 
 def logical_to_spec(axes: tuple[str | None, ...], shape: tuple[int, ...], mesh: Mesh) -> PartitionSpec:
-    out = []
+    out: list[str | tuple[str, ...] | None] = []
     used: set[str] = set()
     for name, dim in zip(axes, shape):
         axis = RULES.get(name) if name else None
-        members = set(axis if isinstance(axis, tuple) else (axis,)) - {None}
+        members = {a for a in (axis if isinstance(axis, tuple) else (axis,)) if a is not None}
         if axis is None or dim % _axis_size(mesh, axis) or members & used or _axis_size(mesh, axis) == 1:
             out.append(None)
         else:

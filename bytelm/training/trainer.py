@@ -231,7 +231,9 @@ class Trainer:
                 continue
             sharding = batch_sharding(self.mesh, v.ndim)
             if whole and jax.process_count() > 1:
-                index = sharding.addressable_devices_indices_map(v.shape).values()
+                index = [
+                    i for i in sharding.addressable_devices_indices_map(v.shape).values() if i is not None
+                ]
                 lo = min(i[0].start or 0 for i in index)
                 hi = max(len(v) if i[0].stop is None else i[0].stop for i in index)
                 out[k] = jax.make_array_from_process_local_data(sharding, v[lo:hi], v.shape)

@@ -96,12 +96,16 @@ class FastEncoder:
 
     # -- tables -----------------------------------------------------------------------------------
     def _prepare(self) -> None:
+        self._whole()
+
+    def _whole(self) -> dict[bytes, int]:
         """The whole-token shortcut: the tokens whose bytes BPE encodes to themselves (every
         token of a tokenizer trained by :func:`train_bpe`; for an arbitrary merge list only the
         tokens checked to do so)."""
         if self._whole_tokens is None:
             vocab = self.vocab
             self._whole_tokens = {vocab[i]: i for i in range(self.n_mergeable) if self._bpe(vocab[i]) == (i,)}
+        return self._whole_tokens
 
     def _prepare_tables(self) -> None:
         self._prepare()
@@ -126,11 +130,8 @@ class FastEncoder:
         """:meth:`_prepare`'s whole-token shortcut for packed keys (:func:`.asciisplit.pack_chunks`):
         the ASCII tokens of up to 8 bytes that encode to themselves."""
         if self._whole_packed_table is None:
-            self._prepare()
             items = [
-                (pack_bytes(b), i)
-                for b, i in self._whole_tokens.items()
-                if len(b) <= PACKED_BYTES and b.isascii()
+                (pack_bytes(b), i) for b, i in self._whole().items() if len(b) <= PACKED_BYTES and b.isascii()
             ]
             keys = np.array([k for k, _ in items], dtype=np.uint64)
             self._whole_packed_table = IntTable(keys, np.array([i for _, i in items], dtype=np.int64))
@@ -213,16 +214,22 @@ class FastEncoder:
             new.reverse()
             cache.tokens += self._segment_many(new)
 
-    def _segment_many(self, chunks: list[str | bytes]) -> list[tuple[int, ...]]:
+    def _segment_many(self, chunks: list[str | bytes | int]) -> list[tuple[int, ...]]:
         """The token ids of many chunks (cache keys as str or bytes; packed integer keys get theirs
         in :meth:`_ascii_entries`). A chunk whose bytes are a whole token is that token; the other
         chunks of up to ``_VECTOR_CHUNK`` bytes merge together in numpy (:meth:`_bpe_arrays`);
         longer chunks go through :meth:`_bpe`."""
-        whole = self._whole_tokens
+        whole = self._whole()
         out: list = [None] * len(chunks)
-        todo_at, todo = [], []
+        todo_at: list[int] = []
+        todo: list[bytes] = []
         for i, chunk in enumerate(chunks):
+            if isinstance(chunk, int):
+                raise TypeError(
+                    f"a packed chunk key ({chunk}) has its ids from the ASCII path, not from here"
+                )
             piece = chunk.encode("utf-8", "surrogateescape") if type(chunk) is str else chunk
+            assert isinstance(piece, bytes)
             t = whole.get(piece)
             if t is not None:
                 out[i] = (t,)

@@ -68,8 +68,8 @@ def shard_map(func: Callable[[Any, int], Any], payload: Any, n_shards: int, work
         finally:
             gc.unfreeze()
             _set_payload(None)
-    ctx = multiprocessing.get_context("spawn")
-    with ctx.Pool(min(workers, n_shards), initializer=_set_payload, initargs=(payload,)) as pool:
+    spawn = multiprocessing.get_context("spawn")
+    with spawn.Pool(min(workers, n_shards), initializer=_set_payload, initargs=(payload,)) as pool:
         return pool.map(_run, tasks, chunksize=1)
 
 

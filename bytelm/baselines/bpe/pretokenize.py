@@ -135,10 +135,9 @@ _ASTRAL = re.compile("[\U00010000-\U0010ffff]")
 def _engines(pattern: str, fast: bool):
     """``(ascii findall, BMP findall, full findall, compiled full pattern)`` for ``pattern``."""
     full = regex.compile(pattern)
-    if fast and pattern_name(pattern) is not None:
-        ascii_ = re.compile(_re_equivalent(pattern, 0x7F)).findall
-        bmp = re.compile(_re_equivalent(pattern, 0xFFFF)).findall
-        return ascii_, bmp, full.findall, full
+    ascii_re, bmp_re = _re_equivalent(pattern, 0x7F), _re_equivalent(pattern, 0xFFFF)
+    if fast and ascii_re is not None and bmp_re is not None:
+        return re.compile(ascii_re).findall, re.compile(bmp_re).findall, full.findall, full
     return full.findall, full.findall, full.findall, full
 
 

@@ -138,7 +138,8 @@ class Tokenizer(SubwordTokenizer):
         }
 
     def __setstate__(self, state) -> None:
-        self.__init__(
+        Tokenizer.__init__(
+            self,
             state["merges"],
             pattern=state["pattern"],
             special_tokens=state["special_tokens"],

@@ -42,12 +42,12 @@ from bytelm.baselines.bpe.parallel import balanced_shards, resolve_workers, shar
 from bytelm.baselines.bpe.pretokenize import PreTokenizer
 from bytelm.baselines.bpe.tokenizer import Tokenizer
 from bytelm.baselines.subword import learnable_ids
-from bytelm.data import load_corpus
+from bytelm.data import Corpus, load_corpus
 from bytelm.errors import UserError
 
 log = logging.getLogger(__name__)
 
-Progress = Callable[[int, int], None]
+Progress = Callable[[int, int | None], None]  # (done, total; None when unknown)
 
 #: Token ids are packed into one int per pair: ``left << PAIR_SHIFT | right``.
 PAIR_SHIFT = 21
@@ -261,7 +261,7 @@ def _merge_words(
     two adjacent occurrences (``a b a b``) the shared pair ``b a`` becomes ``t t``, counted once,
     so the net changes equal HF's step-by-step ones.
     """
-    a, b = ab
+    a, b = ab[0], ab[1]
     left: defaultdict[str, int] = defaultdict(int)  # x -> count of "x a" turned into "x t"
     right: defaultdict[str, int] = defaultdict(int)  # y -> count of "b y" turned into "t y"
     left_words: defaultdict[str, list[int]] = defaultdict(list)
@@ -363,7 +363,7 @@ def train_bpe(
 
 
 def train_bpe_on_corpus(
-    data: str | object,
+    data: str | Corpus,
     *,
     vocab_size: int,
     split: str = "train",

@@ -172,7 +172,9 @@ def find_edges(chunks: Chunks, index: PieceIndex) -> Edges:
     owner = np.repeat(np.arange(len(chunks), dtype=np.int32), chunks.lens)
     room = (chunks.starts + chunks.lens)[owner] - np.arange(n)  # bytes left in the chunk from each position
     words = _words(chunks.data)
-    src, length, piece = [], [], []
+    srcs: list[np.ndarray] = []
+    lengths: list[np.ndarray] = []
+    pieces: list[np.ndarray] = []
     for p0 in range(0, n, _BLOCK):
         block_room = room[p0 : p0 + _BLOCK]
         for m in index.lengths:
@@ -182,14 +184,14 @@ def find_edges(chunks: Chunks, index: PieceIndex) -> Edges:
             pos += p0
             found = index.find(words, pos, m)
             hit = found >= 0
-            src.append(pos[hit])
-            piece.append(found[hit].astype(np.int32))
-            length.append(np.full(len(src[-1]), m, np.int64))
-    pos = np.concatenate(src) if src else np.zeros(0, np.int64)
-    length = np.concatenate(length) if length else np.zeros(0, np.int64)
+            srcs.append(pos[hit])
+            pieces.append(found[hit].astype(np.int32))
+            lengths.append(np.full(len(srcs[-1]), m, np.int64))
+    pos = np.concatenate(srcs) if srcs else np.zeros(0, np.int64)
+    length = np.concatenate(lengths) if lengths else np.zeros(0, np.int64)
     chunk = owner[pos]
     src_node = pos + chunk
-    piece = np.concatenate(piece) if piece else np.zeros(0, np.int32)
+    piece = np.concatenate(pieces) if pieces else np.zeros(0, np.int32)
     return Edges(src_node, src_node + length, piece, chunk)
 
 

@@ -142,7 +142,8 @@ class UnigramTokenizer(SubwordTokenizer):
         }
 
     def __setstate__(self, state) -> None:
-        self.__init__(
+        UnigramTokenizer.__init__(
+            self,
             state["pieces"],
             state["scores"],
             pattern=state["pattern"],
@@ -187,7 +188,10 @@ class UnigramTokenizer(SubwordTokenizer):
         out = []
         end = n
         while end > 0:
-            start, i = back[end]
+            step = back[end]
+            if step is None:  # (every position is reachable: the 256 byte pieces are in every vocabulary)
+                raise ValueError(f"no segmentation reaches byte {end} of {piece!r}")
+            start, i = step
             out.append(i)
             end = start
         return tuple(reversed(out))
@@ -213,7 +217,7 @@ class UnigramTokenizer(SubwordTokenizer):
             paths, _ = Lattice(chunks, find_edges(chunks, self.piece_index())).viterbi(self._logp)
             for i, path in zip(short, paths):
                 out[i] = tuple(path.tolist())
-        return out
+        return [ids for ids in out if ids is not None]
 
     def encode_sampled(
         self, text: str | bytes, *, alpha: float = 0.1, rng: np.random.Generator | int | None = None
@@ -363,7 +367,7 @@ class LatticeEncoder(FastEncoder):
     def _prepare_tables(self) -> None:
         self._prepare()
 
-    def _segment_many(self, chunks: list[str | bytes]) -> list[tuple[int, ...]]:
+    def _segment_many(self, chunks: list[str | bytes | int]) -> list[tuple[int, ...]]:
         pieces = [c.encode("utf-8", "surrogateescape") if type(c) is str else c for c in chunks]
         return self.tokenizer.viterbi_many(pieces)
 

@@ -41,6 +41,7 @@ tokens. The learned pieces get ids 256.. in order of decreasing score (ties by b
 from __future__ import annotations
 
 import contextlib
+import importlib
 import logging
 import math
 import time
@@ -58,7 +59,7 @@ from bytelm.errors import UserError
 
 log = logging.getLogger(__name__)
 
-Progress = Callable[[int, int], None]
+Progress = Callable[[int, int | None], None]  # (done, total; None when unknown)
 MIN_EXPECTED_COUNT = 0.5  # SentencePiece's kExpectedFrequencyThreshold
 UNSEEN_BYTE_PENALTY = 10.0  # SentencePiece's kUnkPenalty, relative to the lowest score
 SCORE_GRID = float(1 << 12)  # scores are multiples of 2**-12 (module docstring, 5)
@@ -76,14 +77,16 @@ def small_pages() -> Iterator[None]:
     took 0.3-0.4 s that way instead of 25 ms, and training on the stdlib corpus took 13.0 s instead
     of 8.4 s (``benchmarks/RESULTS.md``). numpy's setting is process-wide, so it is restored after.
     """
-    try:
-        from numpy._core.multiarray import _set_madvise_hugepage
-    except ImportError:  # numpy < 2
-        try:
-            from numpy.core.multiarray import _set_madvise_hugepage
-        except ImportError:
-            yield
-            return
+    setter = None
+    for module in ("numpy._core.multiarray", "numpy.core.multiarray"):  # numpy >= 2, numpy < 2
+        with contextlib.suppress(ImportError):
+            setter = getattr(importlib.import_module(module), "_set_madvise_hugepage", None)
+        if setter is not None:
+            break
+    if setter is None:
+        yield
+        return
+    _set_madvise_hugepage = setter
     before = _set_madvise_hugepage(False)
     try:
         yield

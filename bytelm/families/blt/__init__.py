@@ -65,7 +65,7 @@ class BLTTask(ByteTask):
 
     def _calibration_sample(self) -> np.ndarray:
         return WindowBatches(
-            self.corpus.train_stream,
+            self.require_corpus().train_stream,
             batch_size=self.calibration_rows,
             window=self.cfg.train.seq_len + 1,
             seed=self.cfg.train.seed + 7919,
@@ -82,6 +82,7 @@ class BLTTask(ByteTask):
         m = self.cfg.model
         mono = m.monotonic_threshold or None
         recorded = self.record.get("patching") or {}
+        patcher: EntropyPatcher | SpacePatcher
         if self.space:
             patcher = SpacePatcher(m.max_patch_len)
             if recorded.get("achieved_mean_patch_len") or self.corpus is None:
@@ -162,7 +163,8 @@ class BLTTask(ByteTask):
     def entropy_inference_flops_per_byte(self) -> float:
         if self.space:
             return 0.0
-        return entropy_forward_flops_per_id(self.modules["entropy_run"].cfg, self.cfg.train.seq_len)
+        entropy_cfg = getattr(self.modules["entropy_run"], "cfg")  # (a byte LM's model keeps its config)
+        return entropy_forward_flops_per_id(entropy_cfg, self.cfg.train.seq_len)
 
     def ledger(self) -> Ledger:
         """Its own training, plus its entropy model's: the training of that model (its run's total), its

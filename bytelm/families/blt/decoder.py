@@ -32,7 +32,8 @@ class BLTDecoder(Decoder):
         self.allowed_V = allowed_ids(NUM_BYTE_IDS)
         cfg = model.cfg
         self.n_context = max([*cfg.ngram_sizes, 1]) - 1  # ids before a chunk its n-grams need
-        if entropy_model is not None and getattr(entropy_model, "n_context", 0):
+        entropy_context: int = getattr(entropy_model, "n_context", 0)
+        if entropy_model is not None and entropy_context:
             raise UserError(
                 f"this BLT's entropy model ({cfg.entropy_run}) has hashed n-gram embeddings (model.ngram_sizes), which "
                 "BLT sampling does not support yet: patch with an entropy model trained without them"

@@ -348,10 +348,8 @@ class LocalEncoder(nnx.Module):
             )
         else:  # after the last layer, or after every one (pooled at the first)
             cross_after = len(self.stack.blocks) - 1 if not cfg.encoder_cross_all_layers else 0
-            queries = None
+            queries = self.pooled_queries(states[cross_after], own_BxPxJ, own_valid_BxPxJ)
             for i, layer_states in enumerate(states[cross_after:]):
-                if queries is None:
-                    queries = self.pooled_queries(layer_states, own_BxPxJ, own_valid_BxPxJ)
                 queries = self.variant.residual(
                     queries, self.cross[i](queries, layer_states, own_BxPxJ, own_valid_BxPxJ)
                 )
@@ -432,7 +430,7 @@ class LocalDecoder(nnx.Module):
         B, T, k = index_BxTxk.shape
         valid_BxT = valid_BxT & cfg.global_path  # global_path = False: what the global model is worth
         blocks = list(self.stack.blocks)
-        new = None if cache is None else list(cache)
+        new: list[KVCache] = [] if cache is None else list(cache)
         if not cfg.cross_attention:  # the projected global state of the source patch, summed over its k slots
             rows_BxTxkxD = jnp.take_along_axis(
                 slots_BxSxD, index_BxTxk.reshape(B, T * k)[:, :, None], axis=1
@@ -442,7 +440,9 @@ class LocalDecoder(nnx.Module):
                 h_BxTxD = self.stack(h_BxTxD, drop=drop_at(drop, 4))
             else:
                 h_BxTxD, new = stack_extend(self.stack, h_BxTxD, cache, pos0)
-            return head_logits(self.norm(h_BxTxD), self.head[...], NUM_BYTE_IDS, dt), new
+            return head_logits(self.norm(h_BxTxD), self.head[...], NUM_BYTE_IDS, dt), (
+                None if cache is None else new
+            )
         valid_BxTxk = jnp.broadcast_to(valid_BxT[:, :, None], index_BxTxk.shape)
         for i in range(max(len(blocks), 1)):
             if i < len(self.cross):
@@ -453,7 +453,9 @@ class LocalDecoder(nnx.Module):
                     h_BxTxD = blocks[i](h_BxTxD, window=self.stack.window, drop=drop_at(drop_at(drop, 4), i))
                 else:
                     h_BxTxD, new[i] = block_extend(blocks[i], h_BxTxD, cache[i], pos0, self.stack.window)
-        return head_logits(self.norm(h_BxTxD), self.head[...], NUM_BYTE_IDS, dt), new
+        return head_logits(self.norm(h_BxTxD), self.head[...], NUM_BYTE_IDS, dt), (
+            None if cache is None else new
+        )
 
 
 class BLT(nnx.Module):

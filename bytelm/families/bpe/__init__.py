@@ -60,7 +60,7 @@ class TokenTask(Task):
         return token_decoder(model, self.tokenizer, self.cfg.train.seq_len)
 
     def _load_stream(self) -> None:
-        corpus = self.corpus
+        corpus = self.require_corpus()
         alpha = self.cfg.model.sample_alpha
         sampled = f"-a{alpha:g}-s{self.cfg.train.seed}" if alpha > 0 else ""
         if alpha > 0 and self.tokenizer.kind != "unigram":

@@ -4,6 +4,8 @@ model (a small config of it)."""
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import numpy as np
 from flax import nnx
 
@@ -11,7 +13,7 @@ from bytelm.constants import BOS_ID, BYTE_OFFSET, NUM_BYTE_IDS
 from bytelm.families.base import Task, Trunk
 from bytelm.families.byte.config import ByteLMConfig
 from bytelm.families.byte.model import ByteLM
-from bytelm.models.configs import with_stacks
+from bytelm.models.configs import ModelConfig, with_stacks
 from bytelm.models.flops import decoder_lm_forward_flops_per_position
 from bytelm.sampling.decoders import Decoder, FlatDecoder, byte_of_unit, byte_units
 
@@ -21,7 +23,7 @@ class ByteTask(Task):
 
     family = "byte"
     description = "a byte LM"
-    config_class = ByteLMConfig
+    config_class: ClassVar[type[ModelConfig]] = ByteLMConfig
 
     @classmethod
     def sized(cls, model_cfg, trunk: Trunk, changes):
@@ -31,7 +33,7 @@ class ByteTask(Task):
         return ByteLM(self.cfg.model, rngs=rngs)
 
     def train_stream(self) -> np.ndarray:
-        return self.corpus.train_stream
+        return self.require_corpus().train_stream
 
     def decoder(self, model: nnx.Module) -> Decoder:
         return byte_decoder(model, self.cfg.train.seq_len)
