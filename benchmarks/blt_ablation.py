@@ -22,6 +22,8 @@ import json
 import shutil
 from pathlib import Path
 
+from results import record
+
 from bytelm.evaluation.evaluator import evaluate_runs
 from bytelm.experiments.compare import compare, load_preset
 from bytelm.training.host import configure_cpu_devices
@@ -75,7 +77,9 @@ def main() -> None:
         print(
             f"{m['name']:<20} {m['family']:<9} {m['bpb']:7.4f} {m['flops'] or 0:12.3g} {m.get('flops_total') or 0:12.3g} {bpgs or 0:10.2f}  {m['note']}"
         )
-    print(json.dumps({"fingerprint": report["fingerprint"], **{m["name"]: round(m["bpb"], 4) for m in rows}}))
+    result = {"fingerprint": report["fingerprint"], **{m["name"]: round(m["bpb"], 4) for m in rows}}
+    print(json.dumps(result))
+    record("blt_ablation", result)
 
 
 if __name__ == "__main__":

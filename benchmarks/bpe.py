@@ -29,6 +29,8 @@ import sys
 import tempfile
 import time
 
+from results import record
+
 
 def peak_rss_mb() -> tuple[float, float]:
     """(this process, largest finished child) peak RSS in MiB (Linux reports KiB)."""
@@ -185,6 +187,7 @@ def main(argv: list[str] | None = None) -> int:
         "encode_repeat": args.encode_repeat,
     }
     print(json.dumps(result))
+    record("bpe", result)
     return 0
 
 

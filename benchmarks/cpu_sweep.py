@@ -38,7 +38,7 @@ candidate then replaces the best so far only if it scores lower at both paces (`
 
 At a fixed step count a run is deterministic on one kind of machine, but a different seed (the
 initialisation, the batches, the dropout masks) moves the score by as much as most candidates do
-(``benchmarks/RESULTS.md``, twenty-seventh session). ``--seeds N`` trains every candidate with the
+(``benchmarks/RESULTS.md`` at 3372114, twenty-seventh session). ``--seeds N`` trains every candidate with the
 seeds 0 to N-1 and compares the mean of their scores at each pace (seed 0 is the run a single-seed
 sweep makes, so its results are reused).
 
@@ -62,6 +62,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+from results import record
 
 from bytelm.config import load_config
 from bytelm.data import load_corpus_from_config
@@ -191,7 +193,7 @@ ROUND_TWO_PINS: dict[str, tuple[str, ...]] = {
 # The ten-minute sweep (--recipes ten): from the CPU recipes, dropout and larger shapes; for the byte
 # LM, from its ten-minute recipe, the optimizer, the learning rate and the floor of the decay.
 TEN_MINUTE_GROUPS: dict[str, tuple[str, list[list[tuple[str, ...]]]]] = {
-    # The first sweep (eleventh session, docs/cpu.md) went from cpu/byte: the preset 1.5773, with
+    # The first sweep (eleventh session, docs/cpu.md at 3372114) went from cpu/byte: the preset 1.5773, with
     # dropout 0.1 1.6107, 4 x 192 with dropout 0.1 1.5441 -> cpu/byte_10min. This one goes on from it.
     "byte": (
         "cpu/byte_10min",
@@ -284,7 +286,7 @@ TEN_MINUTE_GROUPS: dict[str, tuple[str, list[list[tuple[str, ...]]]]] = {
             # then twice the rows again (32767: 1.3036 at 1,400 steps against 16383's 1.3057, with a step
             # about a sixth slower than 8191 rows; not yet trained for 600 s, so not chosen)
             [(), ("model.hash_table_size=32767",)],
-            # twenty-seventh session, at 1,400 steps on an H200 (benchmarks/RESULTS.md; the best so far 1.3099
+            # twenty-seventh session, at 1,400 steps on an H200 (benchmarks/RESULTS.md at 3372114; best so far 1.3099
             # there): clipping at 0.5 1.2942, the learning rate 4.5e-3 1.2961, width 256 1.2991, weight decay
             # 0.2 1.3102, row dropout 0.4 1.3127, dropout 0.05 1.3140, the tables at 24x 1.3166. The first two
             # did not hold on the CPU (clipping at 0.5 1.3045 against 1.3057; with 4.5e-3 as well 1.3206), and
@@ -633,19 +635,17 @@ def main() -> None:
         Path(args.out), data, args.seconds, groups, pins, also_steps=args.also_steps, seeds=args.seeds
     )
     chosen = {f: sweep.family(f) for f in families}
-    print(
-        json.dumps(
-            {
-                "seconds": args.seconds,
-                "also_steps": args.also_steps,
-                "seeds": args.seeds,
-                "recipes": args.recipes,
-                "data": data,
-                "validation_fingerprint": sweep.validation.fingerprint if sweep.validation else None,
-                "chosen": chosen,
-            }
-        )
-    )
+    result = {
+        "seconds": args.seconds,
+        "also_steps": args.also_steps,
+        "seeds": args.seeds,
+        "recipes": args.recipes,
+        "data": data,
+        "validation_fingerprint": sweep.validation.fingerprint if sweep.validation else None,
+        "chosen": chosen,
+    }
+    print(json.dumps(result))
+    record("cpu_sweep", result)
 
 
 if __name__ == "__main__":

@@ -14,6 +14,8 @@ import argparse
 import json
 import time
 
+from results import record
+
 from bytelm.data import WindowBatches, load_corpus
 
 
@@ -45,11 +47,13 @@ def main() -> None:
     print(f"corpus {args.data}: train stream {len(stream):,} ids")
     print(f"B={args.batch_size} T={args.seq_len}: {n} batches in {elapsed:.2f} s")
     print(f"{batches_s:,.1f} batches/s, {bytes_s / 1e6:,.1f} MB/s of corpus bytes delivered")
-    print(
-        json.dumps(
-            {"batches_s": round(batches_s, 2), "bytes_s": round(bytes_s), "mb_per_s": round(bytes_s / 1e6, 1)}
-        )
-    )
+    result = {
+        "batches_s": round(batches_s, 2),
+        "bytes_s": round(bytes_s),
+        "mb_per_s": round(bytes_s / 1e6, 1),
+    }
+    print(json.dumps(result))
+    record("data_pipeline", result)
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ import time
 
 import jax
 import jax.numpy as jnp
+from results import record
 from train_step import cpu_model  # (benchmarks/ is on sys.path when this script runs)
 
 from bytelm.models.core import dropout_bits
@@ -68,16 +69,14 @@ def main() -> None:
     ms = {k: statistics.median(v) * 1e3 for k, v in times.items()}
     for k in kinds:
         print(f"{k:>9}: {ms[k]:8.2f} ms for {SITES} masks of {SHAPE}")
-    print(
-        json.dumps(
-            {
-                **{f"{k}_ms": round(v, 3) for k, v in ms.items()},
-                "threefry_over_hash": round(ms["threefry"] / ms["hash"], 1),
-                "cpu": cpu_model(),
-                "devices": jax.device_count(),
-            }
-        )
-    )
+    result = {
+        **{f"{k}_ms": round(v, 3) for k, v in ms.items()},
+        "threefry_over_hash": round(ms["threefry"] / ms["hash"], 1),
+        "cpu": cpu_model(),
+        "devices": jax.device_count(),
+    }
+    print(json.dumps(result))
+    record("dropout_masks", result)
 
 
 if __name__ == "__main__":

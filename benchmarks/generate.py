@@ -32,6 +32,7 @@ import time
 
 import numpy as np
 from flax import nnx
+from results import record
 from train_step import cpu_model  # (benchmarks/ is on sys.path when this script runs)
 
 from bytelm.baselines.bpe import train_bpe
@@ -167,6 +168,7 @@ def main() -> None:
     if set(only) == {"byte", "bpe", "megabyte", "blt"}:  # the headline: over every family
         out["cached_speedup_min"] = round(min(speedups), 2)
     print(json.dumps(out))
+    record("generate", out)
 
 
 if __name__ == "__main__":

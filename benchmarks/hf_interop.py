@@ -31,6 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 from flax import nnx
+from results import record as record_result
 from transformers import BltConfig, BltForCausalLM
 
 from bytelm.constants import BOS_ID, BYTE_OFFSET
@@ -169,6 +170,7 @@ def main(argv: list[str] | None = None) -> int:
         f"max |entropy diff| {record['max_abs_entropy_diff']:.2e} nats; max |logit diff| {record['max_abs_logit_diff']:.2e}"
     )
     print(json.dumps(record))
+    record_result("hf_interop", record)
     return 0
 
 

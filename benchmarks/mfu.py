@@ -35,6 +35,8 @@ import statistics
 import sys
 import time
 
+from results import record
+
 # dense bf16 peak FLOP/s per device (datasheets; no sparsity): NVIDIA H100/H200 SXM 989.4e12,
 # H100 PCIe 756e12, A100 312e12, L4 121e12; Google TPU v4 275e12, v5e 197e12, v5p 459e12, v6e 918e12
 DATASHEET_BF16_PEAK = {
@@ -241,6 +243,7 @@ def main(argv: list[str] | None = None) -> int:
         file=sys.stderr,
     )
     print(json.dumps(result))
+    record("mfu", result)
     return 0
 
 

@@ -40,6 +40,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from results import record
 
 FAMILIES = ("byte", "megabyte", "blt", "bpe")
 BOS_ID = 1  # bytelm.constants.BOS_ID; the worker below imports no bytelm (it runs torch only)
@@ -301,23 +302,21 @@ def main() -> None:
     bpb = {m["name"]: m["bpb"] for m in report["models"]}
     train_s = {r.name: json.loads((r / "run.json").read_text()).get("train_s") for r in runs}
     best = min((n for n in bpb if n != "nanogpt"), key=bpb.get)
-    print(
-        json.dumps(
-            {
-                "data": args.data,
-                "seconds": args.seconds,
-                "fingerprint": report["fingerprint"],
-                "nanogpt_bpb": round(bpb["nanogpt"], 4),
-                "nanogpt_train_s": round(nano["train_s"], 1),
-                "nanogpt_steps": nano["steps"],
-                "bytelm_bpb": {n: round(v, 4) for n, v in bpb.items() if n != "nanogpt"},
-                "bytelm_train_s": {n: round(s, 1) for n, s in train_s.items() if s is not None},
-                "recipes": run_recipe,
-                "best": best,
-                "best_ratio": round(bpb[best] / bpb["nanogpt"], 4),
-            }
-        )
-    )
+    result = {
+        "data": args.data,
+        "seconds": args.seconds,
+        "fingerprint": report["fingerprint"],
+        "nanogpt_bpb": round(bpb["nanogpt"], 4),
+        "nanogpt_train_s": round(nano["train_s"], 1),
+        "nanogpt_steps": nano["steps"],
+        "bytelm_bpb": {n: round(v, 4) for n, v in bpb.items() if n != "nanogpt"},
+        "bytelm_train_s": {n: round(s, 1) for n, s in train_s.items() if s is not None},
+        "recipes": run_recipe,
+        "best": best,
+        "best_ratio": round(bpb[best] / bpb["nanogpt"], 4),
+    }
+    print(json.dumps(result))
+    record("nanogpt_race", result)
 
 
 if __name__ == "__main__":

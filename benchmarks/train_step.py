@@ -42,6 +42,7 @@ import tempfile
 import time
 
 import numpy as np
+from results import record
 
 PAUSE_S = 0.2  # between two steps of a round: lets the previous side's spinning threads go idle
 
@@ -546,6 +547,7 @@ def main() -> None:
             )
 
     print(json.dumps(result))
+    record("train_step", result)
 
 
 if __name__ == "__main__":

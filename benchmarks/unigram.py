@@ -32,6 +32,8 @@ import sys
 import tempfile
 import time
 
+from results import record
+
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -149,6 +151,7 @@ def main(argv: list[str] | None = None) -> int:
         "numpy": np.__version__,
     }
     print(json.dumps(result))
+    record("unigram", result)
     return 0
 
 

@@ -81,7 +81,7 @@ class TrainConfig:
     # > 0: keep an exponential moving average of the weights, bias-corrected (an average of the
     # iterates so far, step i weighted by decay^(t - i)); the averaged weights are the run's model:
     # evaluations, sampling, export and compare read them, training resumes from the raw ones
-    # (bytelm/training/trainer.py). 0: the last weights are the model.
+    # (bytelm/training/loop.py). 0: the last weights are the model.
     ema_decay: float = 0.0
     grad_clip: float = 1.0  # global-norm clipping; 0 disables
     grad_accum: int = 1  # micro-batches per optimizer step
@@ -94,7 +94,7 @@ class TrainConfig:
     peak_flops: float = 0.0  # per-device peak FLOP/s for MFU; 0 = measure a matmul peak at start
     # > 0: train for this many seconds of training time (compilation included, evaluations not;
     # summed across resumes) instead of train.steps, which is then ignored; the schedule's horizon
-    # is planned from the first steps' time (bytelm/training/trainer.py)
+    # is planned from the first steps' time (bytelm/training/clock.py)
     time_budget_s: float = 0.0
 
     def __post_init__(self) -> None:

@@ -2,12 +2,16 @@
 
 import importlib.util
 import math
+import sys
 import types
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+sys.path.insert(
+    0, str(Path(__file__).parents[1] / "benchmarks")
+)  # (as when the script runs: its helpers beside it)
 _spec = importlib.util.spec_from_file_location(
     "cpu_sweep", Path(__file__).parents[1] / "benchmarks" / "cpu_sweep.py"
 )

@@ -305,7 +305,7 @@ def markdown(report: dict) -> str:
         f"- held-out fingerprint `{report['fingerprint']}` ({report['eval_bytes']:,} bytes of {report['data']['spec']}); "
         f"learning rates selected on {report['validation_bytes']:,} validation bytes carved from the train documents",
         f"- budgets (training FLOPs per run): {', '.join(f'{b:.3g}' for b in report['budgets'])} (scale {report['scale']:g})",
-        "- model sizes from the size rule (bytelm/experiments/ablate.py SizeRule, docs/ablations.md): trunk "
+        "- model sizes from the size rule (bytelm/experiments/spec.py SizeRule, docs/ablations.md): trunk "
         + "; ".join(
             f"{k} FLOPs: d_model {v['d_model']} x {v['layers']} layers" for k, v in report["trunks"].items()
         ),

@@ -149,7 +149,7 @@ def halving_causal_attention(
     log-sum-exp, as in flash attention. Down to ``block`` positions, the work is ``(1 + 1/n) / 2``
     of dense attention for ``n = T / block`` (5/8 at T=512, block 128), with only matmuls,
     one masked softmax per leaf and small merges of ``T x K`` outputs: on XLA CPU this needs
-    about 30% less work than slicing the queries into blocks (``benchmarks/RESULTS.md``). The
+    about 30% less work than slicing the queries into blocks (``benchmarks/RESULTS.md`` at 3372114). The
     recursion runs heads-major (``B x H x T x K``), where every reshape is free. ``segments_BxT``
     (document ids) keeps each query to its own document's keys: every part masks its scores by it.
     """

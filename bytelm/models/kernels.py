@@ -13,7 +13,7 @@ when it is built, and hands the result to its layers.
   halving (or query blocks, under a sliding window) when the sequence is long; XLA otherwise.
 - ``auto``: ``cudnn`` on GPU in bfloat16/float16 (``xla`` in float32), ``xla`` on TPU (XLA's fused
   attention), ``halving`` on CPU, where XLA evaluates the full masked score matrix
-  (``benchmarks/RESULTS.md``).
+  (``benchmarks/RESULTS.md`` at 3372114).
 
 ``mlp`` (:func:`bytelm.models.core.swiglu`):
 

@@ -3,7 +3,7 @@
 On a CPU host, XLA runs each device's fused element-wise kernels on one thread; exposing one
 virtual CPU device per core and training data-parallel across them keeps every core busy (the
 matmuls already use all cores through the shared thread pool). Measured on a 2-core machine:
-see ``benchmarks/RESULTS.md``. Accelerator hosts are unaffected: the flag only shapes the CPU
+see ``benchmarks/RESULTS.md`` at 3372114. Accelerator hosts are unaffected: the flag only shapes the CPU
 platform, and JAX picks the GPU/TPU devices when they exist.
 """
 
@@ -43,7 +43,7 @@ def huge_page_malloc_env(environ: dict[str, str] | None = None) -> dict[str, str
     Why: XLA's CPU runtime allocates each step's temporary buffer afresh (about 1 GB per device
     for the 6-layer benchmark model). glibc serves a block that large with ``mmap``, so every
     step faults the buffer in again, 4 KiB at a time; with 2 MiB pages that is 512 times fewer
-    faults, and the train step runs about 20% faster (``benchmarks/RESULTS.md``). The tunable
+    faults, and the train step runs about 20% faster (``benchmarks/RESULTS.md`` at 3372114). The tunable
     only takes effect when the kernel's transparent huge pages are in ``madvise`` or ``always``
     mode, and glibc reads it at process start, so a process must be started with it.
     """

@@ -75,7 +75,7 @@ def small_pages() -> Iterator[None]:
     ``defrag`` mode is ``madvise`` (the kernel's default), each fresh madvised region may stall in
     direct compaction before its first write. On the 2-core benchmark machine a fresh 36 MB array
     took 0.3-0.4 s that way instead of 25 ms, and training on the stdlib corpus took 13.0 s instead
-    of 8.4 s (``benchmarks/RESULTS.md``). numpy's setting is process-wide, so it is restored after.
+    of 8.4 s (``benchmarks/RESULTS.md`` at 3372114). numpy's setting is process-wide, so it is restored after.
     """
     setter = None
     for module in ("numpy._core.multiarray", "numpy.core.multiarray"):  # numpy >= 2, numpy < 2
