@@ -70,12 +70,14 @@ def main() -> None:
 
     rows = [*report["models"], zero]
     print(
-        f"\n{'model':<20} {'family':<9} {'BPB':>7} {'own FLOPs':>12} {'total FLOPs':>12} {'bytes/step':>10}  note"
+        f"\n{'model':<20} {'family':<9} {'BPB':>7} {'own FLOPs':>12} {'total FLOPs':>12} {'bytes/step':>10}  "
+        "note"
     )
     for m in rows:
         bpgs = m["mean_bytes_per_global_step"]
         print(
-            f"{m['name']:<20} {m['family']:<9} {m['bpb']:7.4f} {m['flops'] or 0:12.3g} {m.get('flops_total') or 0:12.3g} {bpgs or 0:10.2f}  {m['note']}"
+            f"{m['name']:<20} {m['family']:<9} {m['bpb']:7.4f} {m['flops'] or 0:12.3g} "
+            f"{m.get('flops_total') or 0:12.3g} {bpgs or 0:10.2f}  {m['note']}"
         )
     result = {"fingerprint": report["fingerprint"], **{m["name"]: round(m["bpb"], 4) for m in rows}}
     print(json.dumps(result))

@@ -90,7 +90,8 @@ def main(argv: list[str] | None = None) -> int:
     rss_self, rss_child = peak_rss_mb()
     train_s = min(train_times)
     print(
-        f"ours  train {train_s:7.2f} s  ({len(tok.merges)} merges)  peak RSS {rss_self:.0f} MiB (+ workers {rss_child:.0f} MiB)"
+        f"ours  train {train_s:7.2f} s  ({len(tok.merges)} merges)  peak RSS {rss_self:.0f} MiB (+ workers "
+        f"{rss_child:.0f} MiB)"
     )
 
     # -- training: HF --------------------------------------------------------------------------
@@ -157,14 +158,15 @@ def main(argv: list[str] | None = None) -> int:
         tt_ids = [enc.encode_ordinary(t) for t in enc_texts]
         tt_times.append(time.perf_counter() - t0)
     print(
-        f"encode times, alternating (s): ours {[round(t, 3) for t in our_times]}, tiktoken {[round(t, 3) for t in tt_times]}"
+        f"encode times, alternating (s): ours {[round(t, 3) for t in our_times]}, tiktoken "
+        f"{[round(t, 3) for t in tt_times]}"
     )
     same_ids = ids.tolist() == [i for x in tt_ids for i in x]
     encode_mb_s = size / 1e6 / min(our_times)
     tiktoken_mb_s = size / 1e6 / min(tt_times)
     print(
-        f"encode {size / 1e6:.1f} MB ({len(enc_docs)} documents, {len(ids):,} tokens): ours {encode_mb_s:.2f} MB/s, "
-        f"tiktoken (1 thread) {tiktoken_mb_s:.2f} MB/s, ids identical: {same_ids}"
+        f"encode {size / 1e6:.1f} MB ({len(enc_docs)} documents, {len(ids):,} tokens): ours "
+        f"{encode_mb_s:.2f} MB/s, tiktoken (1 thread) {tiktoken_mb_s:.2f} MB/s, ids identical: {same_ids}"
     )
     result = {
         "train_s": round(train_s, 3),

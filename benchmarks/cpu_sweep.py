@@ -1,9 +1,9 @@
 """The sweep behind the CPU recipes (``configs/cpu/``): time-budgeted runs scored on a validation split.
 
 Each family starts from its tiny preset (``configs/tiny/``) and goes through its knob groups in
-order (for the byte LM shape, then learning rate, then batch; for the others the learning rate). Every candidate of a group is
-trained for ``--seconds`` of training time (``train.time_budget_s``, compilation included) on the
-training documents of ``--data`` (default: the stdlib corpus) less a validation split
+order (for the byte LM shape, then learning rate, then batch; for the others the learning rate). Every
+candidate of a group is trained for ``--seconds`` of training time (``train.time_budget_s``, compilation
+included) on the training documents of ``--data`` (default: the stdlib corpus) less a validation split
 (``data.validation_fraction=0.05``), and scored in bits per byte on that validation split; the
 group's best candidate is kept for the next group (greedy coordinate descent). The held-out
 segments choose nothing, and the corpus the recipes are later judged on (tiny shakespeare, the
@@ -23,12 +23,12 @@ the tables' size, dropout, n-gram row dropout and Muon's momentum, then soft-cap
 heads and MLP width, then a moving average of the weights, then half the batch, then dropout lower
 or off, then more n-gram row dropout, then the tables' learning rate, Adam's beta2, the tables' size
 and the average's decay again, then larger tables, then clipping, the learning rate, width, weight
-decay, dropout, row dropout and the tables' learning rate again; BLT from its CPU recipe, n-gram row dropout or fewer n-gram tables (``TEN_MINUTE_GROUPS``).
-A ten-minute run reads a few megabytes, so on the whole stdlib corpus (about 30 MB) no run would see
-a byte twice and regularisation could never win; ``--sample-mb M`` sweeps instead on a fixed sample
-of the stdlib's files of about ``M`` megabytes (files ordered by the SHA-256 of their path, copied
-under ``--out``, cut into paragraphs as the race cuts its corpora), the laptop case of one book or
-one project's sources.
+decay, dropout, row dropout and the tables' learning rate again; BLT from its CPU recipe, n-gram row dropout
+or fewer n-gram tables (``TEN_MINUTE_GROUPS``). A ten-minute run reads a few megabytes, so on the whole stdlib
+corpus (about 30 MB) no run would see a byte twice and regularisation could never win; ``--sample-mb M``
+sweeps instead on a fixed sample of the stdlib's files of about ``M`` megabytes (files ordered by the SHA-256
+of their path, copied under ``--out``, cut into paragraphs as the race cuts its corpora), the laptop case of
+one book or one project's sources.
 
 A time budget gives a faster machine more steps, and a candidate can win at one machine's pace and
 lose at another's (regularisation pays more the longer a run is). ``--also-steps N`` trains every
@@ -43,12 +43,13 @@ seeds 0 to N-1 and compares the mean of their scores at each pace (seed 0 is the
 sweep makes, so its results are reused).
 
 Finished runs are reused (each candidate's directory is named after its preset, budget, data and
-overrides), so an interrupted sweep continues where it stopped. Prints one table per family and, last, one JSON line:
-the chosen overrides and validation BPB per family. A full sweep at 100 s takes about 35 minutes on
+overrides), so an interrupted sweep continues where it stopped. Prints one table per family and, last, one
+JSON line: the chosen overrides and validation BPB per family. A full sweep at 100 s takes about 35 minutes on
 a 2-core CPU; nothing else should run meanwhile (the budget is wall-clock time).
 
     python benchmarks/cpu_sweep.py [--seconds 100] [--family byte ...] [--out runs/cpu_sweep]
-    python benchmarks/cpu_sweep.py --recipes ten --family byte --seconds 600 --sample-mb 1.2 --also-steps 1400 [--seeds 3]
+    python benchmarks/cpu_sweep.py --recipes ten --family byte --seconds 600 --sample-mb 1.2 --also-steps 1400
+        [--seeds 3]
 """
 
 from __future__ import annotations
@@ -286,11 +287,12 @@ TEN_MINUTE_GROUPS: dict[str, tuple[str, list[list[tuple[str, ...]]]]] = {
             # then twice the rows again (32767: 1.3036 at 1,400 steps against 16383's 1.3057, with a step
             # about a sixth slower than 8191 rows; not yet trained for 600 s, so not chosen)
             [(), ("model.hash_table_size=32767",)],
-            # twenty-seventh session, at 1,400 steps on an H200 (benchmarks/RESULTS.md at 3372114; best so far 1.3099
-            # there): clipping at 0.5 1.2942, the learning rate 4.5e-3 1.2961, width 256 1.2991, weight decay
-            # 0.2 1.3102, row dropout 0.4 1.3127, dropout 0.05 1.3140, the tables at 24x 1.3166. The first two
-            # did not hold on the CPU (clipping at 0.5 1.3045 against 1.3057; with 4.5e-3 as well 1.3206), and
-            # all lie inside the best so far's spread over three seeds (1.2928-1.3079); none was trained for 600 s
+            # twenty-seventh session, at 1,400 steps on an H200 (benchmarks/RESULTS.md at 3372114; best so far
+            # 1.3099 there): clipping at 0.5 1.2942, the learning rate 4.5e-3 1.2961, width 256 1.2991, weight
+            # decay 0.2 1.3102, row dropout 0.4 1.3127, dropout 0.05 1.3140, the tables at 24x 1.3166. The
+            # first two did not hold on the CPU (clipping at 0.5 1.3045 against 1.3057; with 4.5e-3 as well
+            # 1.3206), and all lie inside the best so far's spread over three seeds (1.2928-1.3079); none was
+            # trained for 600 s
             [
                 (),
                 ("train.grad_clip=0.5",),
@@ -529,7 +531,8 @@ class Sweep:
                 scores.append((row["validation_bpb"],) + ((at_steps["validation_bpb"],) if at_steps else ()))
                 options.append(overrides)
                 print(
-                    f"[{family}] group {g} {label(cand, g)}: validation BPB {row['validation_bpb']:.4f} ({row['steps']} steps)"
+                    f"[{family}] group {g} {label(cand, g)}: validation BPB {row['validation_bpb']:.4f} "
+                    f"({row['steps']} steps)"
                     + (f", {at_steps['validation_bpb']:.4f} at {n} steps" if at_steps else ""),
                     flush=True,
                 )
@@ -542,12 +545,13 @@ class Sweep:
         )
         extra = (f" BPB at {n} steps |", "---:|") if n else ("", "")
         print(
-            f"| group | candidate | validation BPB | steps | params | wall s |{extra[0]}\n|---:|---|---:|---:|---:|---:|{extra[1]}"
+            f"| group | candidate | validation BPB | steps | params | wall s |{extra[0]}\n"
+            f"|---:|---|---:|---:|---:|---:|{extra[1]}"
         )
         for g, lab, row, at_steps in table:
             print(
-                f"| {g} | {lab} | {row['validation_bpb']:.4f} | {row['steps']} | {row['params']:,} | {row['wall_s']} |"
-                + (f" {at_steps['validation_bpb']:.4f} |" if at_steps else "")
+                f"| {g} | {lab} | {row['validation_bpb']:.4f} | {row['steps']} | {row['params']:,} | "
+                f"{row['wall_s']} |" + (f" {at_steps['validation_bpb']:.4f} |" if at_steps else "")
             )
         chosen = self.score(preset, family, best, fixed)
         chosen_at_steps = self.score(preset, family, best, fixed, steps=n) if n else None
@@ -626,7 +630,8 @@ def main() -> None:
     missing = [f for f in families if f not in groups]
     if missing:
         p.error(
-            f"--recipes {args.recipes} has no candidates for {', '.join(missing)}; choose among {', '.join(groups)}"
+            f"--recipes {args.recipes} has no candidates for {', '.join(missing)}; choose among "
+            f"{', '.join(groups)}"
         )
     configure_cpu_devices()
     os.makedirs(args.out, exist_ok=True)

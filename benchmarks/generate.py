@@ -149,8 +149,8 @@ def main() -> None:
         out[f"{family}_non_embedding_params"] = params["non_embedding"]
         speedups.append(full_s / cached_s)
         print(
-            f"{family:<9} {params['non_embedding']:>12,} {args.max_bytes / cached_s:>11.1f} {args.max_bytes / full_s:>14.1f} "
-            f"{full_s / cached_s:>7.1f}x  {cached == full}",
+            f"{family:<9} {params['non_embedding']:>12,} {args.max_bytes / cached_s:>11.1f} "
+            f"{args.max_bytes / full_s:>14.1f} {full_s / cached_s:>7.1f}x  {cached == full}",
             flush=True,
         )
         if family == "blt":
@@ -163,7 +163,8 @@ def main() -> None:
             out["blt_global_calls_per_byte"] = round(calls / fed, 4)
             out["blt_mean_patch_len"] = round(fed / max(sum(starts), 1), 4)
             print(
-                f"BLT: {calls} global calls for {fed} fed bytes; mean patch length {fed / max(sum(starts), 1):.3f}"
+                f"BLT: {calls} global calls for {fed} fed bytes; mean patch length "
+                f"{fed / max(sum(starts), 1):.3f}"
             )
     if set(only) == {"byte", "bpe", "megabyte", "blt"}:  # the headline: over every family
         out["cached_speedup_min"] = round(min(speedups), 2)

@@ -1,6 +1,7 @@
 """Meta's BLT in bytelm against ``transformers``' ``BltForCausalLM``, in the same run on the same bytes.
 
-    python benchmarks/hf_interop.py [--layers 2] [--width 64] [--text-bytes 2000] [--seed 0] [--max-patch-len N]
+    python benchmarks/hf_interop.py [--layers 2] [--width 64] [--text-bytes 2000] [--seed 0]
+        [--max-patch-len N]
 
 1. A random ``BltForCausalLM`` (with its entropy patcher) built by ``transformers`` at the given
    size (local sliding windows of 64, two hash functions, decoder cross-attention before every
@@ -164,10 +165,12 @@ def main(argv: list[str] | None = None) -> int:
         "forward_speedup": round(hf_forward_s / bytelm_forward_s, 2),
     }
     print(
-        f"patches {record['patches']} over {record['positions']} positions; boundaries identical: {record['boundaries_identical']}"
+        f"patches {record['patches']} over {record['positions']} positions; boundaries identical: "
+        f"{record['boundaries_identical']}"
     )
     print(
-        f"max |entropy diff| {record['max_abs_entropy_diff']:.2e} nats; max |logit diff| {record['max_abs_logit_diff']:.2e}"
+        f"max |entropy diff| {record['max_abs_entropy_diff']:.2e} nats; max |logit diff| "
+        f"{record['max_abs_logit_diff']:.2e}"
     )
     print(json.dumps(record))
     record_result("hf_interop", record)

@@ -9,8 +9,8 @@ step (the one ``bytelm train`` runs: same optimizer, sharding over every local d
 data-parallel). The step is timed ``--steps`` times after 2 warm-up steps (compilation), each to
 ``block_until_ready``; the median is reported.
 
-MFU = the step's analytic training FLOPs (``bytelm.models.flops`` and each family's formula: 6 x the multiply-adds the
-model needs per position, attention counted over the keys a position may see) / step time /
+MFU = the step's analytic training FLOPs (``bytelm.models.flops`` and each family's formula: 6 x the
+multiply-adds the model needs per position, attention counted over the keys a position may see) / step time /
 (devices x peak). The peak is printed two ways and the MFU against each:
 
 - **datasheet**: the dense bf16 peak of the device kind, from the table below (None where the
@@ -229,8 +229,10 @@ def main(argv: list[str] | None = None) -> int:
         result["families"][family] = row
         sheet_txt = f"{row['mfu_datasheet']:.3f}" if sheet else "n/a"
         print(
-            f"{family:9s} {info['params'] / 1e6:8.1f}M params  B={info['batch']} T={info['seq_len']} {info['dtype']}  "
-            f"step {step_s * 1e3:9.1f} ms  {row['positions_s']:12,.0f} {'tokens' if family == 'bpe' else 'bytes'}/s  MFU datasheet {sheet_txt}  measured {row['mfu_measured']:.3f}",
+            f"{family:9s} {info['params'] / 1e6:8.1f}M params  B={info['batch']} T={info['seq_len']} "
+            f"{info['dtype']}  step {step_s * 1e3:9.1f} ms  {row['positions_s']:12,.0f} "
+            f"{'tokens' if family == 'bpe' else 'bytes'}/s  MFU datasheet {sheet_txt}  measured "
+            f"{row['mfu_measured']:.3f}",
             file=sys.stderr,
             flush=True,
         )

@@ -15,8 +15,8 @@ recipe as the thing to beat. Nothing of nanoGPT is in this repository: clone it 
    16; ``max_iters`` fills ``--seconds`` at the measured pace, planned by bytelm's own rule for
    its time budgets (after 4 steps, again at 8, 16, 32, ... steps inside the warmup and the first
    fifth of the decay), and the run's own training time is reported. Warmup: 100 steps (its
-   shakespeare recipe), at most a fifth of the run. It then scores every held-out segment from BOS and writes a
-   ``bytelm-scores`` file.
+   shakespeare recipe), at most a fifth of the run. It then scores every held-out segment from BOS and writes
+   a ``bytelm-scores`` file.
 3. Each bytelm family trains with its recipe, ``bytelm train cpu/FAMILY --minutes`` (or the preset
    given by ``--recipe FAMILY=PRESET``, e.g. a ten-minute recipe), for the same training time
    (BLT's entropy model and the subword tokenizer first, outside the budget).

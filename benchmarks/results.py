@@ -74,7 +74,8 @@ def revision() -> str | None:
 def record(
     benchmark: str, figures: dict, *, note: str = "", command: str | None = None, directory: Path = DIR
 ) -> Path:
-    """Append one measurement of ``benchmark`` (its headline ``figures``) to its results file in ``directory``."""
+    """Append one measurement of ``benchmark`` (its headline ``figures``) to its results file in
+    ``directory``."""
     line = {
         "benchmark": benchmark,
         "date": datetime.date.today().isoformat(),

@@ -20,8 +20,8 @@ of the shared machine therefore lands on both sides of a round, and the verdict 
 the per-round ratios, printed with their min and max. Throughput and MFU come from each side's
 median step time.
 
-MFU = analytic training FLOPs of the step (``bytelm.models.flops`` and each family's formula) / step time / matmul peak.
-JAX runs as ``bytelm train`` does on a CPU host: one virtual device per core, data-parallel
+MFU = analytic training FLOPs of the step (``bytelm.models.flops`` and each family's formula) / step time /
+matmul peak. JAX runs as ``bytelm train`` does on a CPU host: one virtual device per core, data-parallel
 (``bytelm.training.host``), and ``malloc`` backing large blocks with huge pages
 (``GLIBC_TUNABLES=glibc.malloc.hugetlb=1``, which ``bytelm`` sets for itself); the PyTorch peer
 runs under the same environment. ``BYTELM_NO_HUGEPAGE_MALLOC=1`` measures both without it. The
@@ -409,7 +409,8 @@ def main() -> None:
         dt = float(np.median(seconds(jt, "step_s")))
         mfu = flops_step / dt / peak
         print(
-            f"byte LM (JAX)  L={L} d={d} H={H} T={T} B={B} params={n_params:,}: {1 / dt:.3f} steps/s, {B * T / dt:,.0f} bytes/s, MFU {mfu:.2f}"
+            f"byte LM (JAX)  L={L} d={d} H={H} T={T} B={B} params={n_params:,}: {1 / dt:.3f} steps/s, "
+            f"{B * T / dt:,.0f} bytes/s, MFU {mfu:.2f}"
         )
         result.update(
             byte_lm_steps_s=round(1 / dt, 4), byte_lm_bytes_s=round(B * T / dt), byte_lm_mfu=round(mfu, 3)
@@ -421,8 +422,9 @@ def main() -> None:
             tdt = float(np.median(seconds(tt, "step_s")))
             ratios = spread([t / j for t, j in zip(seconds(tt, "step_s"), seconds(jt, "step_s"))])
             print(
-                f"byte LM (torch, eager, SDPA, {args.threads} threads): {1 / tdt:.3f} steps/s, MFU {flops_step / tdt / peak:.2f}; "
-                f"JAX / torch speed per round: median {ratios['median']} (min {ratios['min']}, max {ratios['max']}, {args.steps} rounds)"
+                f"byte LM (torch, eager, SDPA, {args.threads} threads): {1 / tdt:.3f} steps/s, MFU "
+                f"{flops_step / tdt / peak:.2f}; JAX / torch speed per round: median {ratios['median']} (min "
+                f"{ratios['min']}, max {ratios['max']}, {args.steps} rounds)"
             )
             result.update(
                 torch_steps_s=round(1 / tdt, 4),
@@ -461,9 +463,9 @@ def main() -> None:
                     dt = float(np.median(seconds(mt, "step_s")))
                     f_mb = w.info["flops_per_step"]
                     print(
-                        f"MegaByte P={P}  T={T} B={B} params={w.info['params']:,}: {B * T / dt:,.0f} bytes/s, "
-                        f"{f_mb / (B * T) / 1e6:.1f} MFLOP/byte; vs flat per round: median {ratios['median']}x "
-                        f"(min {ratios['min']}, max {ratios['max']})"
+                        f"MegaByte P={P}  T={T} B={B} params={w.info['params']:,}: {B * T / dt:,.0f} "
+                        f"bytes/s, {f_mb / (B * T) / 1e6:.1f} MFLOP/byte; vs flat per round: median "
+                        f"{ratios['median']}x (min {ratios['min']}, max {ratios['max']})"
                     )
                     result[f"megabyte_p{P}_bytes_s"] = round(B * T / dt)
                     result[f"megabyte_p{P}_flops_per_byte"] = round(f_mb / (B * T))
@@ -516,10 +518,11 @@ def main() -> None:
                     bytes_s = B * T / float(np.median(seconds(bt, "step_s", "patch_s")))
                     f = w.info["flops_per_step"]
                     print(
-                        f"BLT target {target} (achieved {w.info['achieved']:.2f})  T={T} B={B} params={w.info['params']:,}: "
-                        f"{bytes_s:,.0f} bytes/s (step {dt:.2f} s + patching {patch_s:.2f} s), {f / (B * T) / 1e6:.1f} MFLOP/byte, "
-                        f"entropy share {np.median(shares):.1%}; vs flat per round: median {ratios['median']}x "
-                        f"(min {ratios['min']}, max {ratios['max']})"
+                        f"BLT target {target} (achieved {w.info['achieved']:.2f})  T={T} B={B} "
+                        f"params={w.info['params']:,}: {bytes_s:,.0f} bytes/s (step {dt:.2f} s + patching "
+                        f"{patch_s:.2f} s), {f / (B * T) / 1e6:.1f} MFLOP/byte, entropy share "
+                        f"{np.median(shares):.1%}; vs flat per round: median {ratios['median']}x (min "
+                        f"{ratios['min']}, max {ratios['max']})"
                     )
                     result[f"blt_p{target}_bytes_s"] = round(bytes_s)
                     result[f"blt_p{target}_flops_per_byte"] = round(f / (B * T))
@@ -543,7 +546,8 @@ def main() -> None:
             dt_flat = float(np.median(seconds(flat_times, "step_s")))
             result["flat_t2048_bytes_s"] = round(B * T / dt_flat)
             print(
-                f"flat byte LM  T={T} B={B} params={n_flat:,}: {B * T / dt_flat:,.0f} bytes/s, {f_flat / (B * T) / 1e6:.1f} MFLOP/byte"
+                f"flat byte LM  T={T} B={B} params={n_flat:,}: {B * T / dt_flat:,.0f} bytes/s, "
+                f"{f_flat / (B * T) / 1e6:.1f} MFLOP/byte"
             )
 
     print(json.dumps(result))

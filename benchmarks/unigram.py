@@ -70,7 +70,8 @@ def main(argv: list[str] | None = None) -> int:
     chunks = count_chunks(corpus.documents("train"), pattern=args.pattern, num_workers=2)
     count_s = time.perf_counter() - t0
     print(
-        f"chunks: {len(chunks):,} distinct in {count_s:.1f}s ({corpus.split_bytes('train') / 1e6:.1f} MB of train text)",
+        f"chunks: {len(chunks):,} distinct in {count_s:.1f}s ({corpus.split_bytes('train') / 1e6:.1f} MB of "
+        "train text)",
         file=sys.stderr,
     )
 
@@ -80,7 +81,8 @@ def main(argv: list[str] | None = None) -> int:
     rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     tok = UnigramTokenizer(pieces, logp.tolist(), pattern=args.pattern)
     print(
-        f"ours: {len(pieces):,} pieces in {ours_train_s:.1f}s (seeds {stats['seed_pieces']:,}, {len(stats['rounds'])} rounds), peak RSS {rss_mb:.0f} MiB",
+        f"ours: {len(pieces):,} pieces in {ours_train_s:.1f}s (seeds {stats['seed_pieces']:,}, "
+        f"{len(stats['rounds'])} rounds), peak RSS {rss_mb:.0f} MiB",
         file=sys.stderr,
     )
     sp, sp_train_s = train_sentencepiece(chunks, args.vocab_size, num_threads=2)

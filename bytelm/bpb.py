@@ -78,8 +78,8 @@ def score_segments(
             else []
         )
         raise RuntimeError(
-            f"scored bytes differ from segment lengths (protocol violation): {len(scores.nbytes)} scored segments "
-            f"vs {len(expected)} expected; first mismatches at {list(bad)}"
+            f"scored bytes differ from segment lengths (protocol violation): {len(scores.nbytes)} scored "
+            f"segments vs {len(expected)} expected; first mismatches at {list(bad)}"
         )
     return scores
 

@@ -81,7 +81,8 @@ def _add_tokenizer_option(p: argparse.ArgumentParser) -> None:
         "--tokenizer",
         required=True,
         metavar="DIR",
-        help="tokenizer directory written by 'bytelm tokenizer train' (holds bytelm_bpe.json or bytelm_unigram.json)",
+        help="tokenizer directory written by 'bytelm tokenizer train' (holds bytelm_bpe.json or "
+        "bytelm_unigram.json)",
     )
 
 
@@ -179,10 +180,10 @@ def add_data_export_heldout(sub) -> None:
     p = sub.add_parser(
         "export-heldout",
         help="write the exact scored held-out segments as JSON Lines (to score outside models)",
-        description="Write the evaluation segments (id, group, length, base64 bytes), after a header line with "
-        "the fingerprint, to --out. Score them with any model and add the result to 'bytelm eval --external "
-        "NAME=SCORES.jsonl' (header {format: bytelm-scores, version: 1, fingerprint}, then one {id, nats} per "
-        "segment; see bytelm/evaluation/external.py).",
+        description="Write the evaluation segments (id, group, length, base64 bytes), after a header line "
+        "with the fingerprint, to --out. Score them with any model and add the result to 'bytelm eval "
+        "--external NAME=SCORES.jsonl' (header {format: bytelm-scores, version: 1, fingerprint}, then one "
+        "{id, nats} per segment; see bytelm/evaluation/external.py).",
     )
     _add_data_option(p)
     _add_config_options(p)
@@ -193,7 +194,8 @@ def add_data_export_heldout(sub) -> None:
 def cmd_data_export_heldout(args: argparse.Namespace) -> int:
     header = export_heldout(EvalSet.from_corpus(_load_corpus(_resolve_config(args).data)), args.out)
     print(
-        f"wrote {args.out}: {header['segments']:,} segments, {header['bytes']:,} bytes, fingerprint {header['fingerprint']}"
+        f"wrote {args.out}: {header['segments']:,} segments, {header['bytes']:,} bytes, fingerprint "
+        f"{header['fingerprint']}"
     )
     return 0
 
@@ -221,15 +223,15 @@ def add_train(sub) -> None:
     )
     multi = p.add_argument_group(
         "multi-host (docs/scaling.md)",
-        "Run the same command on every host: each process trains on its slice of every batch, the mesh spans all "
-        "hosts' devices, process 0 alone writes the run's records, checkpoints are written together. --out must be "
-        "a directory every host sees (a shared file system).",
+        "Run the same command on every host: each process trains on its slice of every batch, the mesh spans "
+        "all hosts' devices, process 0 alone writes the run's records, checkpoints are written together. "
+        "--out must be a directory every host sees (a shared file system).",
     )
     multi.add_argument(
         "--distributed",
         action="store_true",
-        help="join the job's processes with jax.distributed.initialize(), which finds the cluster itself on Cloud TPU "
-        "VMs, SLURM (srun), Open MPI and Kubernetes",
+        help="join the job's processes with jax.distributed.initialize(), which finds the cluster itself on "
+        "Cloud TPU VMs, SLURM (srun), Open MPI and Kubernetes",
     )
     multi.add_argument(
         "--coordinator",
@@ -293,9 +295,9 @@ def add_patch(sub) -> None:
         "patch",
         help="show the entropy patches of a text (and the BLT-paper entropy figure)",
         description="Run an entropy model on a text and print the text with '|' between patches (bytes that "
-        "are not printable, or UTF-8 split across patches, shown escaped) and the mean patch length. RUN_DIR is "
-        "a BLT run (its entropy model and recorded patching settings are used) or an entropy-model run (family "
-        "'byte'; give --threshold or --target-len).",
+        "are not printable, or UTF-8 split across patches, shown escaped) and the mean patch length. RUN_DIR "
+        "is a BLT run (its entropy model and recorded patching settings are used) or an entropy-model run "
+        "(family 'byte'; give --threshold or --target-len).",
     )
     p.add_argument(
         "run_dir", metavar="RUN_DIR", help="a BLT run directory, or an entropy-model (byte LM) run directory"
@@ -308,8 +310,8 @@ def add_patch(sub) -> None:
         "--threshold",
         type=float,
         metavar="T",
-        help="global entropy threshold in nats: a patch starts after a byte whose next-byte entropy exceeds T "
-        "(overrides a BLT run's threshold)",
+        help="global entropy threshold in nats: a patch starts after a byte whose next-byte entropy exceeds "
+        "T (overrides a BLT run's threshold)",
     )
     thr.add_argument(
         "--target-len",
@@ -397,8 +399,9 @@ def add_tokenizer_train(sub) -> None:
     p.add_argument(
         "--encoder",
         choices=["ranks", "viterbi", "longest"],
-        help="the segmentation rule recorded with the tokenizer: the kind's own (bpe: 'ranks', unigram: 'viterbi'; "
-        "the default) or 'longest' (greedy longest match over the same vocabulary, WordPiece's rule)",
+        help="the segmentation rule recorded with the tokenizer: the kind's own (bpe: 'ranks', unigram: "
+        "'viterbi'; the default) or 'longest' (greedy longest match over the same vocabulary, WordPiece's "
+        "rule)",
     )
     p.add_argument(
         "--vocab-size",
@@ -430,7 +433,8 @@ def cmd_tokenizer_train(args: argparse.Namespace) -> int:
     own = "ranks" if args.kind == "bpe" else "viterbi"
     if args.encoder not in (None, own, "longest"):
         raise UserError(
-            f"--encoder {args.encoder} is not a rule of a {args.kind} tokenizer: use {own} (the default) or longest"
+            f"--encoder {args.encoder} is not a rule of a {args.kind} tokenizer: use {own} (the default) or "
+            "longest"
         )
     count_bar = ProgressBar("pre-tokenizing", unit=" MB")
     learn_bar = ProgressBar(
@@ -537,7 +541,8 @@ def cmd_tokenizer_decode(args: argparse.Namespace) -> int:
             ids.append(int(field))
         except ValueError:
             raise UserError(
-                f"decode reads whitespace-separated integer token ids on stdin, got {field.decode(errors='replace')!r}"
+                "decode reads whitespace-separated integer token ids on stdin, got "
+                f"{field.decode(errors='replace')!r}"
             ) from None
     try:
         data = tok.decode_bytes(ids)
@@ -604,9 +609,10 @@ def add_eval(sub) -> None:
     p = sub.add_parser(
         "eval",
         help="score trained runs (and outside scores) on the identical held-out bytes",
-        description="Restore the latest checkpoint of each RUN_DIR (any family), score every held-out segment "
-        "from BOS, print the BPB table (with per-directory breakdown) and write the report JSON. Runs must share "
-        "one fingerprint (the same held-out bytes); a BPE run whose tokenizer changed is refused.",
+        description="Restore the latest checkpoint of each RUN_DIR (any family), score every held-out "
+        "segment from BOS, print the BPB table (with per-directory breakdown) and write the report JSON. "
+        "Runs must share one fingerprint (the same held-out bytes); a BPE run whose tokenizer changed is "
+        "refused.",
     )
     p.add_argument(
         "run_dirs",
@@ -626,8 +632,9 @@ def add_eval(sub) -> None:
         action="append",
         default=[],
         metavar="NAME=SCORES.jsonl",
-        help="add a model scored elsewhere: per-segment nats for the segments of 'bytelm data export-heldout' "
-        "(format: bytelm/evaluation/external.py); checked against the segment ids and fingerprint (repeatable)",
+        help="add a model scored elsewhere: per-segment nats for the segments of 'bytelm data "
+        "export-heldout' (format: bytelm/evaluation/external.py); checked against the segment ids and "
+        "fingerprint (repeatable)",
     )
     p.set_defaults(func=cmd_eval)
 
@@ -654,11 +661,12 @@ def add_compare(sub) -> None:
     p = sub.add_parser(
         "compare",
         help="the main job: train every family at a matched FLOP budget and compare them in BPB",
-        description="Prepare the corpus, train the BPE tokenizer and BPE-token LM, the byte LM (with and without "
-        "BLT's hashed n-gram tables), MegaByte, the entropy model and BLT with a preset's configs at a matched "
-        "training-FLOP budget (each model's total: its own training plus what it needs, BLT's entropy model "
-        "included), score all on the same held-out segments and write report.md, report.json and bpb.png. "
-        "Re-running with the same --out skips finished stages and resumes an interrupted training.",
+        description="Prepare the corpus, train the BPE tokenizer and BPE-token LM, the byte LM (with and "
+        "without BLT's hashed n-gram tables), MegaByte, the entropy model and BLT with a preset's configs at "
+        "a matched training-FLOP budget (each model's total: its own training plus what it needs, BLT's "
+        "entropy model included), score all on the same held-out segments and write report.md, report.json "
+        "and bpb.png. Re-running with the same --out skips finished stages and resumes an interrupted "
+        "training.",
     )
     p.add_argument(
         "--preset",
@@ -681,9 +689,10 @@ def add_compare(sub) -> None:
         "--seeds",
         type=int,
         metavar="N",
-        help="train every compared model with N seeds (train.seed + 0 .. N-1; the learning rate is chosen once, with the "
-        "first); the report gives each model's mean and spread and says whether each gap of the ranking exceeds the "
-        "spread (default: the preset's, 1). Runs of an earlier compare into the same --out are reused",
+        help="train every compared model with N seeds (train.seed + 0 .. N-1; the learning rate is chosen "
+        "once, with the first); the report gives each model's mean and spread and says whether each gap of "
+        "the ranking exceeds the spread (default: the preset's, 1). Runs of an earlier compare into the same "
+        "--out are reused",
     )
     p.set_defaults(func=cmd_compare)
 
@@ -704,7 +713,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
         close()
     print(terminal_report(result.report))
     print(
-        f"wall time {seconds(result.report['compare']['wall_s'])}; wrote {result.report_md}, {result.report_json}, {result.plot}"
+        f"wall time {seconds(result.report['compare']['wall_s'])}; wrote {result.report_md}, "
+        f"{result.report_json}, {result.plot}"
     )
     return 0
 
@@ -713,14 +723,15 @@ def cmd_compare(args: argparse.Namespace) -> int:
 def add_ablate(sub) -> None:
     p = sub.add_parser(
         "ablate",
-        help="patch size vs subword vocabulary: a grid of runs at several FLOP budgets, with tuned learning rates",
-        description="Run the grid of configs/ablations/NAME.toml (or a grid file): MegaByte patch sizes, BLT patch "
-        "lengths and space patching, BPE vocabularies and patterns, the byte LM, each at every budget, sized by the "
-        "grid's size rule, all scored on the same held-out bytes. Each family's learning rate is chosen by a sweep at "
-        "the smallest budget on a validation split carved from the training documents. A finished run is skipped, "
-        "an interrupted one resumes, a failing one is reported and the others go on. Writes ablation.json, "
-        "ablation.md, bpb_vs_bytes_per_step.png, bpb_vs_flops.png (and bpb_per_group.png when the data has groups). "
-        "See docs/ablations.md.",
+        help="patch size vs subword vocabulary: a grid of runs at several FLOP budgets, with tuned learning "
+        "rates",
+        description="Run the grid of configs/ablations/NAME.toml (or a grid file): MegaByte patch sizes, BLT "
+        "patch lengths and space patching, BPE vocabularies and patterns, the byte LM, each at every budget, "
+        "sized by the grid's size rule, all scored on the same held-out bytes. Each family's learning rate "
+        "is chosen by a sweep at the smallest budget on a validation split carved from the training "
+        "documents. A finished run is skipped, an interrupted one resumes, a failing one is reported and the "
+        "others go on. Writes ablation.json, ablation.md, bpb_vs_bytes_per_step.png, bpb_vs_flops.png (and "
+        "bpb_per_group.png when the data has groups). See docs/ablations.md.",
     )
     p.add_argument(
         "grid",
@@ -749,8 +760,8 @@ def add_ablate(sub) -> None:
     mode.add_argument(
         "--print-commands",
         action="store_true",
-        help="train nothing: print one command per run of the first unfinished stage (artefacts, sweep, grid, "
-        "seeds) for a scheduler, then run this again for the next stage",
+        help="train nothing: print one command per run of the first unfinished stage (artefacts, sweep, "
+        "grid, seeds) for a scheduler, then run this again for the next stage",
     )
     mode.add_argument(
         "--collect", action="store_true", help="train nothing: build the report from the runs on disk"
@@ -801,11 +812,12 @@ def add_sample(sub) -> None:
     p = sub.add_parser(
         "sample",
         help="generate bytes from a trained run of any family, with caches, streaming to the terminal",
-        description="Restore RUN_DIR's latest checkpoint and continue the prompt, printing the generated bytes as "
-        "they come (incomplete UTF-8 held back until it completes, a character the prompt leaves open completed by "
-        "the first generated bytes, invalid bytes shown as U+FFFD). Every family "
-        "decodes with key/value caches: MegaByte runs its global model once per patch, BLT patches online with its "
-        "entropy model and runs its global model once per closed patch. Stops at EOS or after --max-bytes bytes.",
+        description="Restore RUN_DIR's latest checkpoint and continue the prompt, printing the generated "
+        "bytes as they come (incomplete UTF-8 held back until it completes, a character the prompt leaves "
+        "open completed by the first generated bytes, invalid bytes shown as U+FFFD). Every family "
+        "decodes with key/value caches: MegaByte runs its global model once per patch, BLT patches online "
+        "with its entropy model and runs its global model once per closed patch. Stops at EOS or after "
+        "--max-bytes bytes.",
     )
     p.add_argument(
         "run_dir", metavar="RUN_DIR", help="a run directory written by 'bytelm train' or 'bytelm compare'"
@@ -939,10 +951,10 @@ def add_convert(sub) -> None:
     q = conv.add_parser(
         "hf-blt",
         help="a Hugging Face BLT folder (BltForCausalLM with its entropy patcher, e.g. Meta's BLT-1B)",
-        description="Convert a Hugging Face BLT folder (config.json + safetensors, as save_pretrained writes it) into "
-        "a BLT run in the reference variant (RUN_DIR) and its entropy model's run (RUN_DIR/entropy unless "
-        "--entropy-out). Every tensor's name and shape is checked against config.json before anything is written. "
-        "The architecture notes are docs/interop.md.",
+        description="Convert a Hugging Face BLT folder (config.json + safetensors, as save_pretrained writes "
+        "it) into a BLT run in the reference variant (RUN_DIR) and its entropy model's run (RUN_DIR/entropy "
+        "unless --entropy-out). Every tensor's name and shape is checked against config.json before anything "
+        "is written. The architecture notes are docs/interop.md.",
     )
     q.add_argument(
         "hf_dir", metavar="HF_DIR", help="the folder holding config.json and model.safetensors (or its index)"
@@ -958,15 +970,16 @@ def add_convert(sub) -> None:
         type=int,
         default=1024,
         metavar="N",
-        help="the context the runs score with (train.seq_len; held-out segments of at most N bytes) (default: 1024)",
+        help="the context the runs score with (train.seq_len; held-out segments of at most N bytes) "
+        "(default: 1024)",
     )
     q.add_argument(
         "--max-patch-len",
         type=int,
         metavar="N",
-        help="split patches longer than N bytes (default: the reference's max_patch_length, else 64; the reference "
-        "then keeps longer patches whole, so a window holding one scores differently unless N covers it; "
-        "memory grows with N)",
+        help="split patches longer than N bytes (default: the reference's max_patch_length, else 64; the "
+        "reference then keeps longer patches whole, so a window holding one scores differently unless N "
+        "covers it; memory grows with N)",
     )
     q.add_argument(
         "--max-patches",
@@ -1010,10 +1023,12 @@ def add_export(sub) -> None:
     exp = p.add_subparsers(dest="export_command", metavar="FORMAT", required=True, help="the format to write")
     q = exp.add_parser(
         "hf",
-        help="a Hugging Face folder: BLT (reference variant) as BltForCausalLM, a byte LM as LlamaForCausalLM",
-        description="Write RUN_DIR as a Hugging Face folder (config.json + model.safetensors) that transformers loads "
-        "with from_pretrained: a BLT run in the reference variant as BltForCausalLM (its entropy model as the patcher), "
-        "a byte LM without a sliding window as LlamaForCausalLM. What the format cannot hold is refused, naming it.",
+        help="a Hugging Face folder: BLT (reference variant) as BltForCausalLM, a byte LM as "
+        "LlamaForCausalLM",
+        description="Write RUN_DIR as a Hugging Face folder (config.json + model.safetensors) that "
+        "transformers loads with from_pretrained: a BLT run in the reference variant as BltForCausalLM (its "
+        "entropy model as the patcher), a byte LM without a sliding window as LlamaForCausalLM. What the "
+        "format cannot hold is refused, naming it.",
     )
     q.add_argument("run_dir", metavar="RUN_DIR", help="a run directory")
     q.add_argument(
@@ -1054,7 +1069,8 @@ def build_parser() -> argparse.ArgumentParser:
     tok = sub.add_parser(
         "tokenizer",
         help="train and use the subword baseline tokenizers (byte-level BPE or Unigram)",
-        description="Train, apply and measure the byte-level BPE and Unigram tokenizers of the subword baseline.",
+        description="Train, apply and measure the byte-level BPE and Unigram tokenizers of the subword "
+        "baseline.",
     )
     tok_sub = tok.add_subparsers(
         dest="tokenizer_command", metavar="SUBCOMMAND", required=True, help="tokenizer command"

@@ -47,7 +47,8 @@ class DataConfig:
             raise ValueError(f"data.heldout_fraction must be in (0, 1), got {self.heldout_fraction}")
         if not 0.0 <= self.validation_fraction < 1.0:
             raise ValueError(
-                f"data.validation_fraction must be in [0, 1) (0: no validation split), got {self.validation_fraction}"
+                "data.validation_fraction must be in [0, 1) (0: no validation split), got "
+                f"{self.validation_fraction}"
             )
         if self.segment_bytes < 1 or self.max_eval_bytes < 1:
             raise ValueError(
@@ -121,11 +122,13 @@ class TrainConfig:
             raise ValueError(f"train.muon_momentum must be in [0, 1), got {self.muon_momentum}")
         if not (self.embedding_lr_scale > 0 and math.isfinite(self.embedding_lr_scale)):
             raise ValueError(
-                f"train.embedding_lr_scale must be a finite number > 0 (1: the learning rate of the rest), got {self.embedding_lr_scale}"
+                "train.embedding_lr_scale must be a finite number > 0 (1: the learning rate of the rest), "
+                f"got {self.embedding_lr_scale}"
             )
         if not 0.0 <= self.ema_decay < 1.0:
             raise ValueError(
-                f"train.ema_decay must be in [0, 1) (0: no weight average; 0.99 averages over about 100 steps), got {self.ema_decay}"
+                "train.ema_decay must be in [0, 1) (0: no weight average; 0.99 averages over about 100 "
+                f"steps), got {self.ema_decay}"
             )
         if not self.time_budget_s >= 0:
             raise ValueError(

@@ -1,8 +1,8 @@
 """The compute ledger of a trained model: what it cost to make it, all of it.
 
-A model's **own** FLOPs are its training (analytic, :mod:`bytelm.models.flops` and each family's formula: FLOPs per step x
-steps). Its **auxiliary** FLOPs are what it could not exist without: for an entropy-patched BLT,
-the training of its entropy model and that model's forward pass over every training byte (the
+A model's **own** FLOPs are its training (analytic, :mod:`bytelm.models.flops` and each family's formula:
+FLOPs per step x steps). Its **auxiliary** FLOPs are what it could not exist without: for an entropy-patched
+BLT, the training of its entropy model and that model's forward pass over every training byte (the
 patches of each batch) and over the calibration sample. **Total** = own + auxiliary, and a
 matched budget (``bytelm compare``, ``bytelm ablate``) matches the total: :meth:`Ledger.steps_for`.
 
@@ -52,8 +52,9 @@ class Ledger:
         if fixed >= budget:
             parts = ", ".join(f"{name} {flops:.3g}" for name, flops in self.auxiliary_fixed.items())
             raise UserError(
-                f"{what} cannot train inside a budget of {budget:.3g} FLOPs: what it needs before its first step costs "
-                f"{fixed:.3g} FLOPs ({parts}); raise the budget or give the auxiliary model a smaller budget"
+                f"{what} cannot train inside a budget of {budget:.3g} FLOPs: what it needs before its first "
+                f"step costs {fixed:.3g} FLOPs ({parts}); raise the budget or give the auxiliary model a "
+                "smaller budget"
             )
         return max(1, int(round((budget - fixed) / (self.own_per_step + self.auxiliary_per_step))))
 

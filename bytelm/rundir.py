@@ -68,7 +68,8 @@ class RunDir:
         """The config's path; :class:`UserError` when this is not a run directory."""
         if not self.has_config():
             raise UserError(
-                f"{self.path} is not a run directory (no {_CONFIG}); train one with 'bytelm train CONFIG --out {self.path}'"
+                f"{self.path} is not a run directory (no {_CONFIG}); train one with 'bytelm train CONFIG "
+                f"--out {self.path}'"
             )
         return self.config_path
 
@@ -95,7 +96,8 @@ class RunDir:
             ) from None
         if not isinstance(record, dict):
             raise UserError(
-                f"{self.info_path} holds no run record (a JSON object); the run directory is damaged, retrain it"
+                f"{self.info_path} holds no run record (a JSON object); the run directory is damaged, "
+                "retrain it"
             )
         return record
 

@@ -110,7 +110,8 @@ def check_outputs_and_the_broken_cell(grid_run):
         for r in rows:
             if r["family"] != "broken":
                 assert r["status"] == "done" and math.isfinite(r["bpb"]) and 0 < r["bpb"] < 9, r
-                # the budget is matched on the total: own + auxiliary (BLT: its entropy model), up to whole steps
+                # the budget is matched on the total: own + auxiliary (BLT: its entropy model), up to whole
+                # steps
                 aux = r["auxiliary_flops"] or {}
                 per_step = (
                     r["train_flops"] + aux.get("entropy model forward over the training bytes", 0.0)

@@ -281,7 +281,8 @@ def test_extend_embeddings_mean_of_old_pieces():
     np.testing.assert_array_equal(out[: old.n_vocab], emb)
     np.testing.assert_allclose(out[new_ids[0]], (emb[256] + emb[c]) / 2, rtol=1e-6)  # "abc" -> [ab, c]
     s = new.special_tokens["<s>"]
-    # a float32 mean of 3 rows (numpy's SIMD kernels may sum in another order per ISA): an atol for means near 0
+    # a float32 mean of 3 rows (numpy's SIMD kernels may sum in another order per ISA): an atol for means near
+    # 0
     np.testing.assert_allclose(out[s], emb[[ord("<"), ord("s"), ord(">")]].mean(0), rtol=1e-6, atol=1e-7)
     assert not out[new.n_vocab :].any()
     with pytest.raises(ValueError, match="rows"):

@@ -39,14 +39,15 @@ def test_compare_test_preset_end_to_end_and_resume(corpus_dir, tmp_path, capsys)
         assert m["fingerprint"] == report["fingerprint"] and m["bytes"] == report["data"]["eval_bytes"]
         plan = report["compare"]["models"][m["name"]]
         budget = preset.budgets[0] if m["name"] != "entropy" else 1.0e9
-        # matched budget: the run's total FLOPs (own + auxiliary) are the budget, up to rounding to whole steps
+        # matched budget: the run's total FLOPs (own + auxiliary) are the budget, up to rounding to whole
+        # steps
         per_step = plan["flops_per_step"] + plan["auxiliary_flops_per_step"]
         assert abs(m["flops_total"] - budget) <= per_step / 2 + 1e-6 * budget, (m["name"], m["flops_total"])
         assert m["flops_own"] == m["flops"] and m["flops_total"] == pytest.approx(
             m["flops"] + m["flops_auxiliary"]
         )
-    # BLT pays for its entropy model: that model's whole training, and its forward over every training window and the
-    # calibration sample (a window is train.seq_len + 1 = 65 ids; batches of 8; 64 calibration rows)
+    # BLT pays for its entropy model: that model's whole training, and its forward over every training window
+    # and the calibration sample (a window is train.seq_len + 1 = 65 ids; batches of 8; 64 calibration rows)
     blt, entropy = models["blt"], models["entropy"]
     aux = blt["auxiliary_flops"]
     assert aux["entropy model training"] == entropy["flops_total"] > 0
@@ -57,7 +58,8 @@ def test_compare_test_preset_end_to_end_and_resume(corpus_dir, tmp_path, capsys)
         blt["flops_auxiliary"] == pytest.approx(sum(aux.values())) and blt["flops"] < 0.9 * preset.budgets[0]
     )
     assert all(not models[n]["flops_auxiliary"] for n in ("bpe", "byte", "byte+ngram", "megabyte", "entropy"))
-    # the byte LM with BLT's n-gram tables: 3 tables (n = 3, 4, 5) of 512 rows at its width 32 (BLT's: local width 32)
+    # the byte LM with BLT's n-gram tables: 3 tables (n = 3, 4, 5) of 512 rows at its width 32 (BLT's: local
+    # width 32)
     assert models["byte+ngram"]["params"]["ngram"] == 3 * 512 * 32 == blt["params"]["ngram"]
     assert models["byte"]["params"]["ngram"] == 0
     assert set(blt["pipeline_stats"]) == {"patch_overflow_windows", "patch_overflow_bytes"}
@@ -170,12 +172,14 @@ def test_presets_load_and_bad_presets_fail(tmp_path):
     with pytest.raises(UserError, match="kind is 'wordpiece'"):
         load_preset(str(bad))
     bad.write_text(
-        f'[compare]\nflop_budget = 1e9\n[[model]]\nname = "x"\nconfig = "{tiny.path.parent.parent}/tiny/byte.toml"\nngram_from = "y"\n'
+        '[compare]\nflop_budget = 1e9\n[[model]]\nname = "x"\n'
+        f'config = "{tiny.path.parent.parent}/tiny/byte.toml"\nngram_from = "y"\n'
     )
     with pytest.raises(UserError, match="ngram_from 'y' must name another model"):
         load_preset(str(bad))
     bad.write_text(
-        f'[compare]\nflop_budget = 1e9\nseeds = 0\n[[model]]\nname = "x"\nconfig = "{tiny.path.parent.parent}/tiny/byte.toml"\n'
+        '[compare]\nflop_budget = 1e9\nseeds = 0\n[[model]]\nname = "x"\n'
+        f'config = "{tiny.path.parent.parent}/tiny/byte.toml"\n'
     )
     with pytest.raises(UserError, match="seeds must be a whole number >= 1"):
         load_preset(str(bad))
@@ -227,7 +231,8 @@ def test_compare_chooses_each_models_learning_rate_on_the_validation_split(corpu
         scores = {float(k): v for k, v in sweep["validation_bpb"].items()}
         finite = {lr: v for lr, v in scores.items() if v is not None}
         assert sweep["chosen"] == min(finite, key=finite.get) and plan["learning_rate"] == sweep["chosen"]
-        # the grid, then one more rate (x10, its ratio) past the end the best sits at, while it does, at most twice
+        # the grid, then one more rate (x10, its ratio) past the end the best sits at, while it does, at most
+        # twice
         extra = sorted(set(scores) - {1e-3, 1e-2})
         assert {1e-3, 1e-2} <= set(scores) and sweep["extensions"] == len(extra) <= 2
         assert extra == [1e-1, 1.0][: len(extra)] or extra == [1e-4, 1e-5][: len(extra)]

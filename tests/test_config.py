@@ -112,7 +112,8 @@ def test_repo_configs_load():
     from pathlib import Path
 
     root = Path(__file__).parent.parent / "configs"
-    # compare presets and ablation grids have schemas of their own (tests/test_compare.py, tests/test_ablate.py)
+    # compare presets and ablation grids have schemas of their own (tests/test_compare.py,
+    # tests/test_ablate.py)
     paths = sorted(
         p for p in root.rglob("*.toml") if not {"compare", "ablations"} & set(p.relative_to(root).parts)
     )

@@ -2,8 +2,8 @@
 for every family, against the same model in float32.
 
 Tolerances: bfloat16 keeps 8 significant bits (relative rounding 2^-9 ~ 2e-3 per product input),
-so a loss of about 6 nats differs by 1e-4 to 1e-3 at these sizes (measured 8e-5 to 7e-4); 1e-2 is the bound. The
-gradient as one vector differs by a few percent in norm (measured 0.9-3.4%); 0.1 is the bound. The
+so a loss of about 6 nats differs by 1e-4 to 1e-3 at these sizes (measured 8e-5 to 7e-4); 1e-2 is the bound.
+The gradient as one vector differs by a few percent in norm (measured 0.9-3.4%); 0.1 is the bound. The
 test also requires that most matmuls really run in bfloat16, so it cannot pass on a model that
 ignores the setting.
 """

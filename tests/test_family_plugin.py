@@ -147,7 +147,8 @@ def corpus_dir(tmp_path_factory):
 def conv_config(path: pathlib.Path) -> pathlib.Path:
     """A config file of the family (as a user writes one): the tiny presets' settings, its own model."""
     path.write_text(
-        f'include = "{bytelm.config.shipped_configs() / "tiny" / "base.toml"}"\n\n[model]\nfamily = "{NAME}"\nd_model = 32\nkernel = 4\n'
+        f'include = "{bytelm.config.shipped_configs() / "tiny" / "base.toml"}"\n\n'
+        f'[model]\nfamily = "{NAME}"\nd_model = 32\nkernel = 4\n'
     )
     return path
 

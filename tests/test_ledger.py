@@ -91,6 +91,7 @@ def test_blt_pays_for_its_entropy_model_by_hand():
     # space patching needs no entropy model: nothing auxiliary; a byte LM neither
     space = BLTTask(load_config(None, [*BLT, "model.patching=space"]), None, None).ledger()
     assert space.auxiliary_per_step == 0 and not space.auxiliary_fixed
-    # the same byte LM trained on its own (64 positions, 8 rows): 3 x (20480 + 4 * 32 * (136 + 48 * 16) / 64 + 24576) per position
+    # the same byte LM trained on its own (64 positions, 8 rows):
+    # 3 x (20480 + 4 * 32 * (136 + 48 * 16) / 64 + 24576) per position
     byte = ByteTask(load_config(None, [*ENTROPY, "train.seq_len=64", "train.batch_size=8"]), None).ledger()
     assert byte == Ledger(3 * (20480 + 1808 + 24576) * 8 * 64)

@@ -219,22 +219,36 @@ def test_data_parallel_devices_share_the_newton_schulz_work(corpus_dir):  # noqa
             return Trainer(cfg, task, mesh=make_mesh(cfg.train, devices=jax.devices()[:n])), task
 
         def step_flops(t, batch):
-            args = (t.params, t.opt_state, t.device_batch(dict(batch)), schedule_plan(t.cfg.train, t.horizon), np.asarray([0, 0], np.uint32))
+            args = (
+                t.params, t.opt_state, t.device_batch(dict(batch)), schedule_plan(t.cfg.train, t.horizon),
+                np.asarray([0, 0], np.uint32)
+            )
             with jax.set_mesh(t.mesh):
                 return t.programs.train_step.lower(*args).compile().cost_analysis()["flops"]
 
         for scan in ("false", "true"):
-            base = {tiny_overrides(corpus_dir, **{"train.learning_rate": 1e-3, "eval.every": 0})!r} + ["model.scan_layers=" + scan]
+            base = {tiny_overrides(corpus_dir, **{"train.learning_rate": 1e-3, "eval.every": 0})!r} + [
+                "model.scan_layers=" + scan
+            ]
             muon = base + ["train.optimizer=muon"]
             one, task = trainer(muon, 1)
             two, _ = trainer(muon, 2)
             stream = task.train_batches(0)
             batches = [next(stream) for _ in range(3)]
-            extra = {{n: step_flops(t, batches[0]) - step_flops(trainer(base, n)[0], batches[0]) for n, t in ((1, one), (2, two))}}
+            extra = {{
+                n: step_flops(t, batches[0]) - step_flops(trainer(base, n)[0], batches[0])
+                for n, t in ((1, one), (2, two))
+            }}
             assert 0.35 < extra[2] / extra[1] < 0.75, (scan, extra)
-            losses = [(float(one.train_step(dict(b))["loss"]), float(two.train_step(dict(b))["loss"])) for b in batches]
+            losses = [
+                (float(one.train_step(dict(b))["loss"]), float(two.train_step(dict(b))["loss"]))
+                for b in batches
+            ]
             assert max(abs(a - b) for a, b in losses) < 1e-5, losses
-            worst = max(float(np.abs(np.asarray(a) - np.asarray(b)).max()) for a, b in zip(jax.tree.leaves(one.params), jax.tree.leaves(two.params)))
+            worst = max(
+                float(np.abs(np.asarray(a) - np.asarray(b)).max())
+                for a, b in zip(jax.tree.leaves(one.params), jax.tree.leaves(two.params))
+            )
             assert worst < 1e-5, (scan, worst)
             for leaf in jax.tree.leaves(two.params) + jax.tree.leaves(two.opt_state):
                 assert all(a is None for a in leaf.sharding.spec), (scan, leaf.shape, leaf.sharding.spec)

@@ -172,7 +172,8 @@ def batch_starts(entropy_lm, ids, settings, max_patches):
             {"monotonic_threshold": 0.0, "max_patch_len": 4},
             30,
         ),
-        # the slots run out; Meta's architecture (its hash with two functions, doubled residuals, no global norm)
+        # the slots run out; Meta's architecture (its hash with two functions, doubled residuals, no global
+        # norm)
         (
             {"decoder_cross_all_layers": False, "variant": "reference", "hash_functions": 2},
             {"threshold": "low", "max_patch_len": 3},

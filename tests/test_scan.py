@@ -4,8 +4,8 @@ a program that does not grow with depth.
 Parity: a scanned model is initialised with the same random draws as the unrolled one, so its
 weights are the unrolled weights stacked (checked exactly), and its scores and gradients equal the
 unrolled ones to float32 reassociation (1e-5): scores and gradients for the byte LM, scores for
-MegaByte (both stacks scanned) and BLT (its global stack). The sampling caches step through a scanned stack's layers one by one and
-give the same logits.
+MegaByte (both stacks scanned) and BLT (its global stack). The sampling caches step through a scanned stack's
+layers one by one and give the same logits.
 
 Depth: the lowered training-loss program of a scanned 24-layer byte LM is about as large as a
 2-layer one's (the loop body holds one block), where the unrolled program grows with every layer.

@@ -132,7 +132,10 @@ def test_every_family_sharded_equals_one_device(setup):
         base, families, meshes_of = {base!r}, {families!r}, { {f: meshes_for(f) for f in families}!r}
 
         def cfg_of(kw, mesh=(1, 1, 1)):
-            over = {{**base, **kw, "train.mesh_data": mesh[0], "train.mesh_fsdp": mesh[1], "train.mesh_tensor": mesh[2]}}
+            over = {{
+                **base, **kw,
+                "train.mesh_data": mesh[0], "train.mesh_fsdp": mesh[1], "train.mesh_tensor": mesh[2]
+            }}
             return load_config(None, [f"{{k}}={{v}}" for k, v in over.items()])
 
         def trimmed(spec):  # P('fsdp') and P('fsdp', None, None) place an array alike
@@ -158,15 +161,24 @@ def test_every_family_sharded_equals_one_device(setup):
                 assert max(abs(a - b) for a, b in zip(losses, ref)) < 1e-5, (family, name, losses, ref)
                 worst, rel = param_gap(jax.tree.leaves(multi.params), jax.tree.leaves(single.params), init)
                 assert rel < 1e-3, (family, name, rel, worst)
-                leaves = jax.tree_util.tree_flatten_with_path(multi.params, is_leaf=lambda x: isinstance(x, nnx.Variable))[0]
+                leaves = jax.tree_util.tree_flatten_with_path(
+                    multi.params, is_leaf=lambda x: isinstance(x, nnx.Variable)
+                )[0]
                 sharded = 0
                 for path, v in leaves:
                     axes, arr = v.get_metadata().get("logical_axes"), v.get_value()
                     want = logical_to_spec(axes, arr.shape, multi.mesh) if axes else PartitionSpec()
-                    assert trimmed(arr.sharding.spec) == trimmed(want), (family, name, jax.tree_util.keystr(path), arr.sharding.spec, want)
+                    assert trimmed(arr.sharding.spec) == trimmed(want), (
+                        family, name, jax.tree_util.keystr(path), arr.sharding.spec, want
+                    )
                     sharded += any(a is not None for a in arr.sharding.spec)
-                assert sharded > 0 if mesh != (8, 1, 1) else sharded == 0, (family, name, sharded)  # weights split unless pure data parallel
-                print(family, name, "max param diff", worst, "relative", rel, "sharded leaves", sharded, flush=True)
+                assert sharded > 0 if mesh != (8, 1, 1) else sharded == 0, (
+                    family, name, sharded
+                )  # weights split unless pure data parallel
+                print(
+                    family, name, "max param diff", worst, "relative", rel, "sharded leaves", sharded,
+                    flush=True
+                )
         """
     )
     r = subprocess.run([sys.executable, "-c", code], env=subprocess_env(8), capture_output=True, text=True)

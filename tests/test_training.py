@@ -175,7 +175,9 @@ def test_data_parallel_step_equals_single_device(corpus_dir, tmp_path):
         # differently sharded programs (gradients all-reduced over 8 devices vs summed on one): float32
         # reassociation only, ~1e-7 relative per value; 1e-5 absolute leaves two orders of margin
         assert abs(lm - ls) < 1e-5, (lm, ls)
-        worst, rel = param_gap(jax.tree.leaves(multi.params), jax.tree.leaves(single.params), init)  # see its docstring
+        worst, rel = param_gap(
+            jax.tree.leaves(multi.params), jax.tree.leaves(single.params), init
+        )  # see its docstring
         print("max param diff", worst, "relative", rel)
         assert rel < 1e-3, (rel, worst)
         """
@@ -236,7 +238,9 @@ def test_batch_not_divisible_by_data_axis(corpus_dir, tmp_path):
         from bytelm.config import load_config
         from bytelm.errors import UserError
         from bytelm.training.loop import train
-        cfg = load_config(None, {tiny_overrides(corpus_dir, **{"train.batch_size": 6, "train.mesh_data": 4})!r})
+        cfg = load_config(
+            None, {tiny_overrides(corpus_dir, **{"train.batch_size": 6, "train.mesh_data": 4})!r}
+        )
         try:
             train(cfg, {str(tmp_path / "run")!r})
         except UserError as e:
@@ -258,7 +262,10 @@ def test_default_cpu_mesh_fits_the_batch(corpus_dir):
         from bytelm.config import load_config
         from bytelm.training.trainer import default_mesh
         for bs, ebs, want in [(8, 8, 4), (6, 8, 2), (5, 8, 1), (16, 12, 4)]:
-            cfg = load_config(None, {tiny_overrides(corpus_dir)!r} + [f"train.batch_size={{bs}}", f"eval.batch_size={{ebs}}"])
+            cfg = load_config(
+                None,
+                {tiny_overrides(corpus_dir)!r} + [f"train.batch_size={{bs}}", f"eval.batch_size={{ebs}}"]
+            )
             assert default_mesh(cfg).shape["data"] == want, (bs, ebs, default_mesh(cfg).shape)
         print("OK")
         """

@@ -190,7 +190,8 @@ def test_bytes_round_trip_and_fast_equals_reference_on_random_bytes(trained, doc
 def test_hf_unigram_and_wordpiece_give_identical_ids(trained, tmp_path):
     tokenizers = pytest.importorskip("tokenizers")
     tok = trained["tok"]
-    # the adversarial strings up to 10k characters, and one of 100k (the others of 100k cost seconds, not coverage)
+    # the adversarial strings up to 10k characters, and one of 100k (the others of 100k cost seconds, not
+    # coverage)
     texts = (
         [d.decode() for d in stdlib_sample(100_000, skip=80)]
         + MULTILINGUAL

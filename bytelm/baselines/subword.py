@@ -63,8 +63,8 @@ def learnable_ids(vocab_size, special_tokens, *, unit: str) -> tuple[list[str], 
     minimum = 256 + len(specials)
     if vocab_size < minimum:
         raise UserError(
-            f"vocab_size {vocab_size} is below 256 byte {unit} + {len(specials)} special token(s) = {minimum}; "
-            f"use at least {minimum} (vocab_size counts every id, as in HF tokenizers)"
+            f"vocab_size {vocab_size} is below 256 byte {unit} + {len(specials)} special token(s) = "
+            f"{minimum}; use at least {minimum} (vocab_size counts every id, as in HF tokenizers)"
         )
     return specials, vocab_size - minimum
 
@@ -76,7 +76,8 @@ def check_loaded(tok, doc: dict, expected_ids: dict, invalid) -> None:
         raise invalid("the token ids do not match the vocabulary and token lists")
     if tok.fingerprint != doc.get("fingerprint"):
         raise invalid(
-            f"fingerprint mismatch: the file says {doc.get('fingerprint')}, its contents hash to {tok.fingerprint}"
+            f"fingerprint mismatch: the file says {doc.get('fingerprint')}, its contents hash to "
+            f"{tok.fingerprint}"
         )
 
 
@@ -168,7 +169,8 @@ class SubwordTokenizer:
         encoder = encoder or self.encoders[0]
         if encoder not in self.encoders:
             raise UserError(
-                f"encoder {encoder!r} is not a rule of a {self.kind} tokenizer: use one of {list(self.encoders)}"
+                f"encoder {encoder!r} is not a rule of a {self.kind} tokenizer: use one of "
+                f"{list(self.encoders)}"
             )
         self.encoder = encoder
         self.vocab = vocab  # the bytes of each mergeable id

@@ -1,7 +1,7 @@
 """Corpus: documents as bytes, a stable train/held-out split, evaluation segments, fingerprint.
 
-docs/evaluation.md describes the split and the fingerprint. The prepared corpus lives in a cache directory (one per source signature and
-split) holding
+docs/evaluation.md describes the split and the fingerprint. The prepared corpus lives in a cache directory
+(one per source signature and split) holding
 
 - ``bytes.u8``: every document's bytes, concatenated in source order (flat ``uint8``);
 - ``offsets.i64``: ``n_docs + 1`` offsets into it;
@@ -327,8 +327,9 @@ def load_corpus(
         ):
             raise UserError(
                 f"data.validation_fraction {validation_fraction} of {spec!r} leaves "
-                f"{int(corpus.validation.sum())} validation and {len(corpus.document_indices('train'))} train document(s); "
-                "both must be non-empty: change the fraction or split the files into more documents"
+                f"{int(corpus.validation.sum())} validation and {len(corpus.document_indices('train'))} "
+                "train document(s); both must be non-empty: change the fraction or split the files into more "
+                "documents"
             )
     return corpus
 
@@ -361,7 +362,8 @@ def _check_split(corpus: Corpus, spec: str, heldout_fraction: float) -> None:
     )
     if held == 0:
         raise UserError(
-            f"the held-out part of {spec!r} is empty ({n} document(s), heldout_fraction {heldout_fraction}): {hint}"
+            f"the held-out part of {spec!r} is empty ({n} document(s), heldout_fraction {heldout_fraction}): "
+            f"{hint}"
         )
     if held == n:
         raise UserError(f"the train part of {spec!r} is empty ({n} document(s), all held out): {hint}")

@@ -241,7 +241,8 @@ class TfdsSource(Source):
         data_dir = params.pop("data_dir", None)
         if params:
             raise UserError(
-                f"unknown option(s) {sorted(params)} in data spec {spec!r}: valid options are field and data_dir"
+                f"unknown option(s) {sorted(params)} in data spec {spec!r}: valid options are field and "
+                "data_dir"
             )
         return cls(spec, name, split or "train", field, os.path.expanduser(data_dir) if data_dir else None)
 
@@ -258,9 +259,10 @@ class TfdsSource(Source):
         except Exception as e:  # tfds raises many types for "not prepared"/"unknown name"
             where = f" in {self.data_dir}" if self.data_dir else ""
             raise UserError(
-                f"cannot open tfds dataset {self.name!r} split {self.split!r}{where} (data spec {self.spec!r}): "
-                f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}; it must be prepared locally as "
-                "array_record (builder.download_and_prepare(file_format='array_record')) since nothing is downloaded"
+                f"cannot open tfds dataset {self.name!r} split {self.split!r}{where} (data spec "
+                f"{self.spec!r}): {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}; it must be "
+                "prepared locally as array_record (builder.download_and_prepare(file_format='array_record')) "
+                "since nothing is downloaded"
             ) from None
 
     def signature(self) -> str:

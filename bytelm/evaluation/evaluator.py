@@ -84,8 +84,8 @@ def eval_sets_for_runs(
             raise UserError(
                 f"the held-out bytes of {run_dir} changed since it was trained: its corpus "
                 f"{cfg.data.source!r} now has fingerprint {corpus.fingerprint[:16]}..., the run recorded "
-                f"{info['fingerprint'][:16]}... (a changed file or Python version?); restore the data, retrain, "
-                "or score it on purpose on another corpus with --data SPEC"
+                f"{info['fingerprint'][:16]}... (a changed file or Python version?); restore the data, "
+                "retrain, or score it on purpose on another corpus with --data SPEC"
             )
         per_run[str(run_dir)] = corpus
     check_same_fingerprint({name: c.fingerprint for name, c in per_run.items()}, per_run)
@@ -147,8 +147,8 @@ def evaluate_run(
     """Restore the latest checkpoint of ``run_dir`` and score it on ``eval_set``.
 
     Training facts come from the run: FLOPs = train FLOPs per position x positions per step x
-    steps (the family's analytic formula, :mod:`bytelm.models.flops` and each family's formula), bytes seen = steps x
-    positions per step x bytes per position. A BPE run whose tokenizer (or a BLT run whose entropy
+    steps (the family's analytic formula, :mod:`bytelm.models.flops` and each family's formula), bytes seen =
+    steps x positions per step x bytes per position. A BPE run whose tokenizer (or a BLT run whose entropy
     model) changed since training is refused with :class:`UserError`.
     """
     run_dir = Path(run_dir)
@@ -257,7 +257,8 @@ def evaluate_runs(
     if len(set(all_names)) != len(all_names):
         dup = sorted({n for n in all_names if all_names.count(n) > 1})
         raise UserError(
-            f"two models would be called {dup[0]!r} in one table; give externals distinct names (and run directories distinct names)"
+            f"two models would be called {dup[0]!r} in one table; give externals distinct names (and run "
+            "directories distinct names)"
         )
 
     def bar(stage):

@@ -141,13 +141,15 @@ def _read_jsonl(path: str | Path, fmt: str) -> tuple[tuple[int, dict], list[tupl
             else f"{path} is empty"
         )
         raise UserError(
-            f'{where}; the file must start with a {fmt} header line ({{"format": "{fmt}", "version": {VERSION}, '
+            f"{where}; the file must start with a {fmt} header line "
+            f'({{"format": "{fmt}", "version": {VERSION}, '
             "\"fingerprint\": ...}); see the format in 'bytelm data export-heldout --help'"
         )
     n, header = rows[0]
     if header.get("version") != VERSION:
         raise UserError(
-            f"{path} line {n}: header field 'version' is {header.get('version')!r}; this bytelm reads {fmt} version {VERSION}"
+            f"{path} line {n}: header field 'version' is {header.get('version')!r}; this bytelm reads {fmt} "
+            f"version {VERSION}"
         )
     return rows[0], rows[1:]
 
@@ -162,7 +164,8 @@ def _header_params(where: str, header: dict) -> dict | None:
         return None
     if not isinstance(params, dict):
         raise UserError(
-            f"{where}: header field 'params' must be an object such as {{\"total\": 124439808}}, got {params!r}"
+            f"{where}: header field 'params' must be an object such as {{\"total\": 124439808}}, got "
+            f"{params!r}"
         )
     for key, value in params.items():
         if key not in PARAM_KEYS:
@@ -212,7 +215,8 @@ def read_external_scores(path: str | Path, eval_set: EvalSet, *, name: str) -> M
             or value < 0
         ):
             raise UserError(
-                f"{path} line {n}: field 'nats' must be a finite number >= 0 (total NLL of the segment), got {value!r}"
+                f"{path} line {n}: field 'nats' must be a finite number >= 0 (total NLL of the segment), got "
+                f"{value!r}"
             )
         nats[i] = float(value)
         if "global_steps" in row:
@@ -225,8 +229,8 @@ def read_external_scores(path: str | Path, eval_set: EvalSet, *, name: str) -> M
     missing = [eval_set.ids[i] for i in np.flatnonzero(np.isnan(nats))]
     if missing:
         raise UserError(
-            f"{path} has no score for {len(missing)} of {len(index)} segments (first: {missing[0]!r}); score every "
-            "segment of the held-out file"
+            f"{path} has no score for {len(missing)} of {len(index)} segments (first: {missing[0]!r}); score "
+            "every segment of the held-out file"
         )
     scores = SegmentScores(nats, np.asarray([len(d) for d in eval_set.data], np.int64))
     return ModelResult(

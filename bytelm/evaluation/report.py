@@ -362,9 +362,10 @@ def heldout_lines(data: dict) -> list[str]:
     if docs >= FEW_HELDOUT_DOCUMENTS:
         return [f"the scores cover {counted}"]
     return [
-        f"WARNING: the scores cover only {counted}: a ranking then speaks for these documents alone (a corpus of parallel "
-        "translations, one file per language, holds out whole languages). For a firmer ranking use more documents: a larger "
-        "corpus, or one document per paragraph or line (files:PATH?split=paragraph, ?split=line)"
+        f"WARNING: the scores cover only {counted}: a ranking then speaks for these documents alone (a "
+        "corpus of parallel translations, one file per language, holds out whole languages). For a firmer "
+        "ranking use more documents: a larger corpus, or one document per paragraph or line "
+        "(files:PATH?split=paragraph, ?split=line)"
     ]
 
 
@@ -405,8 +406,8 @@ def header_lines(report: dict) -> list[str]:
     d = report["data"]
     return [
         f"fingerprint {report['fingerprint']}",
-        f"data {d['spec']} ({d.get('source', d['spec'])}), Python {d['python']}: {d['eval_segments']:,} segments, "
-        f"{d['eval_bytes']:,} held-out bytes (segment_bytes {d['segment_bytes']})",
+        f"data {d['spec']} ({d.get('source', d['spec'])}), Python {d['python']}: {d['eval_segments']:,} "
+        f"segments, {d['eval_bytes']:,} held-out bytes (segment_bytes {d['segment_bytes']})",
     ]
 
 

@@ -1,8 +1,9 @@
 """What the evaluator produces: the evaluation set and one result row per model.
 
-A leaf module of :mod:`bytelm.evaluation` (it imports only the arithmetic of :mod:`~bytelm.bpb` and the segment fingerprint of :mod:`bytelm.data.corpus`), shared by the evaluator,
-outside scores (:mod:`bytelm.evaluation.external`) and reports (:mod:`bytelm.evaluation.report`).
-The protocol behind the numbers is docs/evaluation.md.
+A leaf module of :mod:`bytelm.evaluation` (it imports only the arithmetic of :mod:`~bytelm.bpb` and the
+segment fingerprint of :mod:`bytelm.data.corpus`), shared by the evaluator, outside scores
+(:mod:`bytelm.evaluation.external`) and reports (:mod:`bytelm.evaluation.report`). The protocol behind the
+numbers is docs/evaluation.md.
 """
 
 from __future__ import annotations
@@ -37,7 +38,8 @@ class EvalSet:
         segments = list(corpus.validation_segments)
         if not segments:
             raise UserError(
-                f"the corpus {corpus.spec} has no validation split: set data.validation_fraction > 0 (e.g. 0.05)"
+                f"the corpus {corpus.spec} has no validation split: set data.validation_fraction > 0 (e.g. "
+                "0.05)"
             )
         data = corpus.segment_data(segments)
         return cls(corpus, segments, data, fingerprint_segments(data))

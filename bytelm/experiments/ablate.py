@@ -25,7 +25,8 @@ rates to sweep, the size rule and, per family, the cells to vary::
 
 ``tokenizer.vocab_size`` and ``tokenizer.pattern`` in a grid name the subword tokenizer of the
 cell (trained by the grid, one per distinct tokenizer); ``tokenizer.kind`` (``bpe``, the default,
-or ``unigram``) and ``tokenizer.encoder`` (the kind's own rule, or ``longest``) are optional. ``lr_from = "blt"`` reuses another family's chosen rate.
+or ``unigram``) and ``tokenizer.encoder`` (the kind's own rule, or ``longest``) are optional.
+``lr_from = "blt"`` reuses another family's chosen rate.
 
 The grid becomes an :class:`~bytelm.experiments.spec.Experiment` and the one runner
 (:mod:`bytelm.experiments.runner`) carries it out in its four stages: artefacts (tokenizers, the
@@ -237,15 +238,18 @@ def budget_sentences(report: dict) -> list[str]:
         if len(ranked) > 1:
             second = ranked[1]
             gap = second["bpb"] - win["bpb"]
-            s += f", {gap:.4f} BPB ahead of the best {second['family']} ({second['cell']}, {second['bpb']:.4f})"
+            s += (
+                f", {gap:.4f} BPB ahead of the best {second['family']} ({second['cell']}, "
+                f"{second['bpb']:.4f})"
+            )
             known = {f: spread[f] for f in (win["family"], second["family"]) if f in spread}
             if known:
                 sp = max(v["spread"] for v in known.values())
                 verdict = "larger" if gap > sp else "not larger"
                 seeds = "/".join(str(len(v["bpb"])) for v in known.values())
                 s += (
-                    f"; the gap is {verdict} than the seed-to-seed spread of these families ({sp:.4f} BPB, max - min over "
-                    f"{seeds} seeds of their best cell at the smallest budget)"
+                    f"; the gap is {verdict} than the seed-to-seed spread of these families ({sp:.4f} BPB, "
+                    f"max - min over {seeds} seeds of their best cell at the smallest budget)"
                 )
             else:
                 s += "; no seed spread measured for these families"
@@ -302,9 +306,11 @@ def markdown(report: dict) -> str:
     lines = [
         f"# bytelm ablate: grid `{report['grid']}`",
         "",
-        f"- held-out fingerprint `{report['fingerprint']}` ({report['eval_bytes']:,} bytes of {report['data']['spec']}); "
-        f"learning rates selected on {report['validation_bytes']:,} validation bytes carved from the train documents",
-        f"- budgets (training FLOPs per run): {', '.join(f'{b:.3g}' for b in report['budgets'])} (scale {report['scale']:g})",
+        f"- held-out fingerprint `{report['fingerprint']}` ({report['eval_bytes']:,} bytes of "
+        f"{report['data']['spec']}); learning rates selected on {report['validation_bytes']:,} validation "
+        "bytes carved from the train documents",
+        f"- budgets (training FLOPs per run): {', '.join(f'{b:.3g}' for b in report['budgets'])} (scale "
+        f"{report['scale']:g})",
         "- model sizes from the size rule (bytelm/experiments/spec.py SizeRule, docs/ablations.md): trunk "
         + "; ".join(
             f"{k} FLOPs: d_model {v['d_model']} x {v['layers']} layers" for k, v in report["trunks"].items()
@@ -412,10 +418,10 @@ def markdown(report: dict) -> str:
     if "bpb_per_group" in report["plots"]:
         lines += [f"![BPB per group]({report['plots']['bpb_per_group']})", ""]
     lines += [
-        "BPB: held-out bits per byte over every segment (docs/evaluation.md). *bytes/global step*: held-out bytes per position of "
-        "the outermost stack (the patch size, the mean entropy or space patch length, bytes per token). *inference FLOPs/B*: "
-        "the forward cost per byte, entropy model included. *wall*: training time, compilation included. Training FLOPs are "
-        "analytic (bytelm/models/flops.py).",
+        "BPB: held-out bits per byte over every segment (docs/evaluation.md). *bytes/global step*: held-out "
+        "bytes per position of the outermost stack (the patch size, the mean entropy or space patch length, "
+        "bytes per token). *inference FLOPs/B*: the forward cost per byte, entropy model included. *wall*: "
+        "training time, compilation included. Training FLOPs are analytic (bytelm/models/flops.py).",
         "",
     ]
     return "\n".join(lines)

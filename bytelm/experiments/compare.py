@@ -201,7 +201,8 @@ class CompareRunner(Runner):
         }
 
     def report(self, stages: _Stages) -> CompareResult:
-        """``report.json``, ``report.md`` and ``bpb.png``: the compared models first, then the entropy model."""
+        """``report.json``, ``report.md`` and ``bpb.png``: the compared models first, then the entropy
+        model."""
         self.check()
         plan: dict[str, dict] = {}
         results: list[ModelResult] = []
@@ -218,7 +219,8 @@ class CompareRunner(Runner):
             self.evaluate(ent, "heldout")
             made = ent.heldout
             made.note = (made.note + "; " if made.note else "") + (
-                f"the {ARTEFACT_KINDS['entropy_model'].noun} of the other runs (own budget {ent.budget:.3g} FLOPs)"
+                f"the {ARTEFACT_KINDS['entropy_model'].noun} of the other runs (own budget {ent.budget:.3g} "
+                "FLOPs)"
             )
             results.append(made)
             plan[ent.member] = self.plan_record(ent, [ent])
@@ -249,8 +251,9 @@ class CompareRunner(Runner):
                 r.name: (r.flops_total if r.flops_total is not None else r.flops, r.bpb) for r in compared
             },
             baselines={baselines[0].name: baselines[0].bpb},
-            subtitle=f"preset {exp.name}, fingerprint {self.eval_set.fingerprint[:16]}\nx: total FLOPs (own + auxiliary); lines: periodic "
-            f"evals (first {self.plain(exp.members[0]).eval.eval_bytes:,} held-out bytes); stars: all {self.eval_set.n_bytes:,} bytes",
+            subtitle=f"preset {exp.name}, fingerprint {self.eval_set.fingerprint[:16]}\nx: total FLOPs (own "
+            f"+ auxiliary); lines: periodic evals (first {self.plain(exp.members[0]).eval.eval_bytes:,} "
+            f"held-out bytes); stars: all {self.eval_set.n_bytes:,} bytes",
         )
         report["compare"]["stages_s"] = dict(stages.times)
         report["compare"]["wall_s"] = sum(stages.times.values())
@@ -317,9 +320,10 @@ def artefact_lines(report: dict) -> list[str]:
     rows = {m["name"]: m for m in report["models"]}
     users = [m["name"] for m in report["models"] if m.get("auxiliary_flops")]
     return [
-        f"the {ARTEFACT_KINDS['entropy_model'].noun} `{name}` was trained with {human(rows[name]['flops'])} FLOPs of its own, counted in "
-        f"the auxiliary FLOPs of {', '.join(f'`{u}`' for u in users) or 'no compared model'} (with its forward over their "
-        "training bytes); it is listed below the compared models, not compared with them"
+        f"the {ARTEFACT_KINDS['entropy_model'].noun} `{name}` was trained with {human(rows[name]['flops'])} "
+        "FLOPs of its own, counted in the auxiliary FLOPs of "
+        f"{', '.join(f'`{u}`' for u in users) or 'no compared model'} (with its forward over their training "
+        "bytes); it is listed below the compared models, not compared with them"
         for name, plan in report["compare"]["models"].items()
         if plan["role"] == "entropy" and name in rows
     ]
@@ -328,24 +332,25 @@ def artefact_lines(report: dict) -> list[str]:
 def matched_sentence(c: dict) -> str:
     if c.get("time_budget_s"):
         return (
-            f"{seconds(c['time_budget_s'])} of training time per compared model (compilation included, evaluations "
-            "not; each model's FLOPs follow from its speed)"
+            f"{seconds(c['time_budget_s'])} of training time per compared model (compilation included, "
+            "evaluations not; each model's FLOPs follow from its speed)"
         )
     return (
-        f"{c['flop_budget']:.3g} total FLOPs per compared model (analytic training FLOPs, forward + backward: the model's own "
-        "plus the auxiliary models it needs, bytelm/ledger.py)"
+        f"{c['flop_budget']:.3g} total FLOPs per compared model (analytic training FLOPs, forward + "
+        "backward: the model's own plus the auxiliary models it needs, bytelm/ledger.py)"
     )
 
 
 def schedule_sentence(c: dict) -> str:
     if c.get("time_budget_s"):
         return (
-            f"each compared model trained until {seconds(c['time_budget_s'])} of training time were spent (its learning-rate "
-            "horizon planned from its first steps' time); the entropy model at its own FLOP budget."
+            f"each compared model trained until {seconds(c['time_budget_s'])} of training time were spent "
+            "(its learning-rate horizon planned from its first steps' time); the entropy model at its own "
+            "FLOP budget."
         )
     return (
-        f"each compared model's steps = ({human(c['flop_budget'])} FLOPs - its one-off auxiliary FLOPs) / (own + auxiliary "
-        "FLOPs per step)."
+        f"each compared model's steps = ({human(c['flop_budget'])} FLOPs - its one-off auxiliary FLOPs) / "
+        "(own + auxiliary FLOPs per step)."
     )
 
 
@@ -371,8 +376,8 @@ def _edge_lines(c: dict) -> list[str]:
     """A loud line per model whose learning rate the extended grid still could not bracket."""
     return [
         f"**WARNING: the learning rate of `{name}` is still at an edge of the rates tried ("
-        f"{', '.join(m['lr_sweep']['validation_bpb'])}) after {m['lr_sweep']['extensions']} extensions: its row may not be its "
-        "best.**"
+        f"{', '.join(m['lr_sweep']['validation_bpb'])}) after {m['lr_sweep']['extensions']} extensions: its "
+        "row may not be its best.**"
         for name, m in c["models"].items()
         if (m.get("lr_sweep") or {}).get("at_edge")
     ]
@@ -396,14 +401,15 @@ def markdown_report(report: dict) -> str:
         "",
         results_table(report),
         "",
-        "Every model scores every segment on its own from BOS; BPB = total NLL in nats / (held-out bytes x ln 2). "
-        "The unigram rows are context-free references: the eval bytes' own byte entropy, and a byte "
-        f"distribution fit on the train split. *bytes/global step* is measured on the eval set: {global_steps_sentence(report)}. "
-        "*own*, *auxiliary* and *total FLOPs* are the compute ledger: the model's training, what it needs besides (BLT: its entropy "
-        "model's training and its forward over the training bytes), and their sum, which the budget matches. *n-gram params* are "
-        "the hashed n-gram lookup tables among the embedding parameters (lookups cost no FLOPs). "
-        "*entropy FLOPs/B* is the forward cost per byte of an entropy model run in the input pipeline (BLT's), "
-        "*inference FLOPs/B* the total forward cost per byte, model and entropy model (bytelm/models/flops.py).",
+        "Every model scores every segment on its own from BOS; BPB = total NLL in nats / (held-out bytes x "
+        "ln 2). The unigram rows are context-free references: the eval bytes' own byte entropy, and a byte "
+        "distribution fit on the train split. *bytes/global step* is measured on the eval set: "
+        f"{global_steps_sentence(report)}. *own*, *auxiliary* and *total FLOPs* are the compute ledger: the "
+        "model's training, what it needs besides (BLT: its entropy model's training and its forward over the "
+        "training bytes), and their sum, which the budget matches. *n-gram params* are the hashed n-gram "
+        "lookup tables among the embedding parameters (lookups cost no FLOPs). *entropy FLOPs/B* is the "
+        "forward cost per byte of an entropy model run in the input pipeline (BLT's), *inference FLOPs/B* "
+        "the total forward cost per byte, model and entropy model (bytelm/models/flops.py).",
         "",
         *[f"- {line}" for line in artefact_lines(report)],
         *ledger_lines({m["name"]: m.get("auxiliary_flops") or {} for m in report["models"]}),
@@ -479,9 +485,10 @@ def markdown_report(report: dict) -> str:
         "",
         table(["stage", "wall"], [[k, seconds(v)] for k, v in c["stages_s"].items()], "lr"),
         "",
-        f"Tokenizer: {c['tokenizer'].get('kind', 'bpe')}, {c['tokenizer']['vocab_size']} ids, pattern {c['tokenizer']['pattern']}, "
-        f"encoder {c['tokenizer'].get('encoder') or 'ranks'}. Training FLOPs are "
-        f"analytic (bytelm/models/flops.py); {schedule_sentence(c)} *train time* counts compilation, not evaluations.",
+        f"Tokenizer: {c['tokenizer'].get('kind', 'bpe')}, {c['tokenizer']['vocab_size']} ids, pattern "
+        f"{c['tokenizer']['pattern']}, encoder {c['tokenizer'].get('encoder') or 'ranks'}. Training FLOPs "
+        f"are analytic (bytelm/models/flops.py); {schedule_sentence(c)} *train time* counts compilation, not "
+        "evaluations.",
         "",
     ]
     return "\n".join(lines)

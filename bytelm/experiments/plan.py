@@ -52,6 +52,7 @@ def ngram_values(source: Config, target: Config, *, where: str) -> dict:
     if dst is None or not all(hasattr(dst, f) for f in NGRAM_FIELDS):
         family = dst.family if dst is not None else "none"
         raise UserError(
-            f"{where}: ngram_from needs a model with n-gram tables of its own (a byte or subword LM), not family {family!r}"
+            f"{where}: ngram_from needs a model with n-gram tables of its own (a byte or subword LM), not "
+            f"family {family!r}"
         )
     return {f"model.{f}": getattr(src, f) for f in NGRAM_FIELDS}

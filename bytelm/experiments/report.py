@@ -38,16 +38,17 @@ def rates_lines(searches: dict[str, dict], learning_rates, *, fix: str) -> list[
     lines = [
         table(["model", "search cell", "validation BPB per rate", "extensions", "chosen"], rows, "lllrl"),
         "",
-        f"Rates from {', '.join(f'{x:g}' for x in learning_rates)}, {runs}, scored on the validation split (train documents "
-        "held out of training; never the held-out segments); where the best was at an end of the rates tried, one more "
-        "rate beyond it, the grid's own ratio away, up to two (bytelm/experiments/rates.py).",
+        f"Rates from {', '.join(f'{x:g}' for x in learning_rates)}, {runs}, scored on the validation split "
+        "(train documents held out of training; never the held-out segments); where the best was at an end "
+        "of the rates tried, one more rate beyond it, the grid's own ratio away, up to two "
+        "(bytelm/experiments/rates.py).",
         "",
     ]
     edge = [name for name, s in searches.items() if s.get("at_edge") and s.get("chosen")]
     if edge:
         lines += [
-            f"**WARNING: the chosen rate of {', '.join(edge)} is still at an end of the rates tried after the extensions: "
-            f"the best rate may lie beyond it ({fix}).**",
+            f"**WARNING: the chosen rate of {', '.join(edge)} is still at an end of the rates tried after "
+            f"the extensions: the best rate may lie beyond it ({fix}).**",
             "",
         ]
     return lines
@@ -101,8 +102,8 @@ def seed_lines(seeds: dict | None, *, title: str) -> list[str]:
     for pair in seeds["pairs"]:
         verdict = "exceeds" if pair["exceeds"] else "does NOT exceed"
         lines.append(
-            f"- {pair['better']} < {pair['worse']}: the gap of the means, {pair['gap']:.4f} BPB, {verdict} the larger "
-            f"seed-to-seed range of the two ({pair['spread']:.4f})"
+            f"- {pair['better']} < {pair['worse']}: the gap of the means, {pair['gap']:.4f} BPB, {verdict} "
+            f"the larger seed-to-seed range of the two ({pair['spread']:.4f})"
         )
     return [*lines, ""]
 
@@ -116,15 +117,16 @@ def ledger_lines(auxiliary: dict[str, dict], shared: dict[str, dict] | None = No
         if parts
     ]
     lines.append(
-        "every budget is matched on each run's total FLOPs: its own training plus what it needs (bytelm/ledger.py); "
-        "training a subword tokenizer is not neural compute and is on no ledger, nor are the learning-rate search runs "
-        "(every model has one)"
+        "every budget is matched on each run's total FLOPs: its own training plus what it needs "
+        "(bytelm/ledger.py); training a subword tokenizer is not neural compute and is on no ledger, nor are "
+        "the learning-rate search runs (every model has one)"
     )
     for name, v in (shared or {}).items():
         lines.append(
-            f"the UNAMORTISED totals were matched: each run that needs it pays the whole {name} ({human(v['flops'])} FLOPs) "
-            f"as if it were made for that run alone; it is shared by {v['runs']} runs here, and amortised each would pay "
-            f"{human(v['flops'] / v['runs'])} (the *amortised total* column)"
+            f"the UNAMORTISED totals were matched: each run that needs it pays the whole {name} "
+            f"({human(v['flops'])} FLOPs) as if it were made for that run alone; it is shared by {v['runs']} "
+            f"runs here, and amortised each would pay {human(v['flops'] / v['runs'])} (the *amortised total* "
+            "column)"
         )
     return [f"- {line}" for line in lines]
 

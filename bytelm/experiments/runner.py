@@ -123,7 +123,9 @@ class Run:
             for o in section_overrides(name, getattr(self.cfg, name), getattr(base, name))
         ]
         quoted = " ".join(f"--set {shlex.quote(o)}" for o in sets)
-        return f"bytelm train {shlex.quote(str(self.config))} --out {shlex.quote(str(self.run_dir))} {quoted}".rstrip()
+        return (
+            f"bytelm train {shlex.quote(str(self.config))} --out {shlex.quote(str(self.run_dir))} {quoted}"
+        ).rstrip()
 
     @property
     def failure_file(self) -> Path:
@@ -191,7 +193,8 @@ class Runner:
 
     # -- layout (subclasses name their runs and directories)
     def layout(self, run: Run) -> tuple[str, Path]:
-        """``(id, run directory)`` of a run: ``<member>/<cell>/C<budget>-lr<rate>-s<seed>`` under ``OUT/runs``."""
+        """``(id, run directory)`` of a run: ``<member>/<cell>/C<budget>-lr<rate>-s<seed>`` under
+        ``OUT/runs``."""
         if run.artefact:
             return run.member, self.out / "runs" / run.member
         lr = "" if run.lr is None else f"-lr{rate_label(run.lr)}"
@@ -220,7 +223,8 @@ class Runner:
                 cfg = with_values(cfg, {"data.source": self.data_spec})
             if cfg.model is None:
                 raise UserError(
-                    f"{self.exp.kind} {self.exp.path}: {member.name!r}: its config {member.config} has no [model] section"
+                    f"{self.exp.kind} {self.exp.path}: {member.name!r}: its config {member.config} has no "
+                    "[model] section"
                 )
             if member.ngram_from is not None:
                 source = self.plain(self.exp.member(member.ngram_from))
@@ -318,7 +322,10 @@ class Runner:
         if (
             run.error is None and run.failure_file.is_file()
         ):  # a failed training would fail again: not retried
-            run.error = f"{run.failure_file.read_text().strip()} (recorded in {run.failure_file}; delete {run.run_dir} to retry)"
+            run.error = (
+                f"{run.failure_file.read_text().strip()} (recorded in {run.failure_file}; delete "
+                f"{run.run_dir} to retry)"
+            )
         return run
 
     def schedule(self, run: Run, member: Member, cfg: Config, *, timed: bool) -> None:
@@ -327,8 +334,9 @@ class Runner:
         corpus = self.corpora.get(cfg)
         if corpus.path != self.corpus.path or corpus.fingerprint != self.eval_set.fingerprint:
             raise UserError(
-                f"its data settings give another corpus or held-out set (fingerprint {corpus.fingerprint[:16]}... vs "
-                f"{self.eval_set.fingerprint[:16]}...): set data.* for the whole {self.exp.kind}, not per member"
+                "its data settings give another corpus or held-out set (fingerprint "
+                f"{corpus.fingerprint[:16]}... vs {self.eval_set.fingerprint[:16]}...): set data.* for the "
+                f"whole {self.exp.kind}, not per member"
             )
         run.config = member.config
         run.ledger = planned_ledger(cfg, corpus, run.run_dir)
@@ -357,13 +365,14 @@ class Runner:
             if not cfg.data.validation_fraction > 0:
                 where = "[ablation] set" if self.exp.kind == "ablate" else "[compare] set"
                 raise UserError(
-                    f"{self.exp.kind} {self.exp.path}: learning rates are chosen on the validation split, but "
-                    f'data.validation_fraction is 0: add "data.validation_fraction=0.05" to {where}'
+                    f"{self.exp.kind} {self.exp.path}: learning rates are chosen on the validation split, "
+                    f'but data.validation_fraction is 0: add "data.validation_fraction=0.05" to {where}'
                 )
             self.validation_set = EvalSet.from_corpus(self.corpus, "validation")
         e = self.eval_set
         self.say(
-            f"corpus {self.corpus.spec}: {e.n_bytes:,} held-out bytes in {len(e.data):,} segments, fingerprint {e.fingerprint[:16]}..."
+            f"corpus {self.corpus.spec}: {e.n_bytes:,} held-out bytes in {len(e.data):,} segments, "
+            f"fingerprint {e.fingerprint[:16]}..."
         )
         self.timed("corpus", t0)
 
@@ -410,7 +419,10 @@ class Runner:
         except (UserError, ValueError) as e:
             run.error = str(e)
         if run.error is None and run.failure_file.is_file():
-            run.error = f"{run.failure_file.read_text().strip()} (recorded in {run.failure_file}; delete {run.run_dir} to retry)"
+            run.error = (
+                f"{run.failure_file.read_text().strip()} (recorded in {run.failure_file}; delete "
+                f"{run.run_dir} to retry)"
+            )
         return run
 
     def train_tokenizer(self, tok: dict) -> str | None:
@@ -425,8 +437,9 @@ class Runner:
             # (a corpus can run out of merges or pieces: fewer ids than asked for are the same tokenizer)
             if (have.kind, have.encoder) != wanted or have.n_vocab > vocab:
                 raise UserError(
-                    f"{tdir} holds a {have.kind} tokenizer (encoder {have.encoder}, {have.n_vocab} ids), but the {self.exp.kind} "
-                    f"asks for {wanted[0]} (encoder {wanted[1]}, up to {vocab} ids): use another --out, or delete it"
+                    f"{tdir} holds a {have.kind} tokenizer (encoder {have.encoder}, {have.n_vocab} ids), but "
+                    f"the {self.exp.kind} asks for {wanted[0]} (encoder {wanted[1]}, up to {vocab} ids): use "
+                    "another --out, or delete it"
                 )
             self.say(f"tokenizer {tdir.name}: exists, skipped")
             return None
@@ -439,8 +452,8 @@ class Runner:
             )
             rule = f" --encoder {shlex.quote(encoder)}" if encoder else ""
             return (
-                f"bytelm tokenizer train {data} --kind {kind}{rule} --vocab-size {vocab} --pattern {shlex.quote(pattern)} "
-                f"--out {shlex.quote(str(tdir))}"
+                f"bytelm tokenizer train {data} --kind {kind}{rule} --vocab-size {vocab} --pattern "
+                f"{shlex.quote(pattern)} --out {shlex.quote(str(tdir))}"
             )
         if self.mode == "run":
             t0 = time.perf_counter()
@@ -458,7 +471,8 @@ class Runner:
                     made.save(tmp)
                 dt = self.timed("tokenizer", t0)
                 self.say(
-                    f"tokenizer {tdir.name}: {made.kind}, {made.n_vocab} ids ({pattern}, encoder {made.encoder}) in {dt:.1f}s"
+                    f"tokenizer {tdir.name}: {made.kind}, {made.n_vocab} ids ({pattern}, encoder "
+                    f"{made.encoder}) in {dt:.1f}s"
                 )
             except (UserError, ValueError) as e:
                 self.failed_artefacts[str(tdir)] = str(e)
@@ -496,7 +510,8 @@ class Runner:
                 self.say(f"{stage}: {r.id} failed earlier: {r.error}")
             elif r.error is None and r.finished():
                 self.say(
-                    f"train {r.id}: finished earlier ({RunDir(r.run_dir).info_or_empty().get('step')} steps), skipped"
+                    f"train {r.id}: finished earlier ({RunDir(r.run_dir).info_or_empty().get('step')} "
+                    "steps), skipped"
                 )
         todo = [r for r in runs if r.error is None and not r.finished()]
         if not todo:
@@ -514,7 +529,8 @@ class Runner:
             steps = cfg.train.steps
             if run.steps is None:
                 self.say(
-                    f"train {run.id} ({cfg.require_model().family}): {cfg.train.time_budget_s:g}s of training at {ledger.own_per_step:.3g} FLOPs per step"
+                    f"train {run.id} ({cfg.require_model().family}): {cfg.train.time_budget_s:g}s of "
+                    f"training at {ledger.own_per_step:.3g} FLOPs per step"
                 )
             else:
                 aux = (
@@ -523,7 +539,8 @@ class Runner:
                     else ""
                 )
                 self.say(
-                    f"train {run.id} ({cfg.require_model().family}): {steps} steps x {ledger.own_per_step:.3g} FLOPs = {ledger.own(steps):.3g}{aux} FLOPs"
+                    f"train {run.id} ({cfg.require_model().family}): {steps} steps x "
+                    f"{ledger.own_per_step:.3g} FLOPs = {ledger.own(steps):.3g}{aux} FLOPs"
                 )
             t0 = time.perf_counter()
             try:
@@ -648,7 +665,8 @@ class Runner:
         while rates := search.next_rates(self.sweep_scores(runs.values())):
             if len(runs) >= len(search.grid):
                 self.say(
-                    f"learning rate of {m.name}: the best so far is at an end of the rates tried; trying {rate_label(rates[0])}"
+                    f"learning rate of {m.name}: the best so far is at an end of the rates tried; trying "
+                    f"{rate_label(rates[0])}"
                 )
             for lr in rates:
                 run = runs[lr] = self.plan("sweep", m, m.sweep_cell(), 0, lr, 0, self.exp.sweep_fraction)
@@ -718,7 +736,8 @@ class Runner:
         return best
 
     def go(self) -> tuple[str, list[str]]:
-        """Carry the experiment as far as the mode allows: ``(the first unfinished stage or "done", its commands)``."""
+        """Carry the experiment as far as the mode allows:
+        ``(the first unfinished stage or "done", its commands)``."""
         self.prepare()
         commands = self.artefacts()
         if commands or (self.mode == "collect" and self.artefacts_missing()):

@@ -59,7 +59,8 @@ class SizeRule:
     def __post_init__(self) -> None:
         if self.width_multiple % self.head_dim:
             raise ValueError(
-                f"size.width_multiple {self.width_multiple} must be a multiple of size.head_dim {self.head_dim} (whole heads)"
+                f"size.width_multiple {self.width_multiple} must be a multiple of size.head_dim "
+                f"{self.head_dim} (whole heads)"
             )
         if (
             self.min_layers < 1
@@ -206,11 +207,13 @@ def _check_names(path: Path, what: str, members: list[Member], reserved: tuple[s
     for m in members:
         if m.lr_from is not None and m.lr_from not in sweeping:
             raise UserError(
-                f"{what} {path}: {noun} {m.name!r}: lr_from {m.lr_from!r} must name a {noun} that sweeps its own rate"
+                f"{what} {path}: {noun} {m.name!r}: lr_from {m.lr_from!r} must name a {noun} that sweeps its "
+                "own rate"
             )
         if m.ngram_from is not None and (m.ngram_from not in names or m.ngram_from == m.name):
             raise UserError(
-                f"{what} {path}: {noun} {m.name!r}: ngram_from {m.ngram_from!r} must name another {noun} of {names}"
+                f"{what} {path}: {noun} {m.name!r}: ngram_from {m.ngram_from!r} must name another {noun} of "
+                f"{names}"
             )
 
 
@@ -243,7 +246,8 @@ class _CompareTable:
             )
         if self.eval_points < 1 or not self.time_budget_s >= 0:
             raise ValueError(
-                f"eval_points must be >= 1 and time_budget_s >= 0, got {self.eval_points} and {self.time_budget_s}"
+                f"eval_points must be >= 1 and time_budget_s >= 0, got {self.eval_points} and "
+                f"{self.time_budget_s}"
             )
 
 
@@ -260,7 +264,8 @@ class _TokenizerTable:
         own = "ranks" if self.kind == "bpe" else "viterbi"
         if self.encoder not in ("", "longest", own):
             raise ValueError(
-                f"encoder is {self.encoder!r}: a {self.kind} tokenizer's rule is its own ('' or {own}) or 'longest'"
+                f"encoder is {self.encoder!r}: a {self.kind} tokenizer's rule is its own ('' or {own}) or "
+                "'longest'"
             )
         if self.vocab_size < 1:
             raise ValueError(f"vocab_size must be >= 1, got {self.vocab_size}")
@@ -347,7 +352,8 @@ class _AblationTable:
             _positive("budgets and learning_rates", b)
         if self.extra_seeds < 0 or self.eval_points < 1:
             raise ValueError(
-                f"extra_seeds must be >= 0 and eval_points >= 1, got {self.extra_seeds} and {self.eval_points}"
+                f"extra_seeds must be >= 0 and eval_points >= 1, got {self.extra_seeds} and "
+                f"{self.eval_points}"
             )
 
 

@@ -106,7 +106,8 @@ class Task:
         self.records = dict(records or {})  # their run records (what making them cost), by config field
 
     def require_corpus(self) -> Corpus:
-        """The task's corpus; :class:`UserError` for a task built without one (restored to sample or export)."""
+        """The task's corpus; :class:`UserError` for a task built without one (restored to sample or
+        export)."""
         if self.corpus is None:
             raise UserError(
                 f"{self.description} needs its training corpus here, but it was restored without one"
@@ -153,8 +154,8 @@ class Task:
         longest = max((len(ids) for ids, _ in encoded), default=2)
         if longest - 1 > self.cfg.train.seq_len:
             raise UserError(
-                f"an evaluation segment needs {longest - 1} positions but the model trains on train.seq_len = "
-                f"{self.cfg.train.seq_len}: set data.segment_bytes so segments fit the training context "
+                f"an evaluation segment needs {longest - 1} positions but the model trains on train.seq_len "
+                f"= {self.cfg.train.seq_len}: set data.segment_bytes so segments fit the training context "
                 "(scores past it would measure length extrapolation, not the model)"
             )
         rows = segment_rows(
@@ -176,11 +177,13 @@ class Task:
         return 1.0
 
     def mean_bytes_per_global_step(self) -> float:
-        """Training bytes per position of the outermost stack (1, P, the mean patch length, bytes per token)."""
+        """Training bytes per position of the outermost stack (1, P, the mean patch length, bytes per
+        token)."""
         return self.bytes_per_position()
 
     def forward_flops_per_position(self) -> float:
-        """The model's analytic forward FLOPs per position (by the convention of :mod:`bytelm.models.flops`)."""
+        """The model's analytic forward FLOPs per position (by the convention of
+        :mod:`bytelm.models.flops`)."""
         raise NotImplementedError
 
     def train_flops_per_position(self) -> float:
@@ -194,7 +197,8 @@ class Task:
         return self.forward_flops_per_position() / self.bytes_per_position()
 
     def entropy_inference_flops_per_byte(self) -> float:
-        """Forward FLOPs per byte of an entropy model run in the input pipeline (BLT), reported beside the model's own."""
+        """Forward FLOPs per byte of an entropy model run in the input pipeline (BLT), reported beside the
+        model's own."""
         return 0.0
 
     def ledger(self) -> Ledger:

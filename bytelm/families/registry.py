@@ -67,7 +67,8 @@ def _load_plugins() -> None:
 
 
 def task_class(family: str) -> type[Task]:
-    """The task class of ``family``; :class:`UserError` naming the known families (and the closest) otherwise."""
+    """The task class of ``family``; :class:`UserError` naming the known families (and the closest)
+    otherwise."""
     if family not in FAMILIES:
         _load_plugins()
     if family not in FAMILIES:

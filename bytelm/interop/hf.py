@@ -330,8 +330,9 @@ def export_entries(
         if e.kind == "identity":
             if not np.array_equal(w, np.eye(w.shape[0], dtype=w.dtype)):
                 raise UserError(
-                    f"{'.'.join(map(str, e.path))} is not the identity, but the reference has no such projection at these "
-                    "widths (queries_per_patch x local_d_model = global_d_model): the model cannot be written in its format"
+                    f"{'.'.join(map(str, e.path))} is not the identity, but the reference has no such "
+                    "projection at these widths (queries_per_patch x local_d_model = global_d_model): the "
+                    "model cannot be written in its format"
                 )
         elif e.kind == "rows_slice":
             fused.setdefault(e.hf, []).append((e.rows, w))
@@ -348,7 +349,8 @@ def read_config_json(hf_dir: str | os.PathLike) -> dict:
     path = Path(hf_dir) / CONFIG_FILE
     if not path.is_file():
         raise UserError(
-            f"{hf_dir} has no {CONFIG_FILE}: point at a folder written by save_pretrained (or downloaded whole)"
+            f"{hf_dir} has no {CONFIG_FILE}: point at a folder written by save_pretrained (or downloaded "
+            "whole)"
         )
     try:
         return json.loads(path.read_text())
@@ -460,7 +462,8 @@ def blt_configs_from_hf(
     if config.get("patching_mode", "entropy") != "entropy" or config.get("patch_in_forward", True) is False:
         raise UserError(
             f"{where}: patching_mode {config.get('patching_mode')!r} / patch_in_forward "
-            f"{config.get('patch_in_forward')!r}: only entropy patching with the patcher's weights is converted"
+            f"{config.get('patch_in_forward')!r}: only entropy patching with the patcher's weights is "
+            "converted"
         )
     if config.get("monotonicity"):
         raise UserError(
@@ -490,7 +493,8 @@ def blt_configs_from_hf(
     }
     if len(thetas) > 1:
         raise UserError(
-            f"{where}: the rotary theta differs between the encoder, decoder and global stacks ({sorted(thetas)})"
+            f"{where}: the rotary theta differs between the encoder, decoder and global stacks "
+            f"({sorted(thetas)})"
         )
     window = config.get("local_attention_window_len", 512)
     sizes = config.get("encoder_hash_byte_group_size") or [3, 4, 5, 6, 7, 8]
@@ -833,15 +837,18 @@ def export_hf(
         problems = []
         if m.variant != "reference":
             problems.append(
-                f"model.variant is {m.variant!r}, not 'reference' (bytelm's own BLT differs from the reference: docs/interop.md)"
+                f"model.variant is {m.variant!r}, not 'reference' (bytelm's own BLT differs from the "
+                "reference: docs/interop.md)"
             )
         if m.patching != "entropy" or m.monotonic_threshold:
             problems.append(
-                "the reference patches by a global entropy threshold only (model.patching = 'entropy', no monotonic_threshold)"
+                "the reference patches by a global entropy threshold only (model.patching = 'entropy', no "
+                "monotonic_threshold)"
             )
         if m.cross_heads != m.local_heads or not m.cross_attention or not m.global_path:
             problems.append(
-                "the reference's cross-attentions have the local head count (model.cross_heads = model.local_heads) and are on"
+                "the reference's cross-attentions have the local head count (model.cross_heads = "
+                "model.local_heads) and are on"
             )
         if problems:
             raise UserError(f"{run_dir} cannot be written as BltForCausalLM: " + "; ".join(problems))

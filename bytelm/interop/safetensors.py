@@ -104,13 +104,15 @@ class SafetensorsFolder:
         dtype = DTYPES.get(entry["dtype"])
         if dtype is None:
             raise UserError(
-                f"{file}: tensor {name!r} has dtype {entry['dtype']!r}, which bytelm does not read ({sorted(DTYPES)})"
+                f"{file}: tensor {name!r} has dtype {entry['dtype']!r}, which bytelm does not read "
+                f"({sorted(DTYPES)})"
             )
         begin, end = entry["data_offsets"]
         shape = tuple(entry["shape"])
         if end - begin != dtype.itemsize * int(np.prod(shape, dtype=np.int64)):
             raise UserError(
-                f"{file}: tensor {name!r} spans {end - begin} bytes, not the {shape} x {dtype} its header states"
+                f"{file}: tensor {name!r} spans {end - begin} bytes, not the {shape} x {dtype} its header "
+                "states"
             )
         if end == begin:
             return np.zeros(shape, dtype)

@@ -35,9 +35,9 @@ def attend(
     ``causal`` (self-attention, ``T == S``) masks the future; ``window`` > 0 keeps only the last
     ``window`` positions (the current one included); ``mask_BxTxS`` (True = may attend) is an
     explicit mask. ``segments_BxT`` (self-attention: integer document ids, one per position) keeps
-    each query to the keys of its own document. ``implementation`` is a resolved kernel (:mod:`bytelm.models.kernels`):
-    ``xla``, ``cudnn`` (explicit masks keep the XLA path) or ``halving`` (long causal
-    self-attention of at least two blocks of ``block`` positions skips the masked scores; anything
+    each query to the keys of its own document. ``implementation`` is a resolved kernel
+    (:mod:`bytelm.models.kernels`): ``xla``, ``cudnn`` (explicit masks keep the XLA path) or ``halving`` (long
+    causal self-attention of at least two blocks of ``block`` positions skips the masked scores; anything
     else takes XLA).
     """
     T = q_BxTxHxK.shape[1]

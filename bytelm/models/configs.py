@@ -36,8 +36,9 @@ def check_transformer(prefix: str, d_model: int, n_heads: int, n_layers: int, ml
 
 
 def check_ngrams(ngram_sizes: tuple[int, ...], hash_table_size: int) -> None:
-    """The rules of hashed n-gram embeddings, the byte LM's and BLT's (:func:`bytelm.models.core.ngram_hashes`;
-    the BLT reference variant's exact int64 hash, ``reference_ngram_hashes``, needs both bounds)."""
+    """The rules of hashed n-gram embeddings, the byte LM's and BLT's
+    (:func:`bytelm.models.core.ngram_hashes`; the BLT reference variant's exact int64 hash,
+    ``reference_ngram_hashes``, needs both bounds)."""
     if any(not 1 <= n <= 64 for n in ngram_sizes) or len(set(ngram_sizes)) != len(ngram_sizes):
         raise ValueError(f"model.ngram_sizes {list(ngram_sizes)} must be distinct n-gram lengths in [1, 64]")
     if not 1 <= hash_table_size < 2**24:
@@ -54,7 +55,8 @@ def check_ngram_dropout(rate: float, ngram_sizes: tuple[int, ...]) -> None:
         )
     if rate > 0 and not ngram_sizes:
         raise ValueError(
-            f"model.ngram_dropout = {rate} drops n-gram rows, but model.ngram_sizes is empty: set both, or ngram_dropout = 0"
+            f"model.ngram_dropout = {rate} drops n-gram rows, but model.ngram_sizes is empty: set both, or "
+            "ngram_dropout = 0"
         )
 
 
@@ -68,7 +70,8 @@ class ModelConfig:
     vocab_multiple: int = 128  # embedding/logit rows are padded up to a multiple of this
     attention: str = "auto"  # auto | xla | cudnn | halving (bytelm/models/kernels.py)
     mlp: str = "auto"  # auto | autodiff | manual: the SwiGLU backward (bytelm/models/kernels.py)
-    remat: str = "none"  # none | block | dots: what each block recomputes in the backward pass (bytelm/models/kernels.py)
+    # none | block | dots: what each block recomputes in the backward pass (bytelm/models/kernels.py)
+    remat: str = "none"
     # the deep stacks (the byte/token LM trunk, MegaByte's two, BLT's global) as one scanned block:
     # compile time flat in depth; weights stacked on a leading "layers" axis (bytelm/models/core.py)
     scan_layers: bool = False

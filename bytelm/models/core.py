@@ -5,10 +5,10 @@ RMSNorm, rotary positions, a SwiGLU MLP, multi-head attention (through
 with an explicit mask), a pre-norm transformer stack, embeddings and the output head.
 Dropout (:class:`Dropout`, ``model.dropout``) applies in training only, where the trainer hands
 a forward pass a key; scoring without one is deterministic. Parameters are float32; the compute
-dtype is a constructor argument (bfloat16 on accelerators, float32 on CPU by default), and kernels come resolved from :mod:`bytelm.models.kernels`. Every
-weight carries ``logical_axes`` metadata (``embed``, ``mlp``, ``heads``, ``kv``, ``vocab``) that
-:mod:`bytelm.training.sharding` maps to mesh axes; a table whose first logical axis is ``vocab``
-is an embedding (rows gathered by id), which is how parameters are counted.
+dtype is a constructor argument (bfloat16 on accelerators, float32 on CPU by default), and kernels come
+resolved from :mod:`bytelm.models.kernels`. Every weight carries ``logical_axes`` metadata (``embed``,
+``mlp``, ``heads``, ``kv``, ``vocab``) that :mod:`bytelm.training.sharding` maps to mesh axes; a table whose
+first logical axis is ``vocab`` is an embedding (rows gathered by id), which is how parameters are counted.
 """
 
 from __future__ import annotations
@@ -197,11 +197,12 @@ class Attention(nnx.Module):
 
     Masks: ``causal`` (self-attention only), ``window`` > 0 for a sliding window of that many
     positions (the current one included), an explicit boolean ``mask_BxTxS`` (True = may
-    attend), and ``segments_BxT`` (self-attention: document ids; a query sees only its document). Rotary positions apply to self-attention only. ``implementation`` is a resolved
-    attention kernel (:mod:`bytelm.models.kernels`). ``qk_norm``: each head's query and key are
-    RMS-normalised (with a learned gain per head dimension, shared by the heads) before the rotary
-    positions, which bounds the attention logits (QK-norm per head, the form Gemma 3 and Qwen 3 use;
-    OLMo 2 normalises the whole projection before it is split into heads).
+    attend), and ``segments_BxT`` (self-attention: document ids; a query sees only its document). Rotary
+    positions apply to self-attention only. ``implementation`` is a resolved attention kernel
+    (:mod:`bytelm.models.kernels`). ``qk_norm``: each head's query and key are RMS-normalised (with a learned
+    gain per head dimension, shared by the heads) before the rotary positions, which bounds the attention
+    logits (QK-norm per head, the form Gemma 3 and Qwen 3 use; OLMo 2 normalises the whole projection before
+    it is split into heads).
     """
 
     def __init__(

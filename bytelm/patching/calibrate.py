@@ -123,8 +123,8 @@ def calibrate_threshold(
         raise UserError(
             f"target mean patch length {target} cannot be reached on this sample: the reachable range is "
             f"[{m_lo:.3f}, {m_hi:.3f}] (the upper end is set by {' and '.join(limits)}, with the global "
-            f"threshold switched off); choose a target inside it, or raise max_patch_len / the monotonic threshold, "
-            f"or calibrate on longer rows"
+            "threshold switched off); choose a target inside it, or raise max_patch_len / the monotonic "
+            "threshold, or calibrate on longer rows"
         )
     # Bisection: the smallest k with mean_at(k) >= target (mean_at is non-decreasing in k).
     while k_hi - k_lo > 1:
@@ -139,8 +139,8 @@ def calibrate_threshold(
     k, achieved = (k_hi, m_hi) if abs(m_hi - target) <= abs(m_lo - target) else (k_lo, m_lo)
     if not close(achieved) and not strict:
         log.warning(
-            "target mean patch length %.4g is not reachable within %.0f%% on this sample (the mean jumps from "
-            "%.3f to %.3f); using the closest, %.4f",
+            "target mean patch length %.4g is not reachable within %.0f%% on this sample (the mean jumps "
+            "from %.3f to %.3f); using the closest, %.4f",
             target,
             100 * tol,
             m_lo,
@@ -149,9 +149,9 @@ def calibrate_threshold(
         )
     elif not close(achieved):
         raise UserError(
-            f"target mean patch length {target} cannot be met within {tol:.0%} on this sample: the mean jumps "
-            f"from {m_lo:.3f} to {m_hi:.3f} between two neighbouring entropy values; calibrate on a larger "
-            f"sample (more or longer rows) or accept a target near one of those values"
+            f"target mean patch length {target} cannot be met within {tol:.0%} on this sample: the mean "
+            f"jumps from {m_lo:.3f} to {m_hi:.3f} between two neighbouring entropy values; calibrate on a "
+            "larger sample (more or longer rows) or accept a target near one of those values"
         )
     theta = threshold(k)
     log.info(

@@ -19,9 +19,10 @@ class PatchOverflowError(UserError):
         self.row, self.needed, self.max_patches = row, needed, max_patches
         others = f" ({n_rows_over} rows of this batch overflow)" if n_rows_over > 1 else ""
         super().__init__(
-            f"row {row} needs {needed} patches but the model has at most max_patches = {max_patches}{others}; "
-            f"bytes are never dropped, so raise model.max_patches (to at least {needed}), or make patches "
-            f"longer: a larger target mean patch length (a higher entropy threshold) or a larger patch size"
+            f"row {row} needs {needed} patches but the model has at most max_patches = "
+            f"{max_patches}{others}; bytes are never dropped, so raise model.max_patches (to at least "
+            f"{needed}), or make patches longer: a larger target mean patch length (a higher entropy "
+            "threshold) or a larger patch size"
         )
 
 

@@ -76,8 +76,8 @@ def patch_text(
         raise UserError("the text to patch is empty; give some text (--text or --file)")
     if threshold is None and monotonic_threshold is None and target_len is None:
         raise UserError(
-            "an entropy-model run has no patching settings: give a threshold (--threshold T, nats) or a target "
-            "mean patch length to calibrate on the text (--target-len L)"
+            "an entropy-model run has no patching settings: give a threshold (--threshold T, nats) or a "
+            "target mean patch length to calibrate on the text (--target-len L)"
         )
     ids = text_ids(data)
     h = model.entropies(ids[None])[0]

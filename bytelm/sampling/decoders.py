@@ -1,4 +1,5 @@
-"""What every family's decoder shares: next-unit logits from caches, and the same logits by full recomputation.
+"""What every family's decoder shares: next-unit logits from caches, and the same logits by full
+recomputation.
 
 A :class:`Decoder` turns a prompt into the logits of the first generated unit (:meth:`start`, the
 prefill: one call per model), then the logits of each next unit (:meth:`step`), with every model's
@@ -94,15 +95,17 @@ class Decoder(abc.ABC):
     def _check_prompt(self, n_positions: int, context: int) -> None:
         if n_positions > context:
             raise UserError(
-                f"the prompt needs {n_positions} positions but the model's context is {context} (train.seq_len): "
-                "shorten the prompt; generation itself may run past the context (the caches then slide)"
+                f"the prompt needs {n_positions} positions but the model's context is {context} "
+                "(train.seq_len): shorten the prompt; generation itself may run past the context (the caches "
+                "then slide)"
             )
 
     @staticmethod
     def _check_recompute(n_positions: int, context: int) -> None:
         if n_positions > context:
             raise UserError(
-                f"the full recomputation is defined within the model's context ({context} positions), got {n_positions}"
+                f"the full recomputation is defined within the model's context ({context} positions), got "
+                f"{n_positions}"
             )
 
 

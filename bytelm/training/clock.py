@@ -40,7 +40,8 @@ class Clock:
         self.step_s: float | None = None
 
     def start(self) -> None:
-        """The clock runs from the training loop's start (set-up, e.g. a matmul-peak measurement, is not training)."""
+        """The clock runs from the training loop's start (set-up, e.g. a matmul-peak measurement, is not
+        training)."""
         self.t0, self.paused_s, self.stopped_at = time.perf_counter(), 0.0, None
 
     def stop(self) -> None:
@@ -98,7 +99,8 @@ class Clock:
         return True
 
     def _early(self, step: int, horizon: int) -> bool:
-        """Inside the warmup, or the first :attr:`REPLAN_DECAY` of the decay, of the plan ending at ``horizon``."""
+        """Inside the warmup, or the first :attr:`REPLAN_DECAY` of the decay, of the plan ending at
+        ``horizon``."""
         return step < self.warmup or step - self.warmup <= self.REPLAN_DECAY * (horizon - self.warmup)
 
     def exhausted(self, step: int) -> bool:

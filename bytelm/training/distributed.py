@@ -45,17 +45,20 @@ def initialize(
         return False
     if auto and given:
         raise UserError(
-            f"--distributed reads the cluster from the environment; drop {', '.join(sorted(given))} or --distributed"
+            f"--distributed reads the cluster from the environment; drop {', '.join(sorted(given))} or "
+            "--distributed"
         )
     if given and len(given) < 3:
         missing = sorted(set(explicit) - given)
         raise UserError(
-            f"an explicit process layout needs --coordinator, --num-processes and --process-id; missing {', '.join(missing)}"
+            "an explicit process layout needs --coordinator, --num-processes and --process-id; missing "
+            f"{', '.join(missing)}"
         )
     if coordinator is not None and num_processes is not None and process_id is not None:  # all three given
         if ":" not in coordinator or not coordinator.rsplit(":", 1)[1].isdigit():
             raise UserError(
-                f"--coordinator {coordinator!r} must be HOST:PORT (the address of process 0), e.g. 10.0.0.1:1234"
+                f"--coordinator {coordinator!r} must be HOST:PORT (the address of process 0), e.g. "
+                "10.0.0.1:1234"
             )
         if num_processes < 1:
             raise UserError(f"--num-processes must be >= 1, got {num_processes}")
@@ -74,8 +77,9 @@ def initialize(
             jax.distributed.initialize()
         except (ValueError, RuntimeError) as e:
             raise UserError(
-                f"--distributed could not find the cluster from the environment ({str(e).splitlines()[0][:200]}); "
-                "outside TPU pods, SLURM, Open MPI and Kubernetes give --coordinator, --num-processes and --process-id"
+                "--distributed could not find the cluster from the environment "
+                f"({str(e).splitlines()[0][:200]}); outside TPU pods, SLURM, Open MPI and Kubernetes give "
+                "--coordinator, --num-processes and --process-id"
             ) from None
     log.info(
         "process %d of %d, %d local / %d global devices",

@@ -66,7 +66,8 @@ class _SignalFlag:
 
 class _Metrics:
     """Appends JSON lines to the run's ``metrics.jsonl``; on resume, drops records past the restored
-    step (and a torn last line). Only the primary process writes (the others' records are the same numbers)."""
+    step (and a torn last line). Only the primary process writes (the others' records are the same
+    numbers)."""
 
     def __init__(self, files: RunDir, resume_step: int):
         self.file = None
@@ -222,7 +223,8 @@ class _Run:
         return self.trainer.step * self.task.positions_per_step() * self.task.bytes_per_position()
 
     def finished(self) -> bool:
-        """The run has trained for ``train.steps``, or spent its time budget (or reached its planned horizon)."""
+        """The run has trained for ``train.steps``, or spent its time budget (or reached its planned
+        horizon)."""
         return (
             self.clock.exhausted(self.trainer.step)
             if self.budgeted
@@ -303,8 +305,8 @@ class _Run:
                 self.write_status("diverged", diverged_at_step=step, last_good_checkpoint=self.last_good_step)
                 raise TrainingDiverged(
                     f"loss became {loss} at step {step}; the last good checkpoint "
-                    f"(step {self.last_good_step}) is kept in {self.files.checkpoints_path}. Lower train.learning_rate or "
-                    "raise train.warmup_steps, then resume or start a new run."
+                    f"(step {self.last_good_step}) is kept in {self.files.checkpoints_path}. Lower "
+                    "train.learning_rate or raise train.warmup_steps, then resume or start a new run."
                 )
             self.last_loss = loss
 
@@ -416,14 +418,14 @@ def train(
     of this invocation (tests use it to simulate an interruption)."""
     if re.match(r"[A-Za-z][A-Za-z0-9+.-]+:/", str(run_dir)):  # gs://..., s3://... (a Path keeps one slash)
         raise UserError(
-            f"the run directory {run_dir} is a URL; bytelm writes runs to a file system (for a bucket, mount it, e.g. "
-            "with gcsfuse, and give the mounted path: every host must see the same directory)"
+            f"the run directory {run_dir} is a URL; bytelm writes runs to a file system (for a bucket, mount "
+            "it, e.g. with gcsfuse, and give the mounted path: every host must see the same directory)"
         )
     run_dir = Path(run_dir)
     if RunDir(run_dir).converted():
         raise UserError(
-            f"{run_dir} holds a converted checkpoint (parameters only, no optimizer state): training does not resume "
-            "from it; train into a new --out"
+            f"{run_dir} holds a converted checkpoint (parameters only, no optimizer state): training does "
+            "not resume from it; train into a new --out"
         )
     run_dir.mkdir(parents=True, exist_ok=True)
     check_run_config(run_dir, cfg)

@@ -251,7 +251,8 @@ def _scale_embeddings(scale: float) -> optax.GradientTransformation:
 def make_optimizer(tcfg) -> optax.GradientTransformationExtraArgs:
     """Clip (if ``grad_clip`` > 0), then AdamW (``train.optimizer = "adamw"``) or Muon on the hidden
     matrices and Adam on the rest (``"muon"``); weight decay on matrices only (not norms); lookup
-    tables' steps times ``embedding_lr_scale``. ``update(grads, state, params, plan=schedule_plan(tcfg, horizon))``."""
+    tables' steps times ``embedding_lr_scale``.
+    ``update(grads, state, params, plan=schedule_plan(tcfg, horizon))``."""
     decay_mask = lambda params: jax.tree.map(  # noqa: E731
         lambda v: v.replace(_decays(v)) if _is_variable(v) else _decays(v), params, is_leaf=_is_variable
     )

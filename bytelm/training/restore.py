@@ -40,7 +40,8 @@ def _restore_artefact_run(value: str, field: str, kind) -> tuple[nnx.Module, dic
     """The artefact run's model and its ``run.json`` record."""
     if not value:
         raise UserError(
-            f"model.{field} is empty: point it at the run directory of the {kind.noun} (train one with '{kind.made_by}')"
+            f"model.{field} is empty: point it at the run directory of the {kind.noun} (train one with "
+            f"'{kind.made_by}')"
         )
     run_dir = Path(value)
     record = RunDir(run_dir).info(
@@ -49,8 +50,8 @@ def _restore_artefact_run(value: str, field: str, kind) -> tuple[nnx.Module, dic
     family = record.get("family")
     if family != kind.run_family:
         raise UserError(
-            f"model.{field} {run_dir} is a {family!r} run; the {kind.noun} must be {FAMILIES[kind.run_family].description} "
-            f"(family {kind.run_family!r})"
+            f"model.{field} {run_dir} is a {family!r} run; the {kind.noun} must be "
+            f"{FAMILIES[kind.run_family].description} (family {kind.run_family!r})"
         )
     return restore_model(run_dir), record
 
@@ -110,7 +111,8 @@ def _restore_mesh(cfg: Config, run_dir: Path):
             cfg, train=dataclasses.replace(t, mesh_data=-1, mesh_fsdp=1, mesh_tensor=1)
         )
         log.info(
-            "%s was trained on a mesh (data=%d, fsdp=%d, tensor=%d) that %d devices cannot hold: restoring data-parallel",
+            "%s was trained on a mesh (data=%d, fsdp=%d, tensor=%d) that %d devices cannot hold: restoring "
+            "data-parallel",
             run_dir,
             t.mesh_data,
             t.mesh_fsdp,

@@ -47,8 +47,8 @@ def mesh_shape(sizes: tuple[int, int, int], n_devices: int) -> tuple[int, int, i
         sizes = (d, f, t)
     if math.prod(sizes) != n_devices:
         raise UserError(
-            f"mesh {dict(zip(MESH_AXES, sizes))} needs {math.prod(sizes)} devices but {n_devices} are available: "
-            "set train.mesh_data=-1 to fill"
+            f"mesh {dict(zip(MESH_AXES, sizes))} needs {math.prod(sizes)} devices but {n_devices} are "
+            "available: set train.mesh_data=-1 to fill"
         )
     return sizes
 

@@ -155,11 +155,13 @@ class Trainer:
         if micro % n_batch_shards:
             raise UserError(
                 f"the micro-batch train.batch_size/train.grad_accum = {micro} is not divisible by the "
-                f"data-parallel mesh size (data x fsdp = {n_batch_shards}); change train.batch_size or the mesh"
+                f"data-parallel mesh size (data x fsdp = {n_batch_shards}); change train.batch_size or the "
+                "mesh"
             )
         if cfg.eval.batch_size % n_batch_shards:
             raise UserError(
-                f"eval.batch_size {cfg.eval.batch_size} is not divisible by the data-parallel mesh size {n_batch_shards}"
+                f"eval.batch_size {cfg.eval.batch_size} is not divisible by the data-parallel mesh size "
+                f"{n_batch_shards}"
             )
         seed = cfg.train.seed
         abstract_model = nnx.eval_shape(lambda: task.build_model(nnx.Rngs(jax.random.key(seed))))
@@ -269,8 +271,8 @@ class Trainer:
         on_batch: Callable[[dict, int], None] | None = None,
         batch_size: int | None = None,
     ):
-        """Score ``segments`` with the model's weights (:attr:`model_params`; the evaluation protocol), ``batch_size``
-        (default ``eval.batch_size``) segments per batch.
+        """Score ``segments`` with the model's weights (:attr:`model_params`; the evaluation protocol),
+        ``batch_size`` (default ``eval.batch_size``) segments per batch.
 
         ``on_batch(batch, n_real_rows)`` sees every host-side eval batch (with its family-specific
         arrays, e.g. BLT patch lengths) before it is scored; the evaluator counts global steps and

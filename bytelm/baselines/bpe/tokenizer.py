@@ -215,7 +215,8 @@ class Tokenizer(SubwordTokenizer):
 
     # -- files ----------------------------------------------------------------------------------
     def save(self, directory) -> Path:
-        """Write the tokenizer files into ``directory`` (created if needed; :mod:`bytelm.baselines.bpe.io`)."""
+        """Write the tokenizer files into ``directory`` (created if needed;
+        :mod:`bytelm.baselines.bpe.io`)."""
         return write_tokenizer_files(self, directory)
 
     @classmethod

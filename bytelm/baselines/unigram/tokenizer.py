@@ -94,7 +94,8 @@ class UnigramTokenizer(SubwordTokenizer):
         scores = [float(s) for s in scores]
         if len(scores) != len(vocab):
             raise UserError(
-                f"{len(scores)} scores for {len(vocab)} pieces (256 bytes + {len(vocab) - 256} learned): one score each"
+                f"{len(scores)} scores for {len(vocab)} pieces (256 bytes + {len(vocab) - 256} learned): one "
+                "score each"
             )
         bad = next((i for i, s in enumerate(scores) if not math.isfinite(s)), None)
         if bad is not None:
@@ -128,7 +129,8 @@ class UnigramTokenizer(SubwordTokenizer):
     def __repr__(self) -> str:
         return (
             f"UnigramTokenizer(n_vocab={self.n_vocab}, pieces={self.n_mergeable - 256}, pattern="
-            f"{self.pretokenizer.name or self.pattern!r}, special_tokens={list(self.special_tokens)}, encoder={self.encoder!r})"
+            f"{self.pretokenizer.name or self.pattern!r}, special_tokens={list(self.special_tokens)}, "
+            f"encoder={self.encoder!r})"
         )
 
     def __getstate__(self):
@@ -313,8 +315,8 @@ class UnigramTokenizer(SubwordTokenizer):
 
     def _vocab_dump(self) -> str:
         lines = [
-            f"# bytelm byte-level Unigram vocabulary: {self.n_vocab} ids ({self.n_mergeable} pieces = 256 bytes + "
-            f"{self.n_mergeable - 256} learned, {len(self.special_tokens)} special)",
+            f"# bytelm byte-level Unigram vocabulary: {self.n_vocab} ids ({self.n_mergeable} pieces = 256 "
+            f"bytes + {self.n_mergeable - 256} learned, {len(self.special_tokens)} special)",
             f"# pattern: {self.pattern}",
             f"# encoder: {self.encoder}",
             f"# fingerprint: {self.fingerprint}",

@@ -40,7 +40,8 @@ class BLTTask(ByteTask):
 
     @classmethod
     def sized(cls, model_cfg, trunk: Trunk, changes):
-        # the local stacks' widths and heads from the trunk; their depths (encoder_layers, decoder_layers) stay
+        # the local stacks' widths and heads from the trunk; their depths (encoder_layers, decoder_layers)
+        # stay
         return with_stacks(model_cfg, {"global_": trunk.main, "local_": trunk.local}, **changes)
 
     @classmethod
@@ -98,9 +99,9 @@ class BLTTask(ByteTask):
             patcher, achieved = EntropyPatcher(self.entropy_model, m.threshold, mono, m.max_patch_len), None
         elif self.corpus is None:
             raise UserError(
-                f"the BLT run {self.run_dir} records no patching threshold (its run record's 'patching') and model.threshold is 0, "
-                "so the threshold would be calibrated on the training corpus, which was not loaded: set model.threshold "
-                "or restore the run with its corpus"
+                f"the BLT run {self.run_dir} records no patching threshold (its run record's 'patching') and "
+                "model.threshold is 0, so the threshold would be calibrated on the training corpus, which "
+                "was not loaded: set model.threshold or restore the run with its corpus"
             )
         else:
             return EntropyPatcher.calibrated(
@@ -131,7 +132,8 @@ class BLTTask(ByteTask):
     def decoder(self, model: nnx.Module) -> Decoder:
         if self.space:
             raise UserError(
-                "sampling from a space-patched BLT (model.patching = 'space') is not supported; sample an entropy-patched run"
+                "sampling from a space-patched BLT (model.patching = 'space') is not supported; sample an "
+                "entropy-patched run"
             )
         return BLTDecoder(
             model,

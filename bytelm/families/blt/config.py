@@ -40,7 +40,9 @@ class BLTConfig(ModelConfig):
     global_heads: int = 4
     global_mlp_dim: int = 704
     ngram_sizes: tuple[int, ...] = (3, 4, 5, 6, 7, 8)  # hashed n-grams ending at each byte
-    hash_table_size: int = 30011  # rows per n-gram hash table (one per n): a prime near the reference's default of 30000 (its 1B model: 500002)
+    # rows per n-gram hash table (one per n): a prime near the reference's default of 30000 (its 1B model:
+    # 500002)
+    hash_table_size: int = 30011
     queries_per_patch: int = 2  # k (the reference's cross_attn_k)
     cross_heads: int = 2
     cross_attention: bool = True  # False: pooled patch states / global states enter by projection
@@ -68,8 +70,8 @@ class BLTConfig(ModelConfig):
             raise ValueError(f"model.patching must be 'entropy' or 'space', got {self.patching!r}")
         if self.max_patch_len < 1 or self.max_patches < 0 or not self.patch_slots >= 1.0:
             raise ValueError(
-                f"model.max_patch_len ({self.max_patch_len}) must be >= 1, model.max_patches ({self.max_patches}) >= 0 "
-                f"and model.patch_slots ({self.patch_slots}) >= 1"
+                f"model.max_patch_len ({self.max_patch_len}) must be >= 1, model.max_patches "
+                f"({self.max_patches}) >= 0 and model.patch_slots ({self.patch_slots}) >= 1"
             )
         if self.threshold < 0 or self.monotonic_threshold < 0:
             raise ValueError(
@@ -87,7 +89,8 @@ class BLTConfig(ModelConfig):
         )
         if self.local_d_model % self.cross_heads or (self.local_d_model // self.cross_heads) % 2:
             raise ValueError(
-                f"model.local_d_model {self.local_d_model} must split into model.cross_heads {self.cross_heads} even-sized heads"
+                f"model.local_d_model {self.local_d_model} must split into model.cross_heads "
+                f"{self.cross_heads} even-sized heads"
             )
         check_ngrams(self.ngram_sizes, self.hash_table_size)
         if self.queries_per_patch < 1:
@@ -99,13 +102,14 @@ class BLTConfig(ModelConfig):
             raise ValueError(f"model.variant must be one of {VARIANTS}, got {self.variant!r}")
         if self.hash_functions < 1 or (self.variant == "bytelm" and self.hash_functions != 1):
             raise ValueError(
-                f"model.hash_functions ({self.hash_functions}) must be 1 for variant 'bytelm' and >= 1 for 'reference'"
+                f"model.hash_functions ({self.hash_functions}) must be 1 for variant 'bytelm' and >= 1 for "
+                "'reference'"
             )
         if self.variant == "reference":
             if self.encoder_cross_all_layers:
                 raise ValueError(
-                    "the reference variant pools its patch queries afresh at every encoder layer, so only the last "
-                    "cross-attention counts: set model.encoder_cross_all_layers = false"
+                    "the reference variant pools its patch queries afresh at every encoder layer, so only "
+                    "the last cross-attention counts: set model.encoder_cross_all_layers = false"
                 )
 
     def cross_layers(self) -> tuple[int, int]:

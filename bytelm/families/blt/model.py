@@ -374,7 +374,8 @@ class GlobalModel(nnx.Module):
         pos0=0,
         drop: Dropout | None = None,
     ) -> tuple[jax.Array, list[KVCache] | None]:
-        """``(slots_BxPxkxD, caches)``; ``drop``: dropout on the patch inputs (site 2) and in the stack (3)."""
+        """``(slots_BxPxkxD, caches)``; ``drop``: dropout on the patch inputs (site 2) and in the stack
+        (3)."""
         B, P, _ = patches_BxPxG.shape
         x_BxPxG = apply_dropout(patches_BxPxG, drop_at(drop, 2))
         if cache is None:
@@ -553,7 +554,8 @@ class BLT(nnx.Module):
         # 3. global latent transformer over patches
         slots_BxPxkxD, _ = self.latent(patches_BxPxG, drop=drop)
         # 4. local decoder: byte i reads the global output of the patch before its target's patch (decoder
-        # patch ids are the targets': the lengths shifted by one position; the encoder's would leak the future)
+        # patch ids are the targets': the lengths shifted by one position; the encoder's would leak the
+        # future)
         src_pid_BxT = patch_ids_from_lengths(patch_lengths_BxP, T + 1)[:, 1:] - 1
         index_BxTxk = jnp.clip(src_pid_BxT, 0, P - 1)[:, :, None] * k + jnp.arange(k)[None, None, :]
         logits, _ = self.decoder(
@@ -561,7 +563,8 @@ class BLT(nnx.Module):
         )
         return logits
 
-    # -- decoding (bytelm.families.blt.decoder): bytes through the local models, patches through the global one
+    # -- decoding (bytelm.families.blt.decoder): bytes through the local models, patches through the global
+    # one
     def init_cache(self, batch: int, slots: int, max_patches: int) -> dict[str, list[KVCache]]:
         """Empty caches: the local encoder's and decoder's over ``slots`` byte positions, the global
         stack's over ``max_patches`` patch positions."""
@@ -582,7 +585,8 @@ class BLT(nnx.Module):
         return self.encoder.patches(states, lengths_BxP)
 
     def global_extend(self, patches_BxNxG: jax.Array, caches: list[KVCache], pos0: jax.Array):
-        """The global step for ``N`` new patches: their ``k`` key/value slots, ``B x N x k x D``, and the caches."""
+        """The global step for ``N`` new patches: their ``k`` key/value slots, ``B x N x k x D``, and the
+        caches."""
         return self.latent(patches_BxNxG, cache=caches, pos0=pos0)
 
     def decode_extend(
@@ -593,7 +597,8 @@ class BLT(nnx.Module):
         caches: list[KVCache],
         pos0: jax.Array,
     ):
-        """Logits for ``N`` new positions, each reading the ``k`` slots given for it (``has_src`` False: none)."""
+        """Logits for ``N`` new positions, each reading the ``k`` slots given for it (``has_src`` False:
+        none)."""
         B, N, k, dl = slots_BxNxkxD.shape
         index_BxNxk = jnp.broadcast_to(jnp.arange(N)[:, None] * k + jnp.arange(k)[None, :], (B, N, k))
         return self.decoder(

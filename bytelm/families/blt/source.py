@@ -29,7 +29,8 @@ class PatchSource:
             raise UserError("give either a threshold or a target mean patch length, not both")
         if target_len is not None and not target_len >= 1:
             raise UserError(
-                f"target mean patch length {target_len} is below 1: a patch holds at least one byte; use a target >= 1"
+                f"target mean patch length {target_len} is below 1: a patch holds at least one byte; use a "
+                "target >= 1"
             )
         settings = self.settings or {}
         kwargs = {
@@ -42,8 +43,9 @@ class PatchSource:
         }
         if kwargs["threshold"] is None and kwargs["monotonic_threshold"] is None and target_len is None:
             raise UserError(
-                f"{self.run_dir} is an entropy-model run with no patching settings: give a threshold (--threshold T, "
-                f"nats) or a target mean patch length to calibrate on the text (--target-len L)"
+                f"{self.run_dir} is an entropy-model run with no patching settings: give a threshold "
+                "(--threshold T, nats) or a target mean patch length to calibrate on the text (--target-len "
+                "L)"
             )
         return kwargs
 
@@ -52,9 +54,9 @@ class PatchSource:
         recorded = (self.settings or {}).get("entropy_fingerprint")
         if recorded and recorded != fingerprint:
             raise UserError(
-                f"the entropy model in {self.entropy_run} (fingerprint {fingerprint[:16]}...) is not the one the BLT "
-                f"run {self.run_dir} was trained with (fingerprint {recorded[:16]}...); restore the original entropy "
-                f"run or point run.json's entropy_run at it"
+                f"the entropy model in {self.entropy_run} (fingerprint {fingerprint[:16]}...) is not the one "
+                f"the BLT run {self.run_dir} was trained with (fingerprint {recorded[:16]}...); restore the "
+                "original entropy run or point run.json's entropy_run at it"
             )
 
 
@@ -74,8 +76,8 @@ def read_patch_source(run_dir: str | Path) -> PatchSource:
         return PatchSource(run_dir, family, run_dir, None)
     if family != BLT_FAMILY:
         raise UserError(
-            f"{run_dir} is a {family!r} run; 'bytelm patch' needs a BLT run (family 'blt') or an entropy-model "
-            f"run (family 'byte', e.g. trained from configs/tiny/entropy.toml)"
+            f"{run_dir} is a {family!r} run; 'bytelm patch' needs a BLT run (family 'blt') or an "
+            "entropy-model run (family 'byte', e.g. trained from configs/tiny/entropy.toml)"
         )
     entropy_run = info.get("entropy_run")
     settings = info.get("patching")
@@ -86,8 +88,9 @@ def read_patch_source(run_dir: str | Path) -> PatchSource:
         and settings.get("monotonic_threshold") is None
     ):
         raise UserError(
-            f"{RunDir(run_dir).info_path} is a BLT run without 'entropy_run' and a 'patching' record holding a threshold; "
-            f"was its training interrupted before patching was set up? Re-run 'bytelm train' on it"
+            f"{RunDir(run_dir).info_path} is a BLT run without 'entropy_run' and a 'patching' record holding "
+            "a threshold; was its training interrupted before patching was set up? Re-run 'bytelm train' on "
+            "it"
         )
     entropy_path = Path(entropy_run)
     if not entropy_path.is_absolute() and not entropy_path.is_dir() and (run_dir / entropy_path).is_dir():
@@ -100,7 +103,8 @@ def read_patch_source(run_dir: str | Path) -> PatchSource:
     entropy_family = _read_run_json(entropy_path).get("family")
     if entropy_family != ENTROPY_FAMILY:
         raise UserError(
-            f"the entropy model run {entropy_path} recorded by {run_dir} is a {entropy_family!r} run, not a byte LM "
-            f"(family 'byte'); point 'entropy_run' in {RunDir(run_dir).info_path} at the entropy model's run"
+            f"the entropy model run {entropy_path} recorded by {run_dir} is a {entropy_family!r} run, not a "
+            f"byte LM (family 'byte'); point 'entropy_run' in {RunDir(run_dir).info_path} at the entropy "
+            "model's run"
         )
     return PatchSource(run_dir, family, entropy_path, settings)

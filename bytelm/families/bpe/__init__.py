@@ -44,7 +44,8 @@ class TokenTask(Task):
         super().__init__(cfg, corpus, run_dir, modules=modules, records=records, record=record)
         if not cfg.model.tokenizer:
             raise UserError(
-                "model.tokenizer is empty: point it at a tokenizer directory (bytelm tokenizer train --out DIR)"
+                "model.tokenizer is empty: point it at a tokenizer directory (bytelm tokenizer train --out "
+                "DIR)"
             )
         self.tokenizer = load_tokenizer(cfg.model.tokenizer)
         n = self.tokenizer.n_vocab
@@ -65,8 +66,9 @@ class TokenTask(Task):
         sampled = f"-a{alpha:g}-s{self.cfg.train.seed}" if alpha > 0 else ""
         if alpha > 0 and self.tokenizer.kind != "unigram":
             raise UserError(
-                f"model.sample_alpha = {alpha} draws Unigram segmentations, but {self.cfg.model.tokenizer} holds a "
-                f"{self.tokenizer.kind} tokenizer; set model.sample_alpha = 0 or train one with --kind unigram"
+                f"model.sample_alpha = {alpha} draws Unigram segmentations, but {self.cfg.model.tokenizer} "
+                f"holds a {self.tokenizer.kind} tokenizer; set model.sample_alpha = 0 or train one with "
+                "--kind unigram"
             )
         path = (
             corpus.path.parent.parent
@@ -153,7 +155,8 @@ class TokenTask(Task):
     def report_note(cls, run_info: dict) -> str:
         kind = run_info.get("tokenizer_kind")
         return (
-            f"{kind} tokenizer, {run_info.get('tokenizer_n_vocab')} ids, encoder {run_info.get('tokenizer_encoder')}"
+            f"{kind} tokenizer, {run_info.get('tokenizer_n_vocab')} ids, encoder "
+            f"{run_info.get('tokenizer_encoder')}"
             if kind
             else ""
         )
@@ -170,8 +173,8 @@ def token_decoder(model, tokenizer, context: int) -> FlatDecoder:
         except ValueError:
             found = [t for t in tokenizer.special_tokens if t.encode() in prompt]
             raise UserError(
-                f"the prompt contains the special token {found[0]!r} spelled out; a prompt cannot hold control "
-                "tokens: remove it from the prompt"
+                f"the prompt contains the special token {found[0]!r} spelled out; a prompt cannot hold "
+                "control tokens: remove it from the prompt"
             ) from None
 
     dec = FlatDecoder(model, context, encode, lambda u: tokenizer.token_bytes(u - BYTE_OFFSET))

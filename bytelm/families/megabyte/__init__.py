@@ -31,7 +31,8 @@ class MegaByteTask(ByteTask):
         P = changes.get("patch_size", model_cfg.patch_size)
         if trunk.main.d_model % P:
             raise UserError(
-                f"the size rule's width {trunk.main.d_model} is not divisible by model.patch_size {P} (embed_dim = width / P)"
+                f"the size rule's width {trunk.main.d_model} is not divisible by model.patch_size {P} "
+                "(embed_dim = width / P)"
             )
         return with_stacks(
             model_cfg,

@@ -33,7 +33,8 @@ class MegaByteConfig(ModelConfig):
         if self.embed_dim * self.patch_size != self.global_d_model:
             raise ValueError(
                 f"model.global_d_model {self.global_d_model} must equal model.patch_size {self.patch_size} x "
-                f"model.embed_dim {self.embed_dim} = {self.patch_size * self.embed_dim} (the concatenated patch width)"
+                f"model.embed_dim {self.embed_dim} = {self.patch_size * self.embed_dim} (the concatenated "
+                "patch width)"
             )
         check_transformer(
             "model.global_", self.global_d_model, self.global_heads, self.global_layers, self.global_mlp_dim
