@@ -1,7 +1,10 @@
 """Atomic file and directory writes: write to a temporary sibling, then rename over the target.
 
 A reader never sees a half-written file, and a crash leaves at worst a stray temporary file
-(named ``.NAME.tmp-*``) next to the target, never a truncated target.
+(named ``.NAME.tmp-*``) next to the target, never a truncated target. The targets get the modes a
+plain ``open`` or ``mkdir`` would give them under the process's umask (0644 and 0755 by default),
+not the private 0600 / 0700 of the temporary files they start as: colleagues on a shared file
+system can read them.
 """
 
 from __future__ import annotations
@@ -13,6 +16,20 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
+
+
+def umask() -> int:
+    """The process's umask (read without changing it where Linux allows: ``/proc/self/status``)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)  # elsewhere: set and restore (a moment's race with other threads' creates)
+    os.umask(mask)
+    return mask
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
@@ -29,6 +46,7 @@ def atomic_file(path: str | os.PathLike) -> Iterator[BinaryIO]:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=path.parent)
     try:
+        os.chmod(tmp, 0o666 & ~umask())
         with os.fdopen(fd, "wb") as f:
             yield f
             f.flush()
@@ -56,6 +74,7 @@ def atomic_directory(path: str | os.PathLike) -> Iterator[Path]:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
     try:
+        os.chmod(tmp, 0o777 & ~umask())
         yield tmp
         try:
             os.rename(tmp, path)

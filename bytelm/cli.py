@@ -9,6 +9,7 @@ The ``bytelm`` executable enters through :func:`bytelm.__main__.entry`.
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import itertools
 import json
 import logging
@@ -22,7 +23,7 @@ from typing import Any
 import jax
 
 from bytelm.atomic import atomic_write_text
-from bytelm.baselines import KINDS, load_tokenizer
+from bytelm.baselines import KINDS, is_saved, load_tokenizer
 from bytelm.baselines.bpe import tokenizer_stats, train_bpe
 from bytelm.config import load_config
 from bytelm.data import default_cache_dir, load_corpus_from_config
@@ -39,7 +40,9 @@ from bytelm.generate import load_decoder, stream, text_pieces
 from bytelm.interop.hf import convert_hf_blt, export_hf
 from bytelm.patching import EntropyModel, format_patches, patch_text
 from bytelm.patching.plot import plot_entropies
+from bytelm.paths import check_output_dir, check_output_file
 from bytelm.progress import ProgressBar
+from bytelm.rundir import RunDir
 from bytelm.sampling.sampler import SamplingOptions
 from bytelm.training import distributed
 from bytelm.training.host import configure_cpu_devices
@@ -48,6 +51,7 @@ from bytelm.training.restore import restore_model
 from bytelm.training.trainer import TrainingDiverged
 
 EXIT_USER_ERROR = 2
+EXIT_SIGNAL = 130  # (128 + SIGINT, as shells report an interrupted command)
 
 
 # -- shared options -------------------------------------------------------------------------
@@ -66,11 +70,13 @@ def _add_config_options(p: argparse.ArgumentParser, *, with_config: bool = True)
     )
 
 
-def _add_data_option(p: argparse.ArgumentParser) -> None:
+def _add_data_option(
+    p: argparse.ArgumentParser, default: str = "the running Python's standard library"
+) -> None:
     p.add_argument(
         "--data",
         metavar="SPEC",
-        help="corpus spec: 'stdlib' (default: the running Python's standard library), "
+        help=f"corpus spec (default: {default}): 'stdlib' (the running Python's standard library), "
         "'files:PATH[?split=paragraph|line]' (a file, directory or glob), or "
         "'tfds:NAME[/CONFIG][:SPLIT][?field=text&data_dir=DIR]' (needs the tfds extra)",
     )
@@ -192,6 +198,7 @@ def add_data_export_heldout(sub) -> None:
 
 
 def cmd_data_export_heldout(args: argparse.Namespace) -> int:
+    check_output_file(args.out, "--out")
     header = export_heldout(EvalSet.from_corpus(_load_corpus(_resolve_config(args).data)), args.out)
     print(
         f"wrote {args.out}: {header['segments']:,} segments, {header['bytes']:,} bytes, fingerprint "
@@ -286,7 +293,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         else ""
     )
     print(f"{state}: {out} at step {result.step}{spent}, train loss {result.loss:.4f}{held_out}")
-    return 0
+    return EXIT_SIGNAL if result.stopped_by_signal else 0
 
 
 # -- patch ------------------------------------------------------------------------------------------
@@ -326,6 +333,8 @@ def add_patch(sub) -> None:
 
 
 def cmd_patch(args: argparse.Namespace) -> int:
+    if args.png:
+        check_output_file(args.png, "--png")
     source = read_patch_source(args.run_dir)
     if args.file is not None:
         try:
@@ -425,10 +434,23 @@ def add_tokenizer_train(sub) -> None:
     )
     _add_workers_option(p)
     p.add_argument("--out", required=True, metavar="DIR", help="directory to write the tokenizer files into")
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="write over a tokenizer already in --out (runs trained on it will then refuse the new one)",
+    )
     p.set_defaults(func=cmd_tokenizer_train)
 
 
 def cmd_tokenizer_train(args: argparse.Namespace) -> int:
+    check_output_dir(args.out, "--out")
+    if RunDir(args.out).started() or RunDir(args.out).has_info():
+        raise UserError(f"--out {args.out} is a run directory; write the tokenizer to a directory of its own")
+    if is_saved(args.out) and not args.force:
+        raise UserError(
+            f"--out {args.out} holds a tokenizer already (runs trained on it check its fingerprint); give "
+            "another directory, or --force to replace it"
+        )
     corpus = _load_corpus(_resolve_config(args).data)
     own = "ranks" if args.kind == "bpe" else "viterbi"
     if args.encoder not in (None, own, "longest"):
@@ -471,6 +493,15 @@ def cmd_tokenizer_train(args: argparse.Namespace) -> int:
     if args.encoder == "longest":
         tok = tok.with_encoder("longest")
     tok.save(args.out)
+    # --force over the other kind: its native file would be read first, its tiktoken ranks mislead
+    for stale in ["bytelm_unigram.json"] if args.kind == "bpe" else ["bytelm_bpe.json", "ranks.tiktoken"]:
+        if (Path(args.out) / stale).is_file():
+            (Path(args.out) / stale).unlink()
+    short = (
+        f" (not the {args.vocab_size:,} asked for: the corpus gave no more; train on more text for more)"
+        if tok.n_vocab < args.vocab_size
+        else ""
+    )
     learned = f"{len(tok.merges):,} merges" if args.kind == "bpe" else f"{tok.n_mergeable - 256:,} pieces"
     _print_rows(
         [
@@ -478,7 +509,7 @@ def cmd_tokenizer_train(args: argparse.Namespace) -> int:
             ("kind", f"{args.kind} (encoder: {tok.encoder})"),
             ("data", f"{corpus.spec} (train split: {corpus.split_bytes('train'):,} bytes)"),
             ("pattern", args.pattern),
-            ("ids", f"{tok.n_vocab:,} = 256 bytes + {learned} + {len(tok.special_tokens)} special"),
+            ("ids", f"{tok.n_vocab:,} = 256 bytes + {learned} + {len(tok.special_tokens)} special{short}"),
             ("fingerprint", tok.fingerprint),
         ]
     )
@@ -584,6 +615,8 @@ def add_tokenizer_stats(sub) -> None:
 
 
 def cmd_tokenizer_stats(args: argparse.Namespace) -> int:
+    if args.json:
+        check_output_file(args.json, "--json")
     tok = load_tokenizer(args.tokenizer)
     corpus = _load_corpus(_resolve_config(args).data)
     bar = ProgressBar("encoding", unit=" docs")
@@ -620,7 +653,7 @@ def add_eval(sub) -> None:
         metavar="RUN_DIR",
         help="run directories written by 'bytelm train' or 'bytelm compare'",
     )
-    _add_data_option(p)
+    _add_data_option(p, default="the corpus the runs were trained on, which they must share")
     p.add_argument(
         "--json",
         default="report.json",
@@ -640,6 +673,7 @@ def add_eval(sub) -> None:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
+    check_output_file(args.json, "--json")
     progress, close = _stage_bars()
     try:
         report = evaluate_runs(
@@ -698,6 +732,7 @@ def add_compare(sub) -> None:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
+    check_output_dir(args.out, "--out")
     progress, note, close = _stage_reporter()
     try:
         result = compare(
@@ -772,6 +807,7 @@ def add_ablate(sub) -> None:
 def cmd_ablate(args: argparse.Namespace) -> int:
     progress, note, close = _stage_reporter()
     out = args.out or f"runs/ablate-{Path(args.grid).stem}"
+    check_output_dir(out, "--out")
     try:
         result = ablate(
             args.grid,
@@ -996,6 +1032,9 @@ def cmd_convert_hf_blt(args: argparse.Namespace) -> int:
         value = getattr(args, name)
         if value is not None and value < 1:
             raise UserError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
+    check_output_dir(args.out, "--out")
+    if args.entropy_out:
+        check_output_dir(args.entropy_out, "--entropy-out")
     progress, close = _stage_bars()
     try:
         blt, entropy = convert_hf_blt(
@@ -1038,6 +1077,7 @@ def add_export(sub) -> None:
 
 
 def cmd_export_hf(args: argparse.Namespace) -> int:
+    check_output_dir(args.out, "--out")
     progress, close = _stage_bars()
     try:
         arch = export_hf(args.run_dir, args.out, progress=progress)
@@ -1054,7 +1094,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Tokenizer-free language modelling in JAX: byte LMs, MegaByte, BLT and a BPE "
         "baseline, all scored in bits per byte on the identical held-out bytes.",
     )
-    parser.add_argument("-v", "--verbose", action="store_true", help="log debug messages to stderr")
+    parser.add_argument("--version", action="version", version=f"bytelm {_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True, help="what to do")
     data = sub.add_parser(
         "data", help="inspect and export corpora", description="Inspect and export corpora."
@@ -1083,7 +1123,73 @@ def build_parser() -> argparse.ArgumentParser:
     add_sample(sub)
     add_convert(sub)
     add_export(sub)
+    for p in [parser, *_subparsers(parser)]:  # -v and -q anywhere on the command line
+        top = p is parser
+        p.add_argument(
+            "-v",
+            "--verbose",
+            action="store_true",
+            default=False if top else argparse.SUPPRESS,
+            help="log debug messages too (on stderr; before or after the command)",
+        )
+        p.add_argument(
+            "-q",
+            "--quiet",
+            action="store_true",
+            default=False if top else argparse.SUPPRESS,
+            help="log warnings and errors only, and draw no progress bars",
+        )
     return parser
+
+
+def _subparsers(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
+    """Every command's and subcommand's parser below ``parser`` (each once)."""
+    out: list[argparse.ArgumentParser] = []
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in action.choices.values():
+                if child not in out:
+                    out += [child, *[c for c in _subparsers(child) if c not in out]]
+    return out
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("bytelm")
+    except importlib.metadata.PackageNotFoundError:
+        return "(not installed)"
+
+
+class _StderrHandler(logging.StreamHandler):
+    """Log records to ``sys.stderr`` as it is when each record comes, not as it was when logging
+    was set up (a caller that swaps the stream, as a test's capture does, and closes it later)."""
+
+    @property
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value) -> None:
+        pass
+
+
+def _configure_logging(verbose: bool, quiet: bool) -> None:
+    """bytelm's log format and level on stderr. absl (imported by orbax) configures the root logger
+    at import (``logging.basicConfig()``: a plain stream handler, ``LEVEL:name:message``), which
+    would keep bytelm's own set-up from taking effect: plain stream handlers on the root (absl's, or
+    an earlier call's) are replaced; others (a test runner's capture) stay."""
+    level = logging.DEBUG if verbose else logging.WARNING if quiet else logging.INFO
+    root = logging.getLogger()
+    for handler in list(root.handlers):
+        if type(handler) in (logging.StreamHandler, _StderrHandler):
+            root.removeHandler(handler)
+    handler = _StderrHandler()
+    handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+    root.addHandler(handler)
+    root.setLevel(level)
+    for noisy in ("absl", "jax", "orbax"):
+        logging.getLogger(noisy).setLevel(logging.NOTSET if verbose else logging.WARNING)
+    ProgressBar.quiet = quiet
 
 
 def _enable_compilation_cache() -> None:
@@ -1099,14 +1205,9 @@ def _enable_compilation_cache() -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO,
-        format="%(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
-    if not args.verbose:
-        for noisy in ("absl", "jax", "orbax"):
-            logging.getLogger(noisy).setLevel(logging.WARNING)
+    if args.verbose and args.quiet:
+        parser.error("-v/--verbose and -q/--quiet cannot be given together")
+    _configure_logging(args.verbose, args.quiet)
     _enable_compilation_cache()
     configure_cpu_devices()  # before the first computation starts JAX's CPU backend
     func: Callable[[argparse.Namespace], int] = args.func
@@ -1117,7 +1218,22 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USER_ERROR
     except StageStopped as e:  # a compare or ablate training stopped by a signal: checkpoint saved
         print(f"bytelm: {e}", file=sys.stderr)
-        return 130
+        return EXIT_SIGNAL
     except KeyboardInterrupt:
         print("bytelm: interrupted", file=sys.stderr)
-        return 130
+        return EXIT_SIGNAL
+    except BrokenPipeError:  # the reader went away (`bytelm sample RUN | head -c1`): a normal end
+        _silence_stdout()
+        return 0
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null, so that the interpreter's final flush of what the closed pipe did
+    not take raises nothing more."""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):  # (a test's captured stream)
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, fd)
+    os.close(devnull)

@@ -116,6 +116,24 @@ class TrainConfig:
             )
         if self.warmup_steps < 0:
             raise ValueError(f"train.warmup_steps must be >= 0, got {self.warmup_steps}")
+        if not (self.learning_rate > 0 and math.isfinite(self.learning_rate)):
+            raise ValueError(f"train.learning_rate must be a finite number > 0, got {self.learning_rate}")
+        for name in ("beta1", "beta2"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise ValueError(f"train.{name} must be in [0, 1), got {getattr(self, name)}")
+        if not 0.0 <= self.min_lr_ratio <= 1.0:
+            raise ValueError(
+                "train.min_lr_ratio must be in [0, 1] (the cosine's floor as a fraction of the peak), got "
+                f"{self.min_lr_ratio}"
+            )
+        for name, meaning in (
+            ("weight_decay", "0: none"),
+            ("grad_clip", "0: no clipping"),
+            ("peak_flops", "0: measure"),
+        ):
+            value = getattr(self, name)
+            if not (value >= 0 and math.isfinite(value)):
+                raise ValueError(f"train.{name} must be a finite number >= 0 ({meaning}), got {value}")
         if self.optimizer not in ("adamw", "muon"):
             raise ValueError(f"train.optimizer must be 'adamw' or 'muon', got {self.optimizer!r}")
         if not 0.0 <= self.muon_momentum < 1.0:
@@ -184,6 +202,11 @@ def _read_toml(path: Path) -> dict:
         raise UserError(f"config file not found: {path}") from None
     except tomllib.TOMLDecodeError as e:
         raise UserError(f"cannot parse config file {path}: {e}") from None
+    except UnicodeDecodeError as e:
+        raise UserError(
+            f"config file {path} is not UTF-8 text (byte 0x{e.object[e.start]:02x} at offset {e.start}); "
+            "TOML files are UTF-8: save it in that encoding"
+        ) from None
     except OSError as e:
         raise UserError(f"cannot read config file {path}: {e.strerror or e}") from None
 

@@ -25,6 +25,8 @@ class ProgressBar:
     logs of long jobs still show progress without carriage-return noise.
     """
 
+    quiet = False  # set by the CLI's -q: no bar is drawn
+
     def __init__(
         self,
         label: str,
@@ -47,6 +49,8 @@ class ProgressBar:
         self.suffix = ""
 
     def update(self, done: int, total: int | None = None, suffix: str = "") -> None:
+        if ProgressBar.quiet:
+            return
         now = time.perf_counter()
         self.suffix = suffix or self.suffix
         finished = total is not None and done >= total

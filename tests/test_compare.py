@@ -74,10 +74,15 @@ def test_compare_test_preset_end_to_end_and_resume(corpus_dir, tmp_path, capsys)
     assert "auxiliary FLOPs" in md and "patch overflow windows" in md and "not neural compute" in md
     assert "| blt" in printed.out
 
-    # a second run skips every finished stage and reproduces the report's numbers
+    # a second run skips every finished stage and reproduces the report's numbers, through a torn
+    # metrics tail and a damaged record of stage times (a crash mid-write)
     mtimes = {p: p.stat().st_mtime_ns for p in (out / "runs").glob("*/checkpoints/*")}
+    with open(out / "runs" / "byte" / "metrics.jsonl", "a") as f:
+        f.write('{"kind": "eval", "st')
+    (out / "stages.json").write_text('{"corpus": 1.5, "train')
     assert cli.main(args) == 0
     err = capsys.readouterr().err
+    assert "Traceback" not in err and "its last line is incomplete" in err and "stages.json is damaged" in err
     assert err.count("skipped") >= 5 and "done earlier" in err
     assert {p: p.stat().st_mtime_ns for p in (out / "runs").glob("*/checkpoints/*")} == mtimes
     again = json.loads((out / "report.json").read_text())

@@ -18,6 +18,7 @@ from bytelm.data import load_corpus
 from bytelm.evaluation.evaluator import EvalSet, evaluate_run, evaluate_runs, unigram_baselines
 from bytelm.evaluation.external import read_heldout, write_scores
 from bytelm.evaluation.report import REPORT_SCHEMA, schema_errors, validate
+from bytelm.rundir import RunDir
 from bytelm.training.loop import train
 
 WORDS = "the of and to in is that for it as with was on be by this are from at or an which not".split()
@@ -217,16 +218,16 @@ def test_one_changed_heldout_byte_changes_fingerprint_and_eval_refuses(
     shutil.copytree(byte_run, run_b)
     cfg = (run_b / "config.toml").read_text().replace(f"files:{corpus_dir}", f"files:{other}")
     (run_b / "config.toml").write_text(cfg)
-    info = json.loads((run_b / "run.json").read_text())
+    info = RunDir(run_b).info()
     info["fingerprint"] = changed.fingerprint
-    (run_b / "run.json").write_text(json.dumps(info))
+    RunDir(run_b).write_info(info)
     assert cli.main(["eval", str(byte_run), str(run_b), "--json", str(tmp_path / "r.json")]) == 2
     err = capsys.readouterr().err
     assert corpus.fingerprint in err and changed.fingerprint in err and "refusing" in err
     assert not (tmp_path / "r.json").exists()
     # a run whose recorded fingerprint no longer matches its own corpus is refused too
     info["fingerprint"] = corpus.fingerprint
-    (run_b / "run.json").write_text(json.dumps(info))
+    RunDir(run_b).write_info(info)
     assert cli.main(["eval", str(run_b), "--json", str(tmp_path / "r.json")]) == 2
     assert "changed since it was trained" in capsys.readouterr().err
 

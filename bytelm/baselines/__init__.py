@@ -33,6 +33,12 @@ def load_tokenizer(directory):
     from bytelm.baselines.unigram.tokenizer import UnigramTokenizer
 
     d = Path(directory)
+    if d.exists() and not d.is_dir():
+        raise UserError(
+            f"{d} is a file; a tokenizer is the directory 'bytelm tokenizer train --out DIR' wrote (give DIR)"
+        )
+    if not d.exists():
+        raise UserError(f"tokenizer directory {d} does not exist; train one with 'bytelm tokenizer train'")
     if (d / UNIGRAM_FILE).is_file():
         return UnigramTokenizer.load(d)
     if d.is_dir() and not (d / BPE_FILE).is_file():

@@ -455,5 +455,10 @@ def ablate(
     )
     stage, commands = runner.go()
     report = runner.build_report(stage)
+    if collect and not any(r["status"] in ("done", "trained") for r in report["runs"]):
+        raise UserError(
+            f"nothing to collect in {out}: no run of the grid {grid.path} has finished there; run 'bytelm "
+            f"ablate {grid.path} --out {out}' first (or give the --out it was run with)"
+        )
     write_outputs(out, report, runner.eval_set)
     return AblationResult(out, report, stage, commands)

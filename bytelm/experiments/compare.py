@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 from pathlib import Path
 
 from bytelm.atomic import atomic_write_text
@@ -81,6 +82,8 @@ from bytelm.experiments.runner import Note, Run, Runner, StageProgress, StageSto
 from bytelm.experiments.spec import Experiment
 from bytelm.families import ARTEFACT_KINDS, task_class
 from bytelm.rundir import RunDir
+
+log = logging.getLogger(__name__)
 
 PRESET_DIR = shipped_configs() / "compare"
 
@@ -113,7 +116,12 @@ class _Stages:
 
     def __init__(self, out: Path):
         self.path = out / "stages.json"
-        self.times: dict[str, float] = json.loads(self.path.read_text()) if self.path.is_file() else {}
+        self.times: dict[str, float] = {}
+        if self.path.is_file():
+            try:
+                self.times = {k: float(v) for k, v in json.loads(self.path.read_text()).items()}
+            except (ValueError, AttributeError, UnicodeDecodeError):  # (a damaged record of earlier timings)
+                log.warning("%s is damaged; the stage times of earlier invocations are left out", self.path)
 
     def record(self, times: dict[str, float]) -> None:
         for name, seconds_ in times.items():

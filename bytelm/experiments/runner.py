@@ -598,7 +598,13 @@ class Runner:
         cache = self.out / "evals" / f"{run.id.replace('/', '__')}.{split}.json"
         step = RunDir(run.run_dir).info_or_empty().get("step")
         if cache.is_file():
-            cached = json.loads(cache.read_text())
+            try:
+                cached = json.loads(cache.read_text())
+                if not isinstance(cached, dict):
+                    raise ValueError("not a JSON object")
+            except (ValueError, UnicodeDecodeError):  # (a damaged cache: scored again)
+                log.warning("%s is damaged; scoring %s again", cache, run.id)
+                cached = {}
             if cached.get("fingerprint") == eval_set.fingerprint and cached.get("step") == step:
                 result = _result_from_json(cached)
                 self._keep(run, result, split)

@@ -149,15 +149,22 @@ class Task:
         """``(ids, nbytes)`` for one segment: ids start with BOS; ``nbytes`` per target or None (1 each)."""
         raise NotImplementedError
 
-    def eval_batches(self, segments: list[bytes], batch_size: int) -> Iterator[tuple[dict, int]]:
+    def check_context(self, segments: list[bytes]) -> list[tuple[np.ndarray, np.ndarray | None]]:
+        """The encoded ``segments``; :class:`UserError` when one needs more positions than the model's
+        context (``train.seq_len``): checked before training as well as at every evaluation."""
         encoded = [self.encode_segment(s) for s in segments]
         longest = max((len(ids) for ids, _ in encoded), default=2)
         if longest - 1 > self.cfg.train.seq_len:
             raise UserError(
                 f"an evaluation segment needs {longest - 1} positions but the model trains on train.seq_len "
-                f"= {self.cfg.train.seq_len}: set data.segment_bytes so segments fit the training context "
-                "(scores past it would measure length extrapolation, not the model)"
+                f"= {self.cfg.train.seq_len}: set data.segment_bytes (now {self.cfg.data.segment_bytes}) so "
+                "segments fit the training context (scores past it would measure length extrapolation, not "
+                "the model)"
             )
+        return encoded
+
+    def eval_batches(self, segments: list[bytes], batch_size: int) -> Iterator[tuple[dict, int]]:
+        encoded = self.check_context(segments)
         rows = segment_rows(
             encoded, width=self.cfg.train.seq_len + 1, batch_size=batch_size, with_nbytes=self.uses_nbytes
         )

@@ -2,13 +2,19 @@
 
 Saves are finalised atomically by orbax (a checkpoint killed mid-write is never listed), the
 manager keeps the last ``keep`` steps, and restore targets carry the live shardings so a
-checkpoint restores directly onto the mesh.
+checkpoint restores directly onto the mesh. A checkpoint damaged afterwards (a truncated or
+emptied file) is reported with its step and reason, and the newest one before it that restores
+is used (:meth:`Checkpointer.restore_newest`).
 """
 
 from __future__ import annotations
 
 import logging
+import sys
+import warnings
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import jax
 import orbax.checkpoint as ocp
@@ -16,6 +22,55 @@ import orbax.checkpoint as ocp
 from bytelm.errors import UserError
 
 log = logging.getLogger(__name__)
+R = TypeVar("R")
+
+
+class CheckpointUnreadable(UserError):
+    """A checkpoint that orbax could not restore: damaged, or not of the model asked for."""
+
+    def __init__(self, step: int, directory: Path, reason: str):
+        super().__init__(f"checkpoint {step} in {directory} cannot be restored ({reason})")
+        self.step, self.reason = step, reason
+
+
+def _is_restore_noise(unraisable) -> bool:
+    """An unraisable exception left behind by an abandoned orbax restore (see below)."""
+    exc = unraisable.exc_value
+    if isinstance(exc, RuntimeError) and str(exc) == "Event loop is closed":
+        return True
+    code = getattr(unraisable.object, "cr_code", None)  # a read's coroutine, closed when collected
+    return code is not None and "orbax" in code.co_filename
+
+
+def _quiet_restore_noise() -> None:
+    """When orbax gives up on a damaged checkpoint, the reads tensorstore still has in flight finish
+    into the event loop orbax has closed, and each reports ``RuntimeError('Event loop is closed')``
+    as an unraisable exception (a bare traceback on stderr, at random, often at exit); the reads'
+    coroutines and tasks, collected unawaited, add "Exception ignored in <coroutine ...>" tracebacks,
+    asyncio's "Task (or Future) exception was never retrieved" and "never awaited" warnings. That is
+    noise about a failure already reported: those alone are dropped, everything else goes on as
+    before. (Installed at the first failed restore; again if something replaced the hook since.)"""
+    previous = sys.unraisablehook
+    if getattr(previous, "bytelm_restore_noise", False):
+        return
+
+    def hook(unraisable):
+        if not _is_restore_noise(unraisable):
+            previous(unraisable)
+
+    hook.bytelm_restore_noise = True  # type: ignore[attr-defined]
+    sys.unraisablehook = hook
+    logging.getLogger("asyncio").addFilter(_asyncio_noise)
+    warnings.filterwarnings("ignore", message=r"coroutine '.*' was never awaited", category=RuntimeWarning)
+
+
+def _asyncio_noise(record: logging.LogRecord) -> bool:
+    """False (drop) for asyncio's report of an abandoned orbax read (see :func:`_quiet_restore_noise`)."""
+    message = str(record.msg)
+    return not (
+        message.startswith(("Task exception was never retrieved", "Future exception was never"))
+        and any(mark in message for mark in ("orbax", "tensorstore", "OCDBT"))
+    )
 
 
 class Checkpointer:
@@ -28,6 +83,47 @@ class Checkpointer:
 
     def latest_step(self) -> int | None:
         return self.manager.latest_step()
+
+    def steps(self) -> list[int]:
+        """The steps of the checkpoints here, oldest first."""
+        return sorted(self.manager.all_steps())
+
+    def reload(self) -> None:
+        """Read the list of checkpoints again (after some were moved away)."""
+        self.manager.reload()
+
+    def restore_newest(
+        self, restore: Callable[[int], R], step: int | None = None
+    ) -> tuple[int, R, list[int]]:
+        """``(step, restore(step), skipped)`` for ``step``, or else for the newest checkpoint that
+        restores: each newer one that does not (``skipped``) is reported with its step and reason as a
+        warning. :class:`UserError` when ``step`` does not exist (naming those that do) or none restores."""
+        steps = self.steps()
+        if step is not None:
+            if step not in steps:
+                have = ", ".join(map(str, steps)) if steps else "none yet"
+                raise UserError(
+                    f"{self.directory} has no checkpoint of step {step} (its checkpoints: {have})"
+                )
+            return step, restore(step), []
+        if not steps:
+            raise UserError(f"{self.directory} holds no checkpoint yet")
+        failed: list[CheckpointUnreadable] = []
+        for s in reversed(steps):
+            try:
+                out = restore(s)
+            except CheckpointUnreadable as error:
+                failed.append(error)
+                continue
+            for f in failed:
+                log.warning("%s; using checkpoint %d, the newest that restores", f, s)
+            return s, out, [f.step for f in failed]
+        reasons = "; ".join(f"step {f.step}: {f.reason}" for f in failed)
+        raise UserError(
+            f"no checkpoint in {self.directory} restores onto the model built from the run's config "
+            f"({reasons}): the config.toml next to them was changed or belongs to another run, or they are "
+            "damaged"
+        )
 
     def save(self, step: int, state: dict, meta: dict) -> None:
         """Save ``state`` (a pytree of arrays) and ``meta`` (JSON) as checkpoint ``step``."""
@@ -63,15 +159,16 @@ class Checkpointer:
 
     def _restore(self, step: int, state_args) -> dict:
         try:
-            return self.manager.restore(
+            out = self.manager.restore(
                 step, args=ocp.args.Composite(state=state_args, meta=ocp.args.JsonRestore())
             )
-        except (ValueError, KeyError, TypeError) as e:
-            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            raise UserError(
-                f"checkpoint {step} in {self.directory} does not match the model built from the run's config "
-                f"({first[:300]}); the config.toml next to it was changed or belongs to another run"
-            ) from None
+            if not isinstance(out["meta"], dict) or out["meta"].get("step") != step:
+                raise ValueError(f"its meta record is {out['meta']!r}, not step {step}'s")
+            return out
+        except Exception as e:  # (orbax and tensorstore raise many kinds: each means "not restorable")
+            _quiet_restore_noise()
+            first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+            raise CheckpointUnreadable(step, self.directory, f"{type(e).__name__}: {first[:300]}") from None
 
     def wait(self) -> None:
         self.manager.wait_until_finished()

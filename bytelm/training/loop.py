@@ -9,6 +9,7 @@ The files of a run directory are :class:`~bytelm.rundir.RunDir`'s.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -26,8 +27,9 @@ from bytelm.config import Config, dump_config
 from bytelm.data import load_corpus_from_config
 from bytelm.errors import UserError
 from bytelm.families import STATS_KEY
+from bytelm.paths import check_output_dir
 from bytelm.rundir import RunDir
-from bytelm.training.checkpoint import Checkpointer
+from bytelm.training.checkpoint import Checkpointer, CheckpointUnreadable
 from bytelm.training.clock import Clock
 from bytelm.training.distributed import barrier, is_primary
 from bytelm.training.peak import measure_matmul_peak
@@ -44,7 +46,9 @@ log = logging.getLogger(__name__)
 
 
 class _SignalFlag:
-    """Set by SIGTERM/SIGINT; the loop saves a checkpoint and stops at the end of the step."""
+    """Set by SIGTERM/SIGINT; the loop saves a checkpoint (once: a step already saved is not saved
+    again) and stops at the end of the step. Installed for the whole of :func:`train`, so a signal
+    during the set-up (restoring, compiling) stops the run after its first step, checkpointed."""
 
     def __init__(self):
         self.signum: int | None = None
@@ -124,14 +128,20 @@ class _Run:
     def __init__(self, cfg: Config, run_dir: Path, trainer: Trainer, corpus):
         self.cfg, self.run_dir, self.trainer, self.task = cfg, run_dir, trainer, trainer.task
         self.files = RunDir(run_dir)
+        self.files.metrics()  # (read first: a damaged record stops the run before any file is touched)
         self.ckpt = Checkpointer(self.files.checkpoints_path, keep=cfg.train.keep_checkpoints)
         self.wall0, self.train_s0, self.horizon0 = 0.0, 0.0, None
-        self.stats_run: dict[
-            str, int
-        ] = {}  # the batches' host-side counts over the whole run (kept in checkpoints)
-        self.last_good_step = self.ckpt.latest_step()
-        if self.last_good_step is not None:
-            self._resume(self.last_good_step)
+        # the batches' host-side counts over the whole run (kept in checkpoints)
+        self.stats_run: dict[str, int] = {}
+        self.last_good_step: int | None = None
+        if self.ckpt.steps():
+            self.last_good_step, _, skipped = self.ckpt.restore_newest(self._resume)
+            if skipped:  # newer checkpoints that do not restore: moved aside, out of the next saves' way
+                if is_primary():
+                    for step in skipped:
+                        log.warning("checkpoint %d moved to %s", step, self.files.set_aside(step))
+                barrier("bytelm: damaged checkpoints set aside")
+                self.ckpt.reload()
         self.budgeted = cfg.train.time_budget_s > 0
         self.clock = Clock(
             cfg.train.time_budget_s,
@@ -144,7 +154,7 @@ class _Run:
         self.flops_per_step = self.task.train_flops_per_position() * self.task.positions_per_step()
         self.ledger = self.task.ledger()  # own + auxiliary FLOPs (bytelm/ledger.py)
         self.info = self._run_info(corpus)
-        self.metrics: _Metrics | None = None
+        self.metrics: _Metrics | None = _Metrics(self.files, trainer.step)
         self.segments = eval_slice(corpus, cfg.eval.eval_bytes) if cfg.eval.every else []
         self.t_start = time.perf_counter()
         self.last_loss, self.last_eval, self.stopped_by_signal = float("nan"), None, False
@@ -153,13 +163,14 @@ class _Run:
     # -- setup ----------------------------------------------------------------------------
     def _resume(self, step: int) -> None:
         tree, meta = self.ckpt.restore(step, self.trainer.state_tree())
+        data = meta.get("data")
+        if not isinstance(data, dict) or data.get("step") != step or data.get("seed") != self.cfg.train.seed:
+            raise CheckpointUnreadable(
+                step, self.ckpt.directory, f"its data-iterator state {data} is not step {step}'s of this seed"
+            )
         self.stats_run = dict(meta.get("stats", {}))
         self.trainer.load_state_tree(tree)
-        self.trainer.step = int(meta["step"])
-        if meta["data"]["seed"] != self.cfg.train.seed or meta["data"]["step"] != self.trainer.step:
-            raise UserError(
-                f"checkpoint {step} in {self.run_dir} has an inconsistent data-iterator state {meta['data']}"
-            )
+        self.trainer.step = step
         self.wall0 = float(meta.get("wall_s", 0.0))
         self.train_s0 = float(meta.get("train_s", self.wall0))
         self.horizon0 = meta.get("horizon")
@@ -283,12 +294,11 @@ class _Run:
         self.last_eval = scores.bpb
 
     # -- the loop ---------------------------------------------------------------------------
-    def loop(self, progress, stop_after: int | None) -> None:
+    def loop(self, flag: _SignalFlag, progress, stop_after: int | None) -> None:
         """Train until ``train.steps`` or the time budget (or a signal, or ``stop_after`` steps of
         this invocation), logging, evaluating and checkpointing on their schedules."""
         cfg, trainer, tcfg, clock = self.cfg, self.trainer, self.cfg.train, self.clock
         self.write_status("running")
-        self.metrics = _Metrics(self.files, trainer.step)
         batches = self.task.train_batches(trainer.step, jax.process_index(), jax.process_count())
         t_log, steps_since_log, steps_this_run = time.perf_counter(), 0, 0
         pending: tuple[int, dict] | None = None  # the step whose loss has not been read yet, and its metrics
@@ -311,70 +321,66 @@ class _Run:
             self.last_loss = loss
 
         clock.start()
-        with _SignalFlag() as flag:
-            # one finished() decision per step (a time budget can run out between two looks)
-            while not (steps_this_run == 0 and self.finished()):
-                batch = next(batches)
-                for key, n in batch.pop(STATS_KEY, {}).items():
-                    self.stats_log[key] = self.stats_log.get(key, 0) + n
-                    self.stats_run[key] = self.stats_run.get(key, 0) + n
-                m = trainer.train_step(batch)  # dispatched: the device runs it while the host goes on
-                steps_since_log += 1
-                steps_this_run += 1
-                if pending is not None:
-                    settle()  # the previous step's loss, read one step late so the device queue never empties
-                pending = (trainer.step, m)
-                if clock.plan(trainer.step, steps_this_run) and clock.horizon is not None:
-                    trainer.horizon = clock.horizon
-                    self._write(
-                        {
-                            "kind": "plan",
-                            "step": trainer.step,
-                            "planned_steps": clock.horizon,
-                            "step_s": clock.step_s,
-                            "train_s": clock.spent(),
-                            "time_budget_s": tcfg.time_budget_s,
-                        }
-                    )
-                    log.info(
-                        "time budget %.0fs: %.3fs per step, horizon planned at step %d",
-                        tcfg.time_budget_s,
-                        clock.step_s,
-                        clock.horizon,
-                    )
-                last = self.finished()
-                log_now = trainer.step % tcfg.log_every == 0 or last
-                eval_now = bool(cfg.eval.every) and (trainer.step % cfg.eval.every == 0 or last)
-                save_now = trainer.step % tcfg.checkpoint_every == 0
-                stop_now = flag.signum is not None or (
-                    stop_after is not None and steps_this_run >= stop_after
-                )
-                if log_now or eval_now or save_now or stop_now or last:
-                    settle()  # this step's loss is needed (or its state is about to be kept)
-                if log_now:
-                    now = time.perf_counter()
-                    self.log_train(m, self.last_loss, (now - t_log) / steps_since_log, progress)
-                    t_log, steps_since_log = now, 0
-                if eval_now:
-                    self.evaluate()
-                if save_now:
-                    self.save(trainer.step)
-                if flag.signum is not None:
-                    self.save(trainer.step)
-                    self.stopped_by_signal = True
-                    log.warning(
-                        "signal %d: saved checkpoint at step %d and stopped", flag.signum, trainer.step
-                    )
-                    break
-                if stop_after is not None and steps_this_run >= stop_after:
-                    break
-                if last:
-                    break
+        # one finished() decision per step (a time budget can run out between two looks)
+        while not (steps_this_run == 0 and self.finished()):
+            batch = next(batches)
+            for key, n in batch.pop(STATS_KEY, {}).items():
+                self.stats_log[key] = self.stats_log.get(key, 0) + n
+                self.stats_run[key] = self.stats_run.get(key, 0) + n
+            m = trainer.train_step(batch)  # dispatched: the device runs it while the host goes on
+            steps_since_log += 1
+            steps_this_run += 1
             if pending is not None:
-                settle()
-            clock.stop()
-            if self.finished() and self.last_good_step != trainer.step:
+                settle()  # the previous step's loss, read one step late so the device queue never empties
+            pending = (trainer.step, m)
+            if clock.plan(trainer.step, steps_this_run) and clock.horizon is not None:
+                trainer.horizon = clock.horizon
+                self._write(
+                    {
+                        "kind": "plan",
+                        "step": trainer.step,
+                        "planned_steps": clock.horizon,
+                        "step_s": clock.step_s,
+                        "train_s": clock.spent(),
+                        "time_budget_s": tcfg.time_budget_s,
+                    }
+                )
+                log.info(
+                    "time budget %.0fs: %.3fs per step, horizon planned at step %d",
+                    tcfg.time_budget_s,
+                    clock.step_s,
+                    clock.horizon,
+                )
+            last = self.finished()
+            log_now = trainer.step % tcfg.log_every == 0 or last
+            eval_now = bool(cfg.eval.every) and (trainer.step % cfg.eval.every == 0 or last)
+            save_now = trainer.step % tcfg.checkpoint_every == 0
+            stop_now = flag.signum is not None or (stop_after is not None and steps_this_run >= stop_after)
+            if log_now or eval_now or save_now or stop_now or last:
+                settle()  # this step's loss is needed (or its state is about to be kept)
+            if log_now:
+                now = time.perf_counter()
+                self.log_train(m, self.last_loss, (now - t_log) / steps_since_log, progress)
+                t_log, steps_since_log = now, 0
+            if eval_now:
+                self.evaluate()
+            if save_now:
                 self.save(trainer.step)
+            if flag.signum is not None:
+                if self.last_good_step != trainer.step:  # (a step saved on schedule is not saved twice)
+                    self.save(trainer.step)
+                self.stopped_by_signal = True
+                log.warning("signal %d: saved checkpoint at step %d and stopped", flag.signum, trainer.step)
+                break
+            if stop_after is not None and steps_this_run >= stop_after:
+                break
+            if last:
+                break
+        if pending is not None:
+            settle()
+        clock.stop()
+        if self.finished() and self.last_good_step != trainer.step:
+            self.save(trainer.step)
 
     def close(self) -> None:
         self.ckpt.close()
@@ -422,26 +428,37 @@ def train(
             "it, e.g. with gcsfuse, and give the mounted path: every host must see the same directory)"
         )
     run_dir = Path(run_dir)
-    if RunDir(run_dir).converted():
+    files = RunDir(run_dir)
+    if files.converted():
         raise UserError(
             f"{run_dir} holds a converted checkpoint (parameters only, no optimizer state): training does "
             "not resume from it; train into a new --out"
         )
-    run_dir.mkdir(parents=True, exist_ok=True)
-    check_run_config(run_dir, cfg)
-    finished = _finished_result(run_dir, cfg)
-    if finished is not None:  # nothing left to do: leave the run as it is
-        return finished
-    if is_primary():
-        RunDir(run_dir).write_config(dump_config(cfg))
-    corpus = corpus if corpus is not None else load_corpus_from_config(cfg.data)
-    task = make_task(cfg, corpus, run_dir)
-    check_fingerprints(run_dir, task)
-    run = _Run(cfg, run_dir, Trainer(cfg, task), corpus)
-    try:
-        run.loop(progress, stop_after)
-    finally:
-        run.close()
-    result = run.result()
+    check_output_dir(run_dir, "the run directory")
+    with files.lock() if is_primary() else contextlib.nullcontext():  # one writer at a time
+        check_run_config(run_dir, cfg)
+        finished = _finished_result(run_dir, cfg)
+        if finished is not None:  # nothing left to do: leave the run as it is
+            return finished
+        corpus = corpus if corpus is not None else load_corpus_from_config(cfg.data)
+        task = make_task(cfg, corpus, run_dir)
+        check_fingerprints(run_dir, task)
+        # a run whose evaluations cannot fit its context stops now, not after training
+        task.check_context(corpus.segment_data())
+        if is_primary():
+            files.write_config(dump_config(cfg))
+        with _SignalFlag() as flag:
+            run = _Run(cfg, run_dir, Trainer(cfg, task), corpus)
+            try:
+                run.loop(flag, progress, stop_after)
+            except TrainingDiverged:  # (recorded as "diverged" already)
+                run.close()
+                raise
+            except BaseException as e:
+                run.close()
+                run.write_status("failed", error=f"{type(e).__name__}: {e}"[:1000])
+                raise
+            run.close()
+            result = run.result()
     barrier("bytelm: train returns")  # every process returns after process 0 has written the records
     return result

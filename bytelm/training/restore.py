@@ -86,13 +86,14 @@ def _restore(run_dir: Path, cfg: Config, corpus, step: int | None) -> Trainer:
     check_fingerprints(run_dir, task)
     trainer = Trainer(cfg, task, mesh=_restore_mesh(cfg, run_dir), init=False)
     trainer.ema = None  # the average, if any, is read into params: it is the model
-    ckpt = Checkpointer(RunDir(run_dir).checkpoints_path, keep=cfg.train.keep_checkpoints)
+    files = RunDir(run_dir)
+    if not files.checkpoint_steps():
+        raise UserError(f"the run directory {run_dir} has no checkpoint yet")
+    ckpt = Checkpointer(files.checkpoints_path, keep=cfg.train.keep_checkpoints)
+    key = "ema" if cfg.train.ema_decay > 0 else "params"
     try:
-        step = ckpt.latest_step() if step is None else step
-        if step is None:
-            raise UserError(f"the run directory {run_dir} has no checkpoint yet")
-        trainer.params, meta = ckpt.restore_params(
-            step, trainer.params, key="ema" if cfg.train.ema_decay > 0 else "params"
+        _, (trainer.params, meta), _ = ckpt.restore_newest(
+            lambda s: ckpt.restore_params(s, trainer.params, key=key), step
         )
     finally:
         ckpt.close()

@@ -89,7 +89,7 @@ def check_run_config(run_dir: Path, cfg: Config) -> None:
     if not rd.has_config():
         return
     try:
-        old = config_to_dict(load_config(rd.config_path))
+        old = config_to_dict(load_config(rd.require_config()))
     except UserError as e:
         raise UserError(
             f"the run directory {run_dir} has an unreadable config ({e}); use a new --out"

@@ -4,6 +4,7 @@ and patching record) or an entropy-model run itself."""
 from __future__ import annotations
 
 import dataclasses
+import math
 from pathlib import Path
 
 from bytelm.errors import UserError
@@ -27,7 +28,9 @@ class PatchSource:
         replaced by ``threshold`` or by calibration to ``target_len`` when either is given."""
         if threshold is not None and target_len is not None:
             raise UserError("give either a threshold or a target mean patch length, not both")
-        if target_len is not None and not target_len >= 1:
+        if threshold is not None and not (threshold >= 0 and math.isfinite(threshold)):
+            raise UserError(f"the entropy threshold must be a finite number of nats >= 0, got {threshold}")
+        if target_len is not None and not (target_len >= 1 and math.isfinite(target_len)):
             raise UserError(
                 f"target mean patch length {target_len} is below 1: a patch holds at least one byte; use a "
                 "target >= 1"
