@@ -181,6 +181,68 @@ def cmd_data_info(args: argparse.Namespace) -> int:
     return 0
 
 
+# -- data prepare ------------------------------------------------------------------------------
+def add_data_prepare(sub) -> None:
+    p = sub.add_parser(
+        "prepare",
+        help="prepare a corpus once, in parallel, into the cache that training reads",
+        description="Stream a corpus into the prepared format (byte shards and a binary index; "
+        "bytelm/data/corpus.py) with several worker processes (a source of many files is cut into runs "
+        "of files, one per worker; the result is the same for any number of workers), then print its "
+        "summary. Training, evaluation and compare find it there (the same data.* settings and "
+        "data.cache_dir). Memory stays bounded by a read chunk and the longest document piece.",
+    )
+    _add_data_option(p)
+    _add_config_options(p)
+    p.add_argument(
+        "--out",
+        metavar="DIR",
+        help="the cache directory to prepare into (sets data.cache_dir; default: $BYTELM_CACHE_DIR or "
+        "~/.cache/bytelm); train with --set data.cache_dir=DIR to read it",
+    )
+    p.add_argument(
+        "--workers",
+        type=int,
+        metavar="N",
+        help="worker processes (default: the CPUs available to this process)",
+    )
+    p.set_defaults(func=cmd_data_prepare)
+
+
+def cmd_data_prepare(args: argparse.Namespace) -> int:
+    if args.out:
+        check_output_dir(args.out, "--out")
+        args.overrides = [*args.overrides, f"data.cache_dir={args.out}"]
+    workers = args.workers if args.workers is not None else len(os.sched_getaffinity(0))
+    if workers < 1:
+        raise UserError(f"--workers must be >= 1, got {workers}")
+    cfg = _resolve_config(args).data
+    bar = ProgressBar(f"prepare {cfg.source}", unit=" docs")
+    t0 = time.perf_counter()
+    try:
+        corpus = load_corpus_from_config(
+            cfg, progress=lambda done, total: bar.update(done, total or None), workers=workers
+        )
+    finally:
+        bar.close()
+    seconds_ = time.perf_counter() - t0
+    s = corpus.summary()
+    rate = s["bytes"] / 1e6 / max(seconds_, 1e-9)
+    _print_rows(
+        [
+            ("source", s["source"]),
+            ("documents", f"{s['documents']:,} ({s['bytes']:,} bytes, {len(corpus.shards)} shard(s))"),
+            ("held-out", f"{s['heldout_documents']:,} documents, fingerprint {s['fingerprint']}"),
+            (
+                "time",
+                f"{seconds_:.1f} s with {workers} worker(s) ({rate:,.1f} MB of documents/s)",
+            ),
+            ("cache", s["cache"]),
+        ]
+    )
+    return 0
+
+
 # -- data export-heldout -----------------------------------------------------------------------
 def add_data_export_heldout(sub) -> None:
     p = sub.add_parser(
@@ -1103,6 +1165,7 @@ def build_parser() -> argparse.ArgumentParser:
         dest="data_command", metavar="SUBCOMMAND", required=True, help="data command"
     )
     add_data_info(data_sub)
+    add_data_prepare(data_sub)
     add_data_export_heldout(data_sub)
     add_train(sub)
     add_patch(sub)

@@ -4,7 +4,7 @@
 >>> corpus.fingerprint, len(corpus.segments)        # doctest: +SKIP
 """
 
-from bytelm.data.batches import WindowBatches, segment_rows
+from bytelm.data.batches import Stream, WindowBatches, segment_rows
 from bytelm.data.corpus import (
     Corpus,
     Segment,
@@ -21,6 +21,7 @@ __all__ = [
     "Corpus",
     "Document",
     "Segment",
+    "Stream",
     "WindowBatches",
     "default_cache_dir",
     "fingerprint_segments",

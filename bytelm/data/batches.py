@@ -10,6 +10,7 @@ The hot path is numpy only: one small RNG draw and one gather per batch.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from typing import Protocol
 
 import numpy as np
 
@@ -17,10 +18,23 @@ from bytelm.constants import PAD_ID
 from bytelm.errors import UserError
 
 
+class DerivedStream(Protocol):
+    """An id stream that is not stored but derived, and gathers its own rows (the corpus's
+    :class:`~bytelm.data.corpus.TrainStream`)."""
+
+    def __len__(self) -> int: ...
+
+    def windows(self, starts: np.ndarray, width: int) -> np.ndarray: ...
+
+
+Stream = np.ndarray | DerivedStream
+
+
 class WindowBatches:
     """Iterator over ``int32`` arrays of shape ``(batch_size // process_count, window)``.
 
-    ``stream`` is any 1-D integer array (a ``uint16`` memmap of byte ids, or of BPE ids); each row
+    ``stream`` is any 1-D integer array (a ``uint16`` memmap of BPE ids), or a stream that gathers
+    its own rows (``windows(starts, width)``: the corpus's derived byte-id stream); each row
     is ``stream[s : s + window]`` for a start ``s`` drawn uniformly from the valid range. For a
     language model use ``window = T + 1`` (inputs ``row[:-1]``, targets ``row[1:]``). The host
     layout (``process_index`` of ``process_count``, e.g. ``jax.process_index()``) is always given:
@@ -29,7 +43,7 @@ class WindowBatches:
 
     def __init__(
         self,
-        stream: np.ndarray,
+        stream: Stream,
         *,
         batch_size: int,
         window: int,
@@ -38,8 +52,8 @@ class WindowBatches:
         process_index: int,
         process_count: int,
     ) -> None:
-        if stream.ndim != 1:
-            raise ValueError(f"stream must be 1-D, got shape {stream.shape}")
+        if getattr(stream, "ndim", 1) != 1:
+            raise ValueError(f"stream must be 1-D, got shape {getattr(stream, 'shape', None)}")
         if window < 1 or batch_size < 1:
             raise UserError(f"batch_size ({batch_size}) and window ({window}) must be >= 1")
         if len(stream) < window:
@@ -60,7 +74,11 @@ class WindowBatches:
         self.seed = seed
         self.step = step
         self.local_batch = batch_size // self.process_count
-        self._rows = np.lib.stride_tricks.sliding_window_view(stream, window)
+        # a stream that derives its ids (the corpus's TrainStream) gathers rows itself
+        self._gather = getattr(stream, "windows", None)
+        self._rows = (
+            None if self._gather else np.lib.stride_tricks.sliding_window_view(np.asarray(stream), window)
+        )
         self._n_starts = len(stream) - window + 1
 
     def starts(self, step: int) -> np.ndarray:
@@ -72,6 +90,9 @@ class WindowBatches:
         """This host's rows of the global batch ``step``."""
         lo = self.process_index * self.local_batch
         starts = self.starts(step)[lo : lo + self.local_batch]
+        if self._gather is not None:
+            return self._gather(starts, self.window)
+        assert self._rows is not None
         return self._rows[starts].astype(np.int32)
 
     def state(self) -> dict:

@@ -1,12 +1,21 @@
 """Corpus: documents as bytes, a stable train/held-out split, evaluation segments, fingerprint.
 
-docs/evaluation.md describes the split and the fingerprint. The prepared corpus lives in a cache directory
-(one per source signature and split) holding
+docs/evaluation.md describes the split and the fingerprint. A corpus is prepared once into a
+cache directory (one per source signature and split), streamed: memory stays bounded by a read
+chunk and the longest document piece, whatever the corpus's size. The directory holds
 
-- ``bytes.u8``: every document's bytes, concatenated in source order (flat ``uint8``);
-- ``offsets.i64``: ``n_docs + 1`` offsets into it;
-- ``train.u16``: the training id stream ``[BOS, b+4, ..., EOS, BOS, ...]`` over the train docs;
-- ``manifest.json``: names, groups, the held-out flags and the counts.
+- ``shard-NNNNN.u8``: the documents' bytes, concatenated in source order, in shards of about
+  :data:`SHARD_BYTES` (a document never spans two shards);
+- ``offsets.i64``: ``n_docs + 1`` byte offsets, global across the shards;
+- ``flags.u8``: per document, 1 = held out, 2 = validation (else it trains);
+- ``group.u32`` and ``groups.json``: per document an index into the list of group names;
+  ``runs.i64``: where each run of documents of one group starts (a file's pieces);
+- ``names.jsonl``: the documents' names, only when they cannot be derived from the groups
+  (a name is its group, or ``GROUP#k`` / ``GROUP/k`` for the ``k``-th document of its run);
+- ``train.i64`` and ``vstart.i64``: the train documents, and where each starts in the training id
+  stream ``[BOS, b+4, ..., EOS, BOS, ...]``, which is derived from the bytes on the fly
+  (:class:`TrainStream`): no second copy of the corpus;
+- ``index.json``: the counts, shard sizes and how names are kept (a few hundred bytes).
 
 The directory is written atomically (temporary sibling + rename): a second run reuses it, a
 crashed run leaves nothing that a later run could mistake for a finished cache.
@@ -14,13 +23,17 @@ crashed run leaves nothing that a later run could mistake for a finished cache.
 
 from __future__ import annotations
 
+import array
+import concurrent.futures
 import dataclasses
 import functools
 import hashlib
 import json
 import os
-from collections.abc import Iterator
+import shutil
+from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 
@@ -29,7 +42,9 @@ from bytelm.constants import BOS_ID, BYTE_OFFSET, EOS_ID
 from bytelm.data.sources import Progress, parse_source
 from bytelm.errors import UserError
 
-CACHE_VERSION = 1
+CACHE_VERSION = 2
+SHARD_BYTES = 256 << 20  # (below 2 GiB: a position inside a shard fits int32)
+_HELD, _VALID = 1, 2
 
 
 def default_cache_dir() -> Path:
@@ -76,6 +91,174 @@ class Segment:
         return f"{self.index}:{self.name}@{self.start}"
 
 
+def _memmap(path: Path, dtype, n: int) -> np.ndarray:
+    return np.memmap(path, dtype=dtype, mode="r", shape=(n,)) if n else np.zeros(0, dtype)
+
+
+class _Lookup(Sequence[str]):
+    """A read-only sequence of strings computed per index; equal to a list of the same strings."""
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Sequence) and len(self) == len(other) and list(self) == list(other)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({len(self)} names)"
+
+
+class _Groups(_Lookup):
+    """The documents' group names, looked up per document (no list of one string per document)."""
+
+    def __init__(self, table: list[str], ids: np.ndarray):
+        self.table, self.ids = table, ids
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self.table[g] for g in self.ids[i]]
+        return self.table[int(self.ids[i])]
+
+
+class _Names(_Lookup):
+    """The documents' names: stored, or derived from the groups (see the module docstring)."""
+
+    def __init__(self, rule: str, groups: _Groups, runs: np.ndarray, stored: list[str] | None):
+        self.rule, self.groups, self.runs, self.stored = rule, groups, runs, stored
+
+    def __len__(self) -> int:
+        return len(self.groups)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        i = int(i)
+        if self.stored is not None:
+            return self.stored[i]
+        group = self.groups[i]
+        if self.rule == "group":
+            return group
+        k = i - int(self.runs[np.searchsorted(self.runs, i, side="right") - 1])
+        return f"{group}{'#' if self.rule == 'group#k' else '/'}{k}"
+
+
+class TrainStream:
+    """The training id stream ``[BOS, b+4, ..., EOS, BOS, ...]`` over the train documents, in
+    source order, derived from the corpus's bytes when asked (no copy is stored). Behaves as a
+    read-only 1-D ``uint16`` array for ``len``, slices and ``np.asarray``; :meth:`windows` gathers
+    many rows at once (the training batches)."""
+
+    dtype = np.dtype(np.uint16)
+    ndim = 1
+
+    def __init__(self, corpus: Corpus):
+        self.corpus = corpus
+        n = int(corpus.index["train_documents"])
+        self.docs = _memmap(corpus.path / "train.i64", np.int64, n)
+        self.vstart = _memmap(corpus.path / "vstart.i64", np.int64, n + 1) if n else np.zeros(1, np.int64)
+        self.length = int(self.vstart[-1])
+
+    def __len__(self) -> int:
+        return self.length
+
+    @property
+    def shape(self) -> tuple[int]:
+        return (self.length,)
+
+    def windows(self, starts: np.ndarray, width: int) -> np.ndarray:
+        """``int32`` rows ``stream[s : s + width]`` for each start ``s`` (all within the stream).
+
+        A row is cut into segments, one per train document it touches; in document ``j`` the id at
+        stream position ``p`` is BOS, EOS, or the byte at ``p + base[j]`` of the document's shard plus
+        the offset. Few segments per row (long documents): a slice copy each; many (short
+        documents): one gather over the whole batch."""
+        starts = np.asarray(starts, np.int64)
+        rows = len(starts)
+        out = np.empty((rows, width), np.int32)
+        if rows == 0 or width == 0:
+            return out
+        vstart, corpus = self.vstart, self.corpus
+        first = np.searchsorted(vstart, starts, side="right") - 1
+        last = np.searchsorted(vstart, starts + width - 1, side="right") - 1
+        counts = last - first + 1  # segments per row
+        row = np.repeat(np.arange(rows), counts)
+        j = first[row] + np.arange(len(row)) - np.repeat(np.cumsum(counts) - counts, counts)
+        row_start = starts[row]
+        lo = np.maximum(vstart[j], row_start) - row_start  # the segment's columns [lo, hi)
+        hi = np.minimum(vstart[j + 1], row_start + width) - row_start
+        begin = corpus.offsets[self.docs[j]]
+        shard = np.searchsorted(corpus.shard_start, begin, side="right") - 1
+        shard = np.minimum(shard, len(corpus.shards) - 1)
+        base = begin - corpus.shard_start[shard] - vstart[j] - 1
+        bos = vstart[j] - row_start  # the BOS column (in the row when >= 0)
+        eos = vstart[j + 1] - 1 - row_start  # the EOS column (in the row when < width)
+        if len(row) <= 4 * rows:
+            for k in range(len(row)):
+                r, c0, c1 = int(row[k]), int(lo[k]), int(hi[k])
+                if bos[k] >= 0:
+                    out[r, c0] = BOS_ID
+                    c0 += 1
+                if eos[k] < width:
+                    out[r, c1 - 1] = EOS_ID
+                    c1 -= 1
+                if c1 > c0:
+                    a = int(row_start[k]) + c0 + int(base[k])
+                    dst = out[r, c0:c1]
+                    dst[...] = corpus.shards[int(shard[k])][a : a + c1 - c0]
+                    dst += BYTE_OFFSET
+            return out
+        lengths = hi - lo
+        # the byte's index in its shard, for every position: one offset per segment (shards are
+        # smaller than 2 GiB, so int32 holds it)
+        seg_flat = row * width + lo
+        seg_offset = (row_start + lo + base - seg_flat).astype(np.int32)
+        at = self._positions(rows * width) + np.repeat(seg_offset, lengths)
+        has_bos, has_eos = bos >= 0, eos < width
+        bos_at = row[has_bos] * width + bos[has_bos]
+        eos_at = row[has_eos] * width + eos[has_eos]
+        at[bos_at] = 0  # (their ids are set below; index 0 keeps the gather inside the shard)
+        at[eos_at] = 0
+        flat = out.reshape(-1)
+        if len(corpus.shards) == 1:
+            flat[:] = np.take(corpus.shard_views[0], at)
+        else:
+            seg_shard = np.repeat(shard, lengths)
+            for s in np.unique(shard):
+                take = seg_shard == s
+                flat[take] = np.take(corpus.shard_views[int(s)], at[take])
+        flat += BYTE_OFFSET
+        flat[bos_at] = BOS_ID
+        flat[eos_at] = EOS_ID
+        return out
+
+    @functools.lru_cache(maxsize=4)  # (one per batch shape; a stream lives as long as its corpus)
+    def _positions(self, n: int) -> np.ndarray:
+        return np.arange(n, dtype=np.int32)
+
+    def __getitem__(self, key):
+        if isinstance(key, slice):
+            start, stop, step = key.indices(self.length)
+            if step != 1:
+                return self[start:stop][::step]
+            return self.windows(np.array([start]), max(0, stop - start))[0].astype(np.uint16)
+        i = int(key) + (self.length if int(key) < 0 else 0)
+        if not 0 <= i < self.length:
+            raise IndexError(f"index {key} out of range for a stream of {self.length}")
+        return np.uint16(self.windows(np.array([i]), 1)[0, 0])
+
+    def __array__(self, dtype=None, copy=None) -> np.ndarray:
+        out = np.empty(self.length, np.uint16)
+        step = 1 << 22
+        for lo in range(0, self.length, step):
+            out[lo : lo + step] = self[lo : lo + step]
+        return out if dtype is None else out.astype(dtype)
+
+    def tolist(self) -> list[int]:
+        return np.asarray(self).tolist()
+
+
 class Corpus:
     """A prepared corpus (see the module docstring). Build one with :func:`load_corpus`."""
 
@@ -87,35 +270,60 @@ class Corpus:
         max_eval_bytes: int = 1 << 20,
     ) -> None:
         self.path = Path(path)
-        self.manifest = json.loads((self.path / "manifest.json").read_text())
-        self.spec: str = self.manifest["spec"]
-        self.names: list[str] = self.manifest["names"]
-        self.groups: list[str] = self.manifest["groups"]
-        self.heldout = np.asarray(self.manifest["heldout"], dtype=bool)
-        # carved from the train documents (data.validation_fraction); absent in older caches
-        self.validation = np.asarray(self.manifest.get("validation") or [False] * len(self.names), dtype=bool)
-        self.offsets = np.fromfile(self.path / "offsets.i64", dtype=np.int64)
-        n_bytes = int(self.offsets[-1])
-        self.data = (
-            np.memmap(self.path / "bytes.u8", dtype=np.uint8, mode="r", shape=(n_bytes,))
-            if n_bytes
-            else np.zeros(0, np.uint8)
-        )
+        self.index = json.loads((self.path / "index.json").read_text())
+        self.manifest = self.index  # (its older name)
+        self.spec: str = self.index["spec"]
+        n = int(self.index["documents"])
+        self.offsets = _memmap(self.path / "offsets.i64", np.int64, n + 1) if n else np.zeros(1, np.int64)
+        flags = _memmap(self.path / "flags.u8", np.uint8, n)
+        self.heldout = (flags & _HELD) > 0
+        self.validation = (flags & _VALID) > 0
+        group_table = json.loads((self.path / "groups.json").read_text())
+        self.groups = _Groups(group_table, _memmap(self.path / "group.u32", np.uint32, n))
+        runs = _memmap(self.path / "runs.i64", np.int64, int(self.index["runs"]))
+        stored = None
+        if self.index["names"] == "stored":
+            with open(self.path / "names.jsonl", encoding="utf-8") as f:
+                stored = [json.loads(line) for line in f]
+        self.names = _Names(self.index["names"], self.groups, runs, stored)
+        # the shards: byte i of the corpus is byte i - shard_start[s] of shard s
+        sizes = self.index["shards"]
+        self.shard_start = np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)])
+        self.shards = [
+            _memmap(self.path / f"shard-{s:05d}.u8", np.uint8, size) for s, size in enumerate(sizes)
+        ]
+        self.shard_views = [
+            np.asarray(m).view(np.ndarray) for m in self.shards
+        ]  # (plain arrays: faster takes)
         self.segment_bytes = segment_bytes
         self.max_eval_bytes = max_eval_bytes
 
     # -- documents -------------------------------------------------------------------------
     @property
     def n_documents(self) -> int:
-        return len(self.names)
+        return len(self.heldout)
 
     @property
     def n_bytes(self) -> int:
         return int(self.offsets[-1])
 
+    def gather(self, positions: np.ndarray) -> np.ndarray:
+        """The bytes at global ``positions`` (``uint8``, the shape of ``positions``)."""
+        if len(self.shards) == 1:
+            return self.shards[0][positions]
+        shard = np.searchsorted(self.shard_start, positions, side="right") - 1
+        out = np.empty(positions.shape, np.uint8)
+        for s in np.unique(shard):
+            at = shard == s
+            out[at] = self.shards[s][positions[at] - self.shard_start[s]]
+        return out
+
     def document(self, i: int) -> np.ndarray:
         """Document ``i`` as a read-only ``uint8`` view."""
-        return self.data[self.offsets[i] : self.offsets[i + 1]]
+        begin, end = int(self.offsets[i]), int(self.offsets[i + 1])
+        s = min(max(int(np.searchsorted(self.shard_start, begin, side="right")) - 1, 0), len(self.shards) - 1)
+        base = int(self.shard_start[s])
+        return self.shards[s][begin - base : end - base]
 
     def document_indices(self, split: str = "all") -> np.ndarray:
         if split == "all":
@@ -139,12 +347,9 @@ class Corpus:
 
     # -- training stream -----------------------------------------------------------------
     @functools.cached_property
-    def train_stream(self) -> np.ndarray:
-        """``uint16`` ids of the train documents, each as ``[BOS, b+4, ..., EOS]``, concatenated."""
-        n = int(self.manifest["train_stream_len"])
-        if n == 0:
-            return np.zeros(0, np.uint16)
-        return np.memmap(self.path / "train.u16", dtype=np.uint16, mode="r", shape=(n,))
+    def train_stream(self) -> TrainStream:
+        """The ids of the train documents, each as ``[BOS, b+4, ..., EOS]``, concatenated (derived)."""
+        return TrainStream(self)
 
     # -- evaluation -------------------------------------------------------------------------
     @functools.cached_property
@@ -172,8 +377,7 @@ class Corpus:
         return out
 
     def segment_bytes_of(self, seg: Segment) -> bytes:
-        base = int(self.offsets[seg.doc]) + seg.start
-        return self.data[base : base + seg.length].tobytes()
+        return self.document(seg.doc)[seg.start : seg.start + seg.length].tobytes()
 
     def segment_data(self, segments: list[Segment] | None = None) -> list[bytes]:
         return [self.segment_bytes_of(s) for s in (self.segments if segments is None else segments)]
@@ -230,6 +434,217 @@ def _cache_key(
     return hashlib.sha256(payload.encode()).hexdigest()[:24]
 
 
+class _Builder:
+    """Streams documents into a corpus directory (the module docstring's files), holding one piece
+    of a document and a few fixed-size buffers in memory."""
+
+    FLUSH = 1 << 16  # documents per write of the per-document arrays
+
+    def __init__(self, out: Path, shard_bytes: int = SHARD_BYTES):
+        self.out, self.shard_bytes = out, shard_bytes
+        self.files = {
+            name: open(out / name, "wb")
+            for name in ("offsets.i64", "flags.u8", "group.u32", "train.i64", "vstart.i64", "runs.i64")
+        }
+        self.names_file = open(out / "names.jsonl", "w", encoding="utf-8")
+        self.buffers = {
+            "offsets.i64": array.array("q", [0]),
+            "flags.u8": array.array("B"),
+            "group.u32": array.array("I"),
+            "train.i64": array.array("q"),
+            "vstart.i64": array.array("q", [0]),
+            "runs.i64": array.array("q"),
+        }
+        self.shard_sizes: list[int] = []
+        self.shard: BinaryIO | None = None
+        self._next_shard()
+        self.group_ids: dict[str, int] = {}
+        self.n = self.n_runs = self.n_train = self.pos = self.vpos = self.k = 0
+        self.group = -1
+        self.rules = {"group": True, "group#k": True, "group/k": True}  # how names derive from groups
+
+    def _next_shard(self) -> BinaryIO:
+        if self.shard is not None:
+            self.shard.close()
+        self.shard = open(self.out / f"shard-{len(self.shard_sizes):05d}.u8", "wb")
+        self.shard_sizes.append(0)
+        return self.shard
+
+    def add(self, name: str, group: str, pieces, flag: int) -> None:
+        shard = self._next_shard() if self.shard_sizes[-1] >= self.shard_bytes else self.shard
+        assert shard is not None
+        length = 0
+        for piece in pieces:
+            shard.write(piece)
+            length += len(piece)
+        self.shard_sizes[-1] += length
+        gid = self.group_ids.get(group)
+        if gid is None or gid != self.group:  # a new run of documents of one group
+            if gid is not None:  # the group came back after another: names cannot derive from it
+                self.rules = dict.fromkeys(self.rules, False)
+            else:
+                gid = self.group_ids[group] = len(self.group_ids)
+            self.group, self.k = gid, 0
+            self.buffers["runs.i64"].append(self.n)
+            self.n_runs += 1
+        else:
+            self.k += 1
+        rules = self.rules
+        rules["group"] = rules["group"] and name == group and self.k == 0
+        rules["group#k"] = rules["group#k"] and name == f"{group}#{self.k}"
+        rules["group/k"] = rules["group/k"] and name == f"{group}/{self.k}"
+        self.names_file.write(json.dumps(name) + "\n")
+        self.pos += length
+        self.buffers["offsets.i64"].append(self.pos)
+        self.buffers["flags.u8"].append(flag)
+        self.buffers["group.u32"].append(gid)
+        if flag == 0:
+            self.buffers["train.i64"].append(self.n)
+            self.vpos += length + 2
+            self.buffers["vstart.i64"].append(self.vpos)
+            self.n_train += 1
+        self.n += 1
+        if self.n % self.FLUSH == 0:
+            self._flush()
+
+    def _flush(self) -> None:
+        for name, buf in self.buffers.items():
+            buf.tofile(self.files[name])
+            del buf[:]
+
+    def finish(self, header: dict, *, part: bool = False) -> dict:
+        """Close the files and write the index; ``part``: one worker's share of a parallel build
+        (its names kept, and every rule its names follow, for :func:`_merge`)."""
+        self._flush()
+        if self.shard is not None:
+            self.shard.close()
+        self.names_file.close()
+        for f in self.files.values():
+            f.close()
+        if part:
+            header = {**header, "rules": [r for r, ok in self.rules.items() if ok]}
+        rule = next((r for r, ok in self.rules.items() if ok), "stored")
+        if not part:
+            _settle_names(self.out, rule, self.n, header["spec"])
+        (self.out / "groups.json").write_text(json.dumps(list(self.group_ids)))
+        index = {
+            "version": CACHE_VERSION,
+            **header,
+            "documents": self.n,
+            "bytes": self.pos,
+            "shards": self.shard_sizes,
+            "runs": self.n_runs,
+            "names": rule,
+            "train_documents": self.n_train,
+            "train_stream_len": self.vpos,
+        }
+        (self.out / "index.json").write_text(json.dumps(index, indent=1))
+        return index
+
+
+def _settle_names(out: Path, rule: str, n: int, spec: str) -> None:
+    """Drop the names file when names derive from groups (unique by construction); else check
+    that the stored names are unique."""
+    if rule != "stored":
+        (out / "names.jsonl").unlink()
+        return
+    seen: set[bytes] = set()
+    with open(out / "names.jsonl", "rb") as names:
+        for line in names:
+            seen.add(hashlib.blake2b(line, digest_size=16).digest())
+    if len(seen) != n:
+        raise UserError(f"data spec {spec!r} yields duplicate document names; they must be unique")
+
+
+def _build_part(job: tuple) -> dict:
+    """One worker of a parallel build: its partition of the source into ``out`` (a part)."""
+    source, out, split_seed, heldout_fraction, validation_fraction, shard_bytes = job
+    out.mkdir()
+    builder = _Builder(out, shard_bytes)
+    for name, group, pieces in source.records():
+        held = is_heldout(name, split_seed, heldout_fraction)
+        flag = _HELD if held else _VALID if is_validation(name, split_seed, validation_fraction) else 0
+        builder.add(name, group, pieces, flag)
+        if _DONE is not None:
+            with _DONE.get_lock():
+                _DONE.value += 1
+    return builder.finish({"spec": source.spec}, part=True)
+
+
+_DONE = None  # a worker's shared count of documents done (set by _worker_init)
+
+
+def _worker_init(done) -> None:
+    global _DONE
+    _DONE = done
+
+
+def _copy_adjusted(src: Path, dst, dtype, add: int = 0, skip: int = 0, chunk: int = 1 << 20) -> None:
+    """Append ``src``'s values (from index ``skip``) plus ``add`` to the open file ``dst``, a chunk
+    at a time."""
+    n = src.stat().st_size // np.dtype(dtype).itemsize
+    if n <= skip:
+        return
+    values = np.memmap(src, dtype=dtype, mode="r", shape=(n,))
+    for lo in range(skip, n, chunk):
+        block = np.asarray(values[lo : lo + chunk])
+        (block + np.asarray(add, dtype) if add else block).astype(dtype).tofile(dst)
+
+
+_PER_DOC = ("offsets.i64", "flags.u8", "group.u32", "train.i64", "vstart.i64", "runs.i64")
+
+
+def _merge(parts: list[Path], indexes: list[dict], out: Path, header: dict) -> None:
+    """Join the parts of a parallel build, in order, into one corpus directory: the shards are
+    renamed, the per-document files appended with their offsets shifted (streamed)."""
+    groups: dict[str, int] = {}
+    recurring = False
+    shard_sizes: list[int] = []
+    n = n_bytes = n_runs = n_train = v_len = 0
+    files = {name: open(out / name, "wb") for name in _PER_DOC}
+    np.zeros(1, np.int64).tofile(files["offsets.i64"])
+    np.zeros(1, np.int64).tofile(files["vstart.i64"])
+    with open(out / "names.jsonl", "wb") as names:
+        for part, idx in zip(parts, indexes):
+            for k, size in enumerate(idx["shards"]):
+                os.replace(part / f"shard-{k:05d}.u8", out / f"shard-{len(shard_sizes):05d}.u8")
+                shard_sizes.append(size)
+            table = json.loads((part / "groups.json").read_text())
+            remap = np.empty(len(table), np.uint32)
+            for g, name in enumerate(table):
+                recurring = recurring or name in groups
+                remap[g] = groups.setdefault(name, len(groups))
+            ids = np.fromfile(part / "group.u32", np.uint32)
+            remap[ids].tofile(files["group.u32"])
+            _copy_adjusted(part / "offsets.i64", files["offsets.i64"], np.int64, add=n_bytes, skip=1)
+            _copy_adjusted(part / "flags.u8", files["flags.u8"], np.uint8)
+            _copy_adjusted(part / "runs.i64", files["runs.i64"], np.int64, add=n)
+            _copy_adjusted(part / "train.i64", files["train.i64"], np.int64, add=n)
+            _copy_adjusted(part / "vstart.i64", files["vstart.i64"], np.int64, add=v_len, skip=1)
+            with open(part / "names.jsonl", "rb") as src:
+                shutil.copyfileobj(src, names, 1 << 20)
+            n, n_bytes, n_runs = n + idx["documents"], n_bytes + idx["bytes"], n_runs + idx["runs"]
+            n_train, v_len = n_train + idx["train_documents"], v_len + idx["train_stream_len"]
+    for out_file in files.values():
+        out_file.close()
+    common = set.intersection(*(set(i["rules"]) for i in indexes)) if not recurring else set()
+    rule = next((r for r in ("group", "group#k", "group/k") if r in common), "stored")
+    _settle_names(out, rule, n, header["spec"])
+    (out / "groups.json").write_text(json.dumps(list(groups)))
+    index = {
+        "version": CACHE_VERSION,
+        **header,
+        "documents": n,
+        "bytes": n_bytes,
+        "shards": shard_sizes,
+        "runs": n_runs,
+        "names": rule,
+        "train_documents": n_train,
+        "train_stream_len": v_len,
+    }
+    (out / "index.json").write_text(json.dumps(index, indent=1))
+
+
 def _build(
     source,
     out: Path,
@@ -237,48 +652,60 @@ def _build(
     heldout_fraction: float,
     validation_fraction: float,
     progress: Progress | None,
+    shard_bytes: int | None = None,
+    workers: int = 1,
 ) -> None:
-    names: list[str] = []
-    groups: list[str] = []
-    heldout: list[bool] = []
-    validation: list[bool] = []
-    offsets = [0]
-    train_len = 0
-    with open(out / "bytes.u8", "wb") as fb, open(out / "train.u16", "wb") as ft:
-        for doc in source.documents(progress):
-            names.append(doc.name)
-            groups.append(doc.group)
-            held = is_heldout(doc.name, split_seed, heldout_fraction)
-            heldout.append(held)
-            valid = not held and is_validation(doc.name, split_seed, validation_fraction)
-            validation.append(valid)
-            fb.write(doc.data)
-            offsets.append(offsets[-1] + len(doc.data))
-            if not held and not valid:
-                ids = np.empty(len(doc.data) + 2, np.uint16)
-                ids[0] = BOS_ID
-                ids[1:-1] = np.frombuffer(doc.data, np.uint8)
-                ids[1:-1] += BYTE_OFFSET
-                ids[-1] = EOS_ID
-                ft.write(ids.tobytes())
-                train_len += len(ids)
-    if len(set(names)) != len(names):
-        raise UserError(f"data spec {source.spec!r} yields duplicate document names; they must be unique")
-    np.asarray(offsets, np.int64).tofile(out / "offsets.i64")
-    manifest = {
-        "version": CACHE_VERSION,
+    shard_bytes = shard_bytes or SHARD_BYTES
+    header = {
         "spec": source.spec,
         "source": source.describe(),
         "split_seed": split_seed,
         "heldout_fraction": heldout_fraction,
-        "names": names,
-        "groups": groups,
-        "heldout": heldout,
         "validation_fraction": validation_fraction,
-        "validation": validation,
-        "train_stream_len": train_len,
     }
-    (out / "manifest.json").write_text(json.dumps(manifest))
+    partitions = source.partitions(workers) if workers > 1 else [source]
+    if len(partitions) > 1:
+        _build_parallel(partitions, out, header, shard_bytes, progress)
+        return
+    builder = _Builder(out, shard_bytes)
+    for name, group, pieces in source.records(progress):
+        held = is_heldout(name, split_seed, heldout_fraction)
+        flag = _HELD if held else _VALID if is_validation(name, split_seed, validation_fraction) else 0
+        builder.add(name, group, pieces, flag)
+    builder.finish(header)
+
+
+def _build_parallel(partitions, out: Path, header: dict, shard_bytes: int, progress: Progress | None) -> None:
+    """One worker process per partition (spawned: the parent may hold JAX's threads), each writing
+    a part; then :func:`_merge`. Progress counts documents (of an unknown total)."""
+    import multiprocessing  # noqa: PLC0415
+
+    context = multiprocessing.get_context("spawn")
+    done = context.Value("q", 0)
+    parts = [out / f"part-{k:05d}" for k in range(len(partitions))]
+    jobs = [
+        (
+            p,
+            part,
+            header["split_seed"],
+            header["heldout_fraction"],
+            header["validation_fraction"],
+            shard_bytes,
+        )
+        for p, part in zip(partitions, parts)
+    ]
+    with concurrent.futures.ProcessPoolExecutor(
+        len(jobs), mp_context=context, initializer=_worker_init, initargs=(done,)
+    ) as pool:
+        futures = [pool.submit(_build_part, job) for job in jobs]
+        while not all(f.done() for f in futures):
+            concurrent.futures.wait(futures, timeout=0.5)
+            if progress:
+                progress(done.value, 0)
+        indexes = [f.result() for f in futures]
+    _merge(parts, indexes, out, header)
+    for part in parts:
+        shutil.rmtree(part)
 
 
 def load_corpus(
@@ -292,8 +719,10 @@ def load_corpus(
     cache_dir: str | os.PathLike | None = None,
     progress: Progress | None = None,
     require_split: bool = True,
+    workers: int = 1,
 ) -> Corpus:
-    """Prepare (or reuse from the cache) the corpus named by ``spec``.
+    """Prepare (or reuse from the cache) the corpus named by ``spec``; ``workers`` processes share
+    the preparation (a source of many files; the result is the same whatever their number).
 
     Raises :class:`~bytelm.errors.UserError` for bad input: a missing path, an empty directory, a
     glob matching nothing, an unreadable file, or (with ``require_split``) an empty train or
@@ -316,9 +745,9 @@ def load_corpus(
         / "corpora"
         / _cache_key(source.spec, source.signature(), split_seed, heldout_fraction, validation_fraction)
     )
-    if not (path / "manifest.json").is_file():
+    if not (path / "index.json").is_file():
         with atomic_directory(path) as tmp:
-            _build(source, tmp, split_seed, heldout_fraction, validation_fraction, progress)
+            _build(source, tmp, split_seed, heldout_fraction, validation_fraction, progress, workers=workers)
     corpus = Corpus(path, segment_bytes=segment_bytes, max_eval_bytes=max_eval_bytes)
     if require_split:
         _check_split(corpus, spec, heldout_fraction)
@@ -335,7 +764,7 @@ def load_corpus(
 
 
 def load_corpus_from_config(
-    data_cfg, *, progress: Progress | None = None, require_split: bool = True
+    data_cfg, *, progress: Progress | None = None, require_split: bool = True, workers: int = 1
 ) -> Corpus:
     """:func:`load_corpus` with the fields of a ``[data]`` config section (``bytelm.config.DataConfig``)."""
     return load_corpus(
@@ -348,6 +777,7 @@ def load_corpus_from_config(
         cache_dir=data_cfg.cache_dir or None,
         progress=progress,
         require_split=require_split,
+        workers=workers,
     )
 
 

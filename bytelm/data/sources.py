@@ -21,14 +21,21 @@ from __future__ import annotations
 
 import dataclasses
 import glob
+import gzip
 import hashlib
+import importlib
+import io
+import json
 import os
 import re
 import sys
 import sysconfig
 import urllib.parse
-from collections.abc import Callable, Iterator
+import zlib
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
+
+import numpy as np
 
 from bytelm.errors import UserError
 
@@ -36,6 +43,8 @@ Progress = Callable[[int, int], None]
 
 _SPLIT_MODES = ("file", "paragraph", "line")
 _PARAGRAPH_BREAK = re.compile(rb"(?:\r?\n){2,}")
+READ_CHUNK = 8 << 20  # files are read in pieces of this many bytes (memory bounded by it, not by a file)
+Record = tuple[str, str, Iterable[bytes]]  # (name, group, the document's bytes in pieces)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,11 +64,24 @@ class Source:
     def signature(self) -> str:
         raise NotImplementedError
 
+    def records(self, progress: Progress | None = None) -> Iterator[Record]:
+        """Each document as ``(name, group, pieces)``, in source order: what a corpus build streams
+        (a piece is consumed before the next record is asked for). Sources whose documents may be
+        large read them piece by piece."""
+        for doc in self.documents(progress):
+            yield doc.name, doc.group, (doc.data,)
+
     def documents(self, progress: Progress | None = None) -> Iterator[Document]:
-        raise NotImplementedError
+        for name, group, pieces in self.records(progress):
+            yield Document(name, group, b"".join(pieces))
 
     def describe(self) -> str:
         return self.spec
+
+    def partitions(self, n: int) -> list[Source]:
+        """Up to ``n`` sources whose records, one after another, are this one's (what a parallel
+        build gives its workers); a source that cannot be cut is one partition."""
+        return [self]
 
 
 def parse_source(spec: str) -> Source:
@@ -71,8 +93,15 @@ def parse_source(spec: str) -> Source:
         return FilesSource.from_spec(spec)
     if spec.startswith("tfds:"):
         return TfdsSource.from_spec(spec)
+    for kind in RecordFilesSource.KINDS:
+        if spec.startswith(f"{kind}:"):
+            return RecordFilesSource.from_spec(spec, kind)
+    if spec.startswith("hf:"):
+        return HfDiskSource.from_spec(spec)
     raise UserError(
-        f"unknown data source {spec!r}: use 'stdlib', 'files:PATH[?split=paragraph|line]' or "
+        f"unknown data source {spec!r}: use 'stdlib', 'files:PATH[?split=paragraph|line]', "
+        "'jsonl:PATH[?field=text]' (also .jsonl.gz, .jsonl.zst), 'parquet:PATH[?field=text]', "
+        "'hf:DIR[?split=train&field=text]' (datasets' save_to_disk) or "
         "'tfds:NAME[/CONFIG][:SPLIT][?field=text&data_dir=DIR]'"
     )
 
@@ -100,13 +129,50 @@ def _stat_signature(paths: list[Path]) -> str:
 
 
 def _read_file(path: Path, spec: str) -> bytes:
+    return b"".join(_file_chunks(path, spec))
+
+
+def _file_chunks(path: Path, spec: str, size: int = READ_CHUNK) -> Iterator[bytes]:
+    """The bytes of ``path`` in pieces of at most ``size`` (at least one piece, maybe empty)."""
     try:
-        return path.read_bytes()
+        with open(path, "rb") as f:
+            first = True
+            while True:
+                chunk = f.read(size)
+                if chunk or first:
+                    yield chunk
+                first = False
+                if len(chunk) < size:
+                    return
     except OSError as e:
         raise UserError(
             f"cannot read {path} (from data spec {spec!r}): {e.strerror or e}; "
             "fix its permissions or remove it from the corpus"
         ) from None
+
+
+def split_pieces(chunks: Iterable[bytes], mode: str) -> Iterator[bytes]:
+    """The non-empty pieces of the concatenated ``chunks`` cut at ``\n`` (``mode="line"``) or at runs
+    of blank lines (``"paragraph"``), exactly as cutting the whole would give them (a piece that is
+    only ``\r`` is dropped too), holding only one chunk and one piece in memory."""
+    carry = b""
+    for chunk in chunks:
+        buffer = carry + chunk
+        if mode == "line":
+            *done, carry = buffer.split(b"\n")
+        else:
+            last = None
+            for last in _PARAGRAPH_BREAK.finditer(buffer):
+                pass
+            if last is None:
+                carry = buffer
+                continue
+            done = _PARAGRAPH_BREAK.split(buffer[: last.start()])
+            # a break that reaches the end of the buffer may go on in the next chunk
+            carry = buffer[last.start() :] if last.end() == len(buffer) else buffer[last.end() :]
+        yield from (p for p in done if p not in (b"", b"\r"))
+    tail = carry.split(b"\n") if mode == "line" else _PARAGRAPH_BREAK.split(carry)
+    yield from (p for p in tail if p not in (b"", b"\r"))
 
 
 class StdlibSource(Source):
@@ -129,14 +195,29 @@ class StdlibSource(Source):
     def describe(self) -> str:
         return f"stdlib (Python {sys.version.split()[0]}, {self.root})"
 
-    def documents(self, progress: Progress | None = None) -> Iterator[Document]:
-        files = self.files()
+    def records(self, progress: Progress | None = None) -> Iterator[Record]:
+        return self._records(self.root, self.files(), progress)
+
+    def _records(self, root: Path, files: list[Path], progress: Progress | None) -> Iterator[Record]:
         for i, p in enumerate(files):
             rel = p.relative_to(self.root).as_posix()
             group = rel.split("/", 1)[0] if "/" in rel else "<top>"
-            yield Document(rel, group, _read_file(p, self.spec))
+            yield rel, group, _file_chunks(p, self.spec)
             if progress:
                 progress(i + 1, len(files))
+
+    def partitions(self, n: int) -> list[Source]:
+        return [_FileRun(self, self.root, run) for run in _file_runs(self.files(), n)]
+
+
+def _file_runs(files: list[Path], n: int) -> list[list[Path]]:
+    """``files`` cut into at most ``n`` runs of about equal total size, in order."""
+    if n <= 1 or len(files) <= 1:
+        return [files]
+    sizes = np.asarray([_size(p) for p in files], np.float64)
+    cut = np.searchsorted(np.cumsum(sizes), np.arange(1, n) * sizes.sum() / n, side="left") + 1
+    bounds = sorted({0, *(int(c) for c in cut if 0 < c < len(files)), len(files)})
+    return [files[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
 
 
 class FilesSource(Source):
@@ -199,8 +280,16 @@ class FilesSource(Source):
         _, files = self._root_and_files()
         return f"{self.split}:{_stat_signature([f.absolute() for f in files])}"
 
-    def documents(self, progress: Progress | None = None) -> Iterator[Document]:
+    def partitions(self, n: int) -> list[Source]:
+        """Runs of whole files of about equal size, in order."""
         root, files = self._root_and_files()
+        return [_FileRun(self, root, run) for run in _file_runs(files, n)]
+
+    def records(self, progress: Progress | None = None) -> Iterator[Record]:
+        root, files = self._root_and_files()
+        return self._records(root, files, progress)
+
+    def _records(self, root: Path, files: list[Path], progress: Progress | None) -> Iterator[Record]:
         for i, p in enumerate(files):
             try:
                 rel = p.relative_to(root).as_posix()
@@ -208,19 +297,263 @@ class FilesSource(Source):
                 rel = p.as_posix()
             if rel in ("", "."):
                 rel = p.name
-            data = _read_file(p, self.spec)
             if self.split == "file":
-                yield Document(rel, rel, data)
+                yield rel, rel, _file_chunks(p, self.spec)
             else:
-                pieces = _PARAGRAPH_BREAK.split(data) if self.split == "paragraph" else data.split(b"\n")
-                k = 0
-                for piece in pieces:
-                    if piece in (b"", b"\r"):
-                        continue
-                    yield Document(f"{rel}#{k}", rel, piece)
-                    k += 1
+                for k, piece in enumerate(split_pieces(_file_chunks(p, self.spec), self.split)):
+                    yield f"{rel}#{k}", rel, (piece,)
             if progress:
                 progress(i + 1, len(files))
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
+class _FileRun(Source):
+    """A run of the files of a source of files (one partition of a parallel build)."""
+
+    def __init__(self, parent, root: Path, files: list[Path]) -> None:
+        self.spec, self.parent, self.root, self.files = parent.spec, parent, root, files
+
+    def records(self, progress: Progress | None = None) -> Iterator[Record]:
+        return self.parent._records(self.root, self.files, progress)
+
+
+def _text(value, where: str, field: str) -> bytes:
+    """A record's text field as bytes (a string as its UTF-8; bytes as they are; null as empty)."""
+    if isinstance(value, str):
+        return value.encode("utf-8", "surrogatepass")
+    if isinstance(value, bytes | bytearray):
+        return bytes(value)
+    if value is None:
+        return b""
+    raise UserError(
+        f"{where}: field {field!r} is a {type(value).__name__}, not text; name a text field with ?field=NAME"
+    )
+
+
+def _optional(module: str, spec: str):
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise UserError(
+            f"data spec {spec!r} needs {module.split('.')[0]}, which is not installed: pip install "
+            "'bytelm[formats]'"
+        ) from None
+
+
+class RecordFilesSource(Source):
+    """Files of records, each record's text field one document: ``jsonl:`` (one JSON object per
+    line; ``.gz`` and ``.zst`` read compressed, by extension) and ``parquet:``. A file, a directory
+    or a glob, as ``files:``; document ``k`` of file ``REL`` is named ``REL#k``, its group ``REL``."""
+
+    KINDS = {"jsonl": (".jsonl", ".json", ".ndjson"), "parquet": (".parquet",)}
+    COMPRESSED = (".gz", ".zst")
+
+    def __init__(self, spec: str, kind: str, pattern: str, field: str) -> None:
+        self.spec, self.kind, self.field = spec, kind, field
+        self.files_source = FilesSource(spec, pattern, "file")
+
+    @classmethod
+    def from_spec(cls, spec: str, kind: str) -> RecordFilesSource:
+        pattern, params = _split_query(spec, spec[len(kind) + 1 :])
+        if not pattern:
+            raise UserError(f"data spec {spec!r} names no path: use {kind}:PATH (a file, directory or glob)")
+        field = params.pop("field", "text")
+        if params:
+            raise UserError(
+                f"unknown option(s) {sorted(params)} in data spec {spec!r}: only 'field' is valid for {kind}:"
+            )
+        return cls(spec, kind, os.path.expanduser(pattern), field)
+
+    def _root_and_files(self) -> tuple[Path, list[Path]]:
+        root, files = self.files_source._root_and_files()
+        suffixes = self.KINDS[self.kind]
+        for p in files:
+            name = p.name.lower()
+            for c in self.COMPRESSED if self.kind == "jsonl" else ():
+                name = name.removesuffix(c)
+            if not name.endswith(suffixes):
+                raise UserError(
+                    f"{p} (data spec {self.spec!r}) is not a {self.kind} file (expected {', '.join(suffixes)}"
+                    f"{' optionally + .gz/.zst' if self.kind == 'jsonl' else ''}); give a path or glob of "
+                    f"{self.kind} files only"
+                )
+        return root, files
+
+    def signature(self) -> str:
+        return f"{self.kind}:{self.field}:{self.files_source.signature()}"
+
+    def partitions(self, n: int) -> list[Source]:
+        root, files = self._root_and_files()
+        return [_FileRun(self, root, run) for run in _file_runs(files, n)]
+
+    def records(self, progress: Progress | None = None) -> Iterator[Record]:
+        root, files = self._root_and_files()
+        return self._records(root, files, progress)
+
+    def _records(self, root: Path, files: list[Path], progress: Progress | None) -> Iterator[Record]:
+        for i, p in enumerate(files):
+            try:
+                rel = p.relative_to(root).as_posix()
+            except ValueError:
+                rel = p.as_posix()
+            if rel in ("", "."):
+                rel = p.name
+            texts = self._jsonl(p) if self.kind == "jsonl" else self._parquet(p)
+            for k, text in enumerate(texts):
+                yield f"{rel}#{k}", rel, (text,)
+            if progress:
+                progress(i + 1, len(files))
+
+    def _open(self, path: Path):
+        name = path.name.lower()
+        if name.endswith(".gz"):
+            return gzip.open(path, "rb")
+        if name.endswith(".zst"):
+            zstd = _optional("zstandard", self.spec)
+            return io.BufferedReader(zstd.ZstdDecompressor().stream_reader(open(path, "rb"), closefd=True))
+        return open(path, "rb")
+
+    def _jsonl(self, path: Path) -> Iterator[bytes]:
+        n = 0
+        try:
+            with self._open(path) as f:
+                for n, line in enumerate(f, 1):  # noqa: B007  (n: the line an error names)
+                    if not line.strip():
+                        continue
+                    try:
+                        record = json.loads(line)
+                    except ValueError as e:
+                        raise UserError(
+                            f"{path} line {n} is not JSON ({e}); the file is damaged or not JSON Lines "
+                            f"(data spec {self.spec!r})"
+                        ) from None
+                    if not isinstance(record, dict) or self.field not in record:
+                        fields = sorted(record)[:12] if isinstance(record, dict) else type(record).__name__
+                        raise UserError(
+                            f"{path} line {n} has no field {self.field!r} (it has: {fields}); name the text "
+                            "field with ?field=NAME in the data spec"
+                        )
+                    yield _text(record[self.field], f"{path} line {n}", self.field)
+        except UserError:
+            raise
+        except OSError as e:
+            raise UserError(
+                f"cannot read {path} after line {n} (from data spec {self.spec!r}): {e.strerror or e}; the "
+                "file is corrupt or truncated: fix or remove it"
+            ) from None
+        except (EOFError, zlib.error) as e:
+            raise UserError(
+                f"cannot read {path} after line {n}: {e}; the compressed file is corrupt or truncated: fix "
+                "or remove it"
+            ) from None
+        except Exception as e:  # zstandard.ZstdError (the module is optional)
+            if type(e).__name__ != "ZstdError":
+                raise
+            raise UserError(
+                f"cannot read {path} after line {n}: {e}; the compressed file is corrupt or truncated: fix "
+                "or remove it"
+            ) from None
+
+    def _parquet(self, path: Path) -> Iterator[bytes]:
+        pq = _optional("pyarrow.parquet", self.spec)
+        try:
+            table = pq.ParquetFile(path)
+        except Exception as e:  # (pyarrow's errors: ArrowInvalid, OSError)
+            raise UserError(
+                f"cannot read {path} as parquet: {e}; the file is corrupt or not parquet"
+            ) from None
+        names = table.schema_arrow.names
+        if self.field not in names:
+            raise UserError(
+                f"{path} has no column {self.field!r} (it has: {names[:12]}); name the text column with "
+                "?field=NAME in the data spec"
+            )
+        try:
+            for batch in table.iter_batches(columns=[self.field], batch_size=4096):
+                for value in batch.column(0).to_pylist():
+                    yield _text(value, str(path), self.field)
+        except UserError:
+            raise
+        except Exception as e:
+            raise UserError(f"cannot read {path} as parquet: {e}; the file is corrupt or truncated") from None
+
+
+class HfDiskSource(Source):
+    """A Hugging Face ``datasets`` dataset written by ``save_to_disk`` (Arrow stream files), read
+    with pyarrow (``datasets`` itself is not needed): ``hf:DIR[?split=train&field=text]``; a
+    ``DatasetDict`` directory needs ``split``. Record ``i`` is named ``SPLIT/i``, its group ``SPLIT``."""
+
+    def __init__(self, spec: str, path: Path, split: str, field: str) -> None:
+        self.spec, self.path, self.split, self.field = spec, path, split, field
+
+    @classmethod
+    def from_spec(cls, spec: str) -> HfDiskSource:
+        path, params = _split_query(spec, spec[len("hf:") :])
+        if not path:
+            raise UserError(f"data spec {spec!r} names no directory: use hf:DIR (written by save_to_disk)")
+        split, field = params.pop("split", "train"), params.pop("field", "text")
+        if params:
+            raise UserError(
+                f"unknown option(s) {sorted(params)} in data spec {spec!r}: valid are split and field"
+            )
+        return cls(spec, Path(os.path.expanduser(path)), split, field)
+
+    def _files(self) -> list[Path]:
+        d = self.path
+        if not d.is_dir():
+            raise UserError(
+                f"no such directory: {d} (data spec {self.spec!r}); give a save_to_disk directory"
+            )
+        if (d / "dataset_dict.json").is_file():
+            splits = json.loads((d / "dataset_dict.json").read_text()).get("splits", [])
+            if self.split not in splits:
+                raise UserError(
+                    f"{d} has no split {self.split!r} (it has: {splits}); choose one with ?split=NAME"
+                )
+            d = d / self.split
+        state = d / "state.json"
+        try:
+            files = [d / f["filename"] for f in json.loads(state.read_text())["_data_files"]]
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise UserError(
+                f"{state} cannot be read as a save_to_disk record ({type(e).__name__}: {e}); {self.path} is "
+                "not a datasets directory written by save_to_disk"
+            ) from None
+        return files
+
+    def signature(self) -> str:
+        return f"hf:{self.split}:{self.field}:{_stat_signature([p.absolute() for p in self._files()])}"
+
+    def records(self, progress: Progress | None = None) -> Iterator[Record]:
+        pa = _optional("pyarrow", self.spec)
+        files, i = self._files(), 0
+        for n, path in enumerate(files):
+            try:
+                with pa.memory_map(str(path)) as src:
+                    reader = pa.ipc.open_stream(src)
+                    if self.field not in reader.schema.names:
+                        raise UserError(
+                            f"{path} has no column {self.field!r} (it has: {reader.schema.names[:12]}); name "
+                            "the text column with ?field=NAME in the data spec"
+                        )
+                    for batch in reader:
+                        for value in batch.column(self.field).to_pylist():
+                            yield f"{self.split}/{i}", self.split, (_text(value, str(path), self.field),)
+                            i += 1
+            except UserError:
+                raise
+            except Exception as e:
+                raise UserError(
+                    f"cannot read {path} as an Arrow stream: {e}; the file is corrupt or truncated"
+                ) from None
+            if progress:
+                progress(n + 1, len(files))
 
 
 class TfdsSource(Source):

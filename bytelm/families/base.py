@@ -26,7 +26,7 @@ import numpy as np
 from flax import nnx
 
 from bytelm.constants import BYTE_OFFSET
-from bytelm.data import Corpus, WindowBatches, segment_rows
+from bytelm.data import Corpus, Stream, WindowBatches, segment_rows
 from bytelm.errors import UserError
 from bytelm.ledger import Ledger
 from bytelm.models.configs import ModelConfig, StackConfig
@@ -119,7 +119,7 @@ class Task:
         raise NotImplementedError
 
     # training data
-    def train_stream(self) -> np.ndarray:
+    def train_stream(self) -> Stream:
         raise NotImplementedError
 
     def train_batches(

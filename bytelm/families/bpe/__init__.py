@@ -14,6 +14,7 @@ from flax import nnx
 from bytelm.atomic import atomic_directory
 from bytelm.baselines import load_tokenizer
 from bytelm.constants import BOS_ID, BYTE_OFFSET, EOS_ID
+from bytelm.data import Stream
 from bytelm.errors import UserError
 from bytelm.families.base import Task, Trunk
 from bytelm.families.bpe.config import TokenLMConfig
@@ -114,7 +115,7 @@ class TokenTask(Task):
         self._stream = np.memmap(path / "train.u32", dtype=np.uint32, mode="r", shape=(manifest["length"],))
         self._bytes_per_token = manifest["bytes"] / max(manifest["tokens"], 1)
 
-    def train_stream(self) -> np.ndarray:
+    def train_stream(self) -> Stream:
         if self._stream is None:
             self._load_stream()
         return self._stream

@@ -10,6 +10,7 @@ import numpy as np
 from flax import nnx
 
 from bytelm.constants import BOS_ID, BYTE_OFFSET, NUM_BYTE_IDS
+from bytelm.data import Stream
 from bytelm.families.base import Task, Trunk
 from bytelm.families.byte.config import ByteLMConfig
 from bytelm.families.byte.model import ByteLM
@@ -32,7 +33,7 @@ class ByteTask(Task):
     def build_model(self, rngs: nnx.Rngs) -> nnx.Module:
         return ByteLM(self.cfg.model, rngs=rngs)
 
-    def train_stream(self) -> np.ndarray:
+    def train_stream(self) -> Stream:
         return self.require_corpus().train_stream
 
     def decoder(self, model: nnx.Module) -> Decoder:
