@@ -41,6 +41,12 @@ class DataConfig:
     segment_bytes: int = 1024  # evaluation segments are at most this long
     max_eval_bytes: int = 1 << 20  # total bytes scored by the evaluator
     cache_dir: str = ""  # "" = $BYTELM_CACHE_DIR or ~/.cache/bytelm
+    # training batches made this many steps ahead by a background thread (reading, gathering and the
+    # family's decoration, e.g. BLT's patching, overlap the step); 0 = made in the loop
+    prefetch: int = 2
+    # processes that prepare the corpus (a source of many files) and encode a subword LM's training
+    # split when a run needs them (bytelm data prepare --workers N does the first beforehand)
+    workers: int = 1
 
     def __post_init__(self) -> None:
         if not 0.0 < self.heldout_fraction < 1.0:
@@ -50,6 +56,10 @@ class DataConfig:
                 "data.validation_fraction must be in [0, 1) (0: no validation split), got "
                 f"{self.validation_fraction}"
             )
+        if self.workers < 1:
+            raise ValueError(f"data.workers must be >= 1, got {self.workers}")
+        if self.prefetch < 0:
+            raise ValueError(f"data.prefetch must be >= 0 (0: no prefetch), got {self.prefetch}")
         if self.segment_bytes < 1 or self.max_eval_bytes < 1:
             raise ValueError(
                 f"data.segment_bytes ({self.segment_bytes}) and data.max_eval_bytes "

@@ -43,7 +43,8 @@ WORKER = textwrap.dedent(
     for out, overrides, stop_after in jobs:
         r = train(load_config(None, overrides), out, stop_after=stop_after)
         status = json.load(open(out + "/run.json"))["status"]  # as process 0 wrote it
-        print(json.dumps({"out": out, "step": r.step, "status": status}), flush=True)
+        reads = r.trainer.task.require_corpus().reads  # this process's loader counters
+        print(json.dumps({"out": out, "step": r.step, "status": status, "reads": reads}), flush=True)
     """
 )
 
@@ -72,7 +73,11 @@ def _job(jobs: list) -> list[dict]:
     for pid, (p, (out, err)) in enumerate(zip(procs, outs)):
         assert p.returncode == 0, f"process {pid} failed:\n{out}\n{err[-4000:]}"
     seen = [[json.loads(line) for line in out.splitlines() if line.startswith("{")] for out, _ in outs]
+    reads = [[r.pop("reads") for r in process] for process in seen]
     assert seen[0] == seen[1] and len(seen[0]) == len(jobs)
+    # each process gathered its half of every batch's rows (and the documents they touch)
+    for r0, r1 in zip(*reads):
+        assert r0["rows"] == r1["rows"] > 0 and r0["ids"] == r1["ids"]
     return seen[0]
 
 
@@ -140,7 +145,13 @@ def _runs(root):
     }
     # the byte LM stops after 2 steps and resumes; BLT trains its 3 steps in one go
     stops = {"byte": (2, None), "blt": (None,)}
-    jobs = [[str(root / f"two-{f}"), [*base, *o], stop] for f, o in families.items() for stop in stops[f]]
+    # the job prepares its corpus afresh: process 0 builds it, process 1 waits and opens it
+    job_data = [f"data.cache_dir={root / 'job-cache'}"]
+    jobs = [
+        [str(root / f"two-{f}"), [*base, *o, *job_data], stop]
+        for f, o in families.items()
+        for stop in stops[f]
+    ]
     results = iter(_job(jobs))
     one = {f: train(load_config(None, [*base, *o]), root / f"one-{f}").trainer for f, o in families.items()}
     return root, {f: [next(results) for _ in stops[f]] for f in families}, one

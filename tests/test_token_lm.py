@@ -133,3 +133,30 @@ def tokenizer_dir_of(corpus_dir, tmp_path):  # noqa: F811
     out = tmp_path / "bpe"
     train_bpe(corpus.documents("train"), vocab_size=300, pattern="gpt2", num_workers=1).save(out)
     return out
+
+
+def test_the_train_split_encoded_in_parts_by_two_workers_is_the_one_process_stream(
+    corpus_dir,  # noqa: F811
+    tokenizer_dir,
+    tmp_path,
+):
+    """Sharded, parallel encoding (parts of ~2 KB, 2 spawned workers) gives the stream of encoding
+    every train document in this process, BOS/EOS-framed, in order."""
+    from bytelm.baselines import load_tokenizer
+    from bytelm.data.tokens import encode_train_split
+
+    corpus = load_corpus(f"files:{corpus_dir}", cache_dir=tmp_path / "c")
+    tok = load_tokenizer(tokenizer_dir)
+    expected = [
+        i for doc in corpus.documents("train") for i in (1, *(t + 4 for t in tok.encode_ordinary(doc)), 2)
+    ]
+    runs = {}
+    for workers in (1, 2):
+        out = tmp_path / f"w{workers}"
+        out.mkdir()
+        manifest = encode_train_split(corpus, str(tokenizer_dir), out, workers=workers, part_bytes=2048)
+        assert manifest["parts"] > 4 and manifest["length"] == len(expected)
+        assert manifest["tokens"] == len(expected) - 2 * len(corpus.document_indices("train"))
+        runs[workers] = np.fromfile(out / "train.u32", np.uint32)
+        assert sorted(p.name for p in out.iterdir()) == ["manifest.json", "train.u32"]
+    assert runs[1].tolist() == expected and runs[2].tolist() == expected

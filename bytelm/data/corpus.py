@@ -144,6 +144,48 @@ class _Names(_Lookup):
         return f"{group}{'#' if self.rule == 'group#k' else '/'}{k}"
 
 
+class _Shards(Sequence[np.ndarray]):
+    """The byte shards, each memory-mapped on first use: a process opens only the shards that the
+    rows it reads lie in (:attr:`opened`)."""
+
+    def __init__(self, path: Path, sizes: list[int]):
+        self.path, self.sizes = path, list(sizes)
+        self._maps: list[np.ndarray | None] = [None] * len(self.sizes)
+        self.views = _ShardViews(self)
+
+    def __len__(self) -> int:
+        return len(self.sizes)
+
+    def __getitem__(self, s):
+        if isinstance(s, slice):
+            return [self[k] for k in range(*s.indices(len(self)))]
+        m = self._maps[s]
+        if m is None:
+            m = self._maps[s] = _memmap(self.path / f"shard-{s:05d}.u8", np.uint8, self.sizes[s])
+        return m
+
+    @property
+    def opened(self) -> list[int]:
+        return [s for s, m in enumerate(self._maps) if m is not None]
+
+
+class _ShardViews(Sequence[np.ndarray]):
+    """The shards as plain ``ndarray`` views of their memory maps (faster ``np.take``)."""
+
+    def __init__(self, shards: _Shards):
+        self.shards = shards
+        self._views: dict[int, np.ndarray] = {}
+
+    def __len__(self) -> int:
+        return len(self.shards)
+
+    def __getitem__(self, s):
+        v = self._views.get(s)
+        if v is None:
+            v = self._views[s] = np.asarray(self.shards[s]).view(np.ndarray)
+        return v
+
+
 class TrainStream:
     """The training id stream ``[BOS, b+4, ..., EOS, BOS, ...]`` over the train documents, in
     source order, derived from the corpus's bytes when asked (no copy is stored). Behaves as a
@@ -183,6 +225,10 @@ class TrainStream:
         first = np.searchsorted(vstart, starts, side="right") - 1
         last = np.searchsorted(vstart, starts + width - 1, side="right") - 1
         counts = last - first + 1  # segments per row
+        reads = corpus.reads
+        reads["rows"] += rows
+        reads["ids"] += rows * width
+        reads["documents"] += int(counts.sum())
         row = np.repeat(np.arange(rows), counts)
         j = first[row] + np.arange(len(row)) - np.repeat(np.cumsum(counts) - counts, counts)
         row_start = starts[row]
@@ -289,12 +335,11 @@ class Corpus:
         # the shards: byte i of the corpus is byte i - shard_start[s] of shard s
         sizes = self.index["shards"]
         self.shard_start = np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)])
-        self.shards = [
-            _memmap(self.path / f"shard-{s:05d}.u8", np.uint8, size) for s, size in enumerate(sizes)
-        ]
-        self.shard_views = [
-            np.asarray(m).view(np.ndarray) for m in self.shards
-        ]  # (plain arrays: faster takes)
+        self.shards = _Shards(self.path, sizes)
+        self.shard_views = self.shards.views  # (plain arrays: faster takes)
+        # what this process has read of the training stream (the loader's counters): rows and ids
+        # delivered, and the document pieces they were cut from
+        self.reads = {"rows": 0, "ids": 0, "documents": 0}
         self.segment_bytes = segment_bytes
         self.max_eval_bytes = max_eval_bytes
 
@@ -720,9 +765,11 @@ def load_corpus(
     progress: Progress | None = None,
     require_split: bool = True,
     workers: int = 1,
+    build: bool = True,
 ) -> Corpus:
     """Prepare (or reuse from the cache) the corpus named by ``spec``; ``workers`` processes share
     the preparation (a source of many files; the result is the same whatever their number).
+    ``build=False``: open the prepared corpus only (another process prepared it), never build it.
 
     Raises :class:`~bytelm.errors.UserError` for bad input: a missing path, an empty directory, a
     glob matching nothing, an unreadable file, or (with ``require_split``) an empty train or
@@ -746,6 +793,12 @@ def load_corpus(
         / _cache_key(source.spec, source.signature(), split_seed, heldout_fraction, validation_fraction)
     )
     if not (path / "index.json").is_file():
+        if not build:
+            raise UserError(
+                f"the corpus {spec!r} is not prepared in {root} (expected {path}): process 0 of a "
+                "multi-process job prepares it, so put data.cache_dir on a filesystem every host "
+                f"shares, or run 'bytelm data prepare --data {spec} --out {root}' on each host first"
+            )
         with atomic_directory(path) as tmp:
             _build(source, tmp, split_seed, heldout_fraction, validation_fraction, progress, workers=workers)
     corpus = Corpus(path, segment_bytes=segment_bytes, max_eval_bytes=max_eval_bytes)
@@ -764,7 +817,12 @@ def load_corpus(
 
 
 def load_corpus_from_config(
-    data_cfg, *, progress: Progress | None = None, require_split: bool = True, workers: int = 1
+    data_cfg,
+    *,
+    progress: Progress | None = None,
+    require_split: bool = True,
+    workers: int = 1,
+    build: bool = True,
 ) -> Corpus:
     """:func:`load_corpus` with the fields of a ``[data]`` config section (``bytelm.config.DataConfig``)."""
     return load_corpus(
@@ -778,6 +836,7 @@ def load_corpus_from_config(
         progress=progress,
         require_split=require_split,
         workers=workers,
+        build=build,
     )
 
 

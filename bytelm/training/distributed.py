@@ -111,3 +111,23 @@ def gather_rows(x) -> np.ndarray:
     from jax.experimental import multihost_utils
 
     return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+
+
+def load_job_corpus(data_cfg, *, progress=None):
+    """The job's corpus: process 0 prepares it (or finds it prepared); the others wait for it at a
+    barrier and then open it, never build it (N hosts building one corpus is N-1 wasted builds,
+    or N copies). A host that cannot see process 0's cache gets an error naming the fix."""
+    from bytelm.data import load_corpus_from_config
+
+    if jax.process_count() == 1:
+        return load_corpus_from_config(data_cfg, progress=progress, workers=data_cfg.workers)
+    corpus, failure = None, None
+    if is_primary():
+        try:
+            corpus = load_corpus_from_config(data_cfg, progress=progress, workers=data_cfg.workers)
+        except Exception as e:  # (the others must still pass the barrier, then fail in turn)
+            failure = e
+    barrier("bytelm: the corpus is prepared")
+    if failure is not None:
+        raise failure
+    return corpus if corpus is not None else load_corpus_from_config(data_cfg, build=False)

@@ -24,14 +24,14 @@ import jax
 
 from bytelm.atomic import atomic_write_text
 from bytelm.config import Config, dump_config
-from bytelm.data import load_corpus_from_config
+from bytelm.data.prefetch import Prefetch
 from bytelm.errors import UserError
 from bytelm.families import STATS_KEY
 from bytelm.paths import check_output_dir
 from bytelm.rundir import RunDir
 from bytelm.training.checkpoint import Checkpointer, CheckpointUnreadable
 from bytelm.training.clock import Clock
-from bytelm.training.distributed import barrier, is_primary
+from bytelm.training.distributed import barrier, is_primary, load_job_corpus
 from bytelm.training.peak import measure_matmul_peak
 from bytelm.training.restore import make_task
 from bytelm.training.trainer import (
@@ -159,6 +159,7 @@ class _Run:
         self.t_start = time.perf_counter()
         self.last_loss, self.last_eval, self.stopped_by_signal = float("nan"), None, False
         self.stats_log: dict[str, int] = {}  # the batches' host-side counts since the last log line
+        self.input_wait_s = 0.0  # time spent waiting for batches since the last log line
 
     # -- setup ----------------------------------------------------------------------------
     def _resume(self, step: int) -> None:
@@ -247,7 +248,7 @@ class _Run:
         if self.metrics is not None:
             self.metrics.write(record)
 
-    def log_train(self, m: dict, loss: float, step_s: float, progress) -> None:
+    def log_train(self, m: dict, loss: float, step_s: float, progress, steps_logged: int = 1) -> None:
         trainer, steps = self.trainer, self.clock.horizon
         nbytes = float(m["bytes"])
         rec = {
@@ -265,9 +266,12 @@ class _Run:
             "flops_total": self.ledger.total(trainer.step),
             "bytes_seen": self.bytes_seen(),
             "train_s": self.clock.spent(),
+            # the time a step waited for its batch (0 while the input pipeline keeps ahead)
+            "input_wait_s": self.input_wait_s / max(steps_logged, 1),
             **self.task.stats_record(self.stats_log),
         }
         self.stats_log = {}
+        self.input_wait_s = 0.0
         self._write(rec)
         if progress:
             progress(
@@ -297,9 +301,19 @@ class _Run:
     def loop(self, flag: _SignalFlag, progress, stop_after: int | None) -> None:
         """Train until ``train.steps`` or the time budget (or a signal, or ``stop_after`` steps of
         this invocation), logging, evaluating and checkpointing on their schedules."""
-        cfg, trainer, tcfg, clock = self.cfg, self.trainer, self.cfg.train, self.clock
+        cfg, trainer = self.cfg, self.trainer
         self.write_status("running")
         batches = self.task.train_batches(trainer.step, jax.process_index(), jax.process_count())
+        if cfg.data.prefetch:
+            batches = Prefetch(batches, cfg.data.prefetch)
+        try:
+            self._loop(batches, flag, progress, stop_after)
+        finally:
+            if isinstance(batches, Prefetch):
+                batches.close()
+
+    def _loop(self, batches, flag: _SignalFlag, progress, stop_after: int | None) -> None:
+        cfg, trainer, tcfg, clock = self.cfg, self.trainer, self.cfg.train, self.clock
         t_log, steps_since_log, steps_this_run = time.perf_counter(), 0, 0
         pending: tuple[int, dict] | None = None  # the step whose loss has not been read yet, and its metrics
 
@@ -323,7 +337,9 @@ class _Run:
         clock.start()
         # one finished() decision per step (a time budget can run out between two looks)
         while not (steps_this_run == 0 and self.finished()):
+            t_wait = time.perf_counter()
             batch = next(batches)
+            self.input_wait_s += time.perf_counter() - t_wait
             for key, n in batch.pop(STATS_KEY, {}).items():
                 self.stats_log[key] = self.stats_log.get(key, 0) + n
                 self.stats_run[key] = self.stats_run.get(key, 0) + n
@@ -360,7 +376,7 @@ class _Run:
                 settle()  # this step's loss is needed (or its state is about to be kept)
             if log_now:
                 now = time.perf_counter()
-                self.log_train(m, self.last_loss, (now - t_log) / steps_since_log, progress)
+                self.log_train(m, self.last_loss, (now - t_log) / steps_since_log, progress, steps_since_log)
                 t_log, steps_since_log = now, 0
             if eval_now:
                 self.evaluate()
@@ -440,7 +456,7 @@ def train(
         finished = _finished_result(run_dir, cfg)
         if finished is not None:  # nothing left to do: leave the run as it is
             return finished
-        corpus = corpus if corpus is not None else load_corpus_from_config(cfg.data)
+        corpus = corpus if corpus is not None else load_job_corpus(cfg.data)
         task = make_task(cfg, corpus, run_dir)
         check_fingerprints(run_dir, task)
         # a run whose evaluations cannot fit its context stops now, not after training

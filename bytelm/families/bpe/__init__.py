@@ -13,8 +13,9 @@ from flax import nnx
 
 from bytelm.atomic import atomic_directory
 from bytelm.baselines import load_tokenizer
-from bytelm.constants import BOS_ID, BYTE_OFFSET, EOS_ID
+from bytelm.constants import BOS_ID, BYTE_OFFSET
 from bytelm.data import Stream
+from bytelm.data.tokens import encode_train_split
 from bytelm.errors import UserError
 from bytelm.families.base import Task, Trunk
 from bytelm.families.bpe.config import TokenLMConfig
@@ -77,39 +78,14 @@ class TokenTask(Task):
             / f"{corpus.path.name}-{self.tokenizer.fingerprint[:24]}{sampled}"
         )
         if not (path / "manifest.json").is_file():
-            with atomic_directory(path) as tmp:
-                # one process: forking a process that already runs JAX threads risks deadlocks; cached once
-                if alpha > 0:
-                    parts = [
-                        self.tokenizer.encode_sampled(
-                            doc, alpha=alpha, rng=np.random.default_rng([self.cfg.train.seed, j])
-                        )
-                        for j, doc in enumerate(corpus.documents("train"))
-                    ]
-                    counts = np.array([len(p) for p in parts], np.int64)
-                    ids = np.fromiter((i for p in parts for i in p), dtype=np.int64, count=int(counts.sum()))
-                else:
-                    ids, counts = self.tokenizer.encode_documents(
-                        corpus.documents("train"), dtype=np.int64, num_workers=1
-                    )
-                n_docs = len(counts)
-                stream = np.empty(len(ids) + 2 * n_docs, np.uint32)
-                starts = np.concatenate([[0], np.cumsum(counts + 2)])[:-1]
-                stream[starts] = BOS_ID
-                stream[starts + counts + 1] = EOS_ID
-                body = np.ones(len(stream), bool)
-                body[starts] = False
-                body[starts + counts + 1] = False
-                stream[body] = ids + BYTE_OFFSET
-                stream.tofile(tmp / "train.u32")
-                (tmp / "manifest.json").write_text(
-                    json.dumps(
-                        {
-                            "tokens": int(len(ids)),
-                            "bytes": corpus.split_bytes("train"),
-                            "length": int(len(stream)),
-                        }
-                    )
+            with atomic_directory(path) as tmp:  # sharded and parallel (spawned workers), cached once
+                encode_train_split(
+                    corpus,
+                    self.cfg.model.tokenizer,
+                    tmp,
+                    workers=self.cfg.data.workers,
+                    alpha=alpha,
+                    seed=self.cfg.train.seed,
                 )
         manifest = json.loads((path / "manifest.json").read_text())
         self._stream = np.memmap(path / "train.u32", dtype=np.uint32, mode="r", shape=(manifest["length"],))
