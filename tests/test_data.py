@@ -89,14 +89,14 @@ def test_unreadable_file_is_named(tmp_path):
 
 def test_permission_denied_is_named(tmp_path, monkeypatch):
     root = write_files(tmp_path / "d", {"a.txt": b"a", "secret.txt": b"b"})
-    import bytelm.data.sources as sources_mod
+    import bytelm.data.remote as files_mod  # (where the sources open local files)
 
     def deny(path, *args, **kw):  # (the process runs as root in CI: a chmod would not stop it)
         if Path(path).name == "secret.txt":
             raise PermissionError(13, "Permission denied", str(path))
         return open(path, *args, **kw)
 
-    monkeypatch.setattr(sources_mod, "open", deny, raising=False)
+    monkeypatch.setattr(files_mod, "open", deny, raising=False)
     with pytest.raises(UserError, match=r"cannot read .*secret.txt.*Permission denied"):
         load(f"files:{root}", tmp_path)
 

@@ -132,3 +132,20 @@ def test_a_process_that_must_not_build_names_the_cache_and_the_fix(tmp_path):
     message = str(e.value)
     assert str(tmp_path / "cache") in message and "bytelm data prepare" in message
     assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").rglob("index.json"))
+
+
+@pytest.mark.parametrize("damage", ["truncate", "remove"])
+def test_a_damaged_shard_names_the_file_and_the_fix(tmp_path, damage, capsys):
+    spec = f"files:{word_corpus(tmp_path / 'docs', n_docs=12)}"
+    corpus = load_corpus(spec, cache_dir=tmp_path / "cache")
+    shard = corpus.path / "shard-00000.u8"
+    if damage == "truncate":
+        shard.write_bytes(shard.read_bytes()[:-10])
+    else:
+        shard.unlink()
+    from bytelm import cli
+
+    rc = cli.main(["data", "info", "--data", spec, "--set", f"data.cache_dir={tmp_path / 'cache'}"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1
+    assert str(shard) in err[0] and f"delete {corpus.path}" in err[0]

@@ -92,6 +92,20 @@ class Segment:
 
 
 def _memmap(path: Path, dtype, n: int) -> np.ndarray:
+    """``n`` values of ``path``, mapped; a file that is missing or not the size its index records
+    (truncated, replaced) stops with the fix."""
+    want = n * np.dtype(dtype).itemsize
+    try:
+        size = path.stat().st_size
+    except OSError as e:
+        size, why = -1, e.strerror or str(e)
+    else:
+        why = f"{size:,} bytes where its index.json records {want:,}"
+    if size != want:
+        raise UserError(
+            f"the prepared corpus file {path} is damaged ({why}): delete {path.parent} and the corpus "
+            "is prepared again from its source (bytelm data prepare, or the next run)"
+        )
     return np.memmap(path, dtype=dtype, mode="r", shape=(n,)) if n else np.zeros(0, dtype)
 
 
@@ -267,13 +281,16 @@ class TrainStream:
         at[bos_at] = 0  # (their ids are set below; index 0 keeps the gather inside the shard)
         at[eos_at] = 0
         flat = out.reshape(-1)
+        # (a shard of empty documents only has no bytes: its positions are BOS and EOS, set below)
         if len(corpus.shards) == 1:
-            flat[:] = np.take(corpus.shard_views[0], at)
+            view = corpus.shard_views[0]
+            flat[:] = np.take(view, at) if view.size else 0
         else:
             seg_shard = np.repeat(shard, lengths)
             for s in np.unique(shard):
                 take = seg_shard == s
-                flat[take] = np.take(corpus.shard_views[int(s)], at[take])
+                view = corpus.shard_views[int(s)]
+                flat[take] = np.take(view, at[take]) if view.size else 0
         flat += BYTE_OFFSET
         flat[bos_at] = BOS_ID
         flat[eos_at] = EOS_ID

@@ -37,6 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
+from bytelm.data.remote import ObjectPath, is_remote, list_objects, open_binary
 from bytelm.errors import UserError
 
 Progress = Callable[[int, int], None]
@@ -135,7 +136,7 @@ def _read_file(path: Path, spec: str) -> bytes:
 def _file_chunks(path: Path, spec: str, size: int = READ_CHUNK) -> Iterator[bytes]:
     """The bytes of ``path`` in pieces of at most ``size`` (at least one piece, maybe empty)."""
     try:
-        with open(path, "rb") as f:
+        with open_binary(path, spec) as f:
             first = True
             while True:
                 chunk = f.read(size)
@@ -144,11 +145,17 @@ def _file_chunks(path: Path, spec: str, size: int = READ_CHUNK) -> Iterator[byte
                 first = False
                 if len(chunk) < size:
                     return
+    except UserError:
+        raise
     except OSError as e:
         raise UserError(
             f"cannot read {path} (from data spec {spec!r}): {e.strerror or e}; "
             "fix its permissions or remove it from the corpus"
         ) from None
+    except Exception as e:  # (an object store's errors)
+        if not isinstance(path, ObjectPath):
+            raise
+        raise UserError(f"cannot read {path} (from data spec {spec!r}): {type(e).__name__}: {e}") from None
 
 
 def split_pieces(chunks: Iterable[bytes], mode: str) -> Iterator[bytes]:
@@ -241,6 +248,8 @@ class FilesSource(Source):
         return cls(spec, os.path.expanduser(pattern), split)
 
     def _root_and_files(self) -> tuple[Path, list[Path]]:
+        if is_remote(self.pattern):  # (ObjectPaths: the part of Path the sources use)
+            return list_objects(self.pattern, self.spec)  # type: ignore[return-value]
         if glob.has_magic(self.pattern):
             matches = sorted(Path(m) for m in glob.glob(self.pattern, recursive=True))
             files = [m for m in matches if m.is_file() or m.is_symlink()]
@@ -413,11 +422,12 @@ class RecordFilesSource(Source):
     def _open(self, path: Path):
         name = path.name.lower()
         if name.endswith(".gz"):
-            return gzip.open(path, "rb")
+            return gzip.GzipFile(fileobj=open_binary(path, self.spec), mode="rb")
         if name.endswith(".zst"):
             zstd = _optional("zstandard", self.spec)
-            return io.BufferedReader(zstd.ZstdDecompressor().stream_reader(open(path, "rb"), closefd=True))
-        return open(path, "rb")
+            raw = open_binary(path, self.spec)
+            return io.BufferedReader(zstd.ZstdDecompressor().stream_reader(raw, closefd=True))
+        return open_binary(path, self.spec)
 
     def _jsonl(self, path: Path) -> Iterator[bytes]:
         n = 0
@@ -463,7 +473,7 @@ class RecordFilesSource(Source):
     def _parquet(self, path: Path) -> Iterator[bytes]:
         pq = _optional("pyarrow.parquet", self.spec)
         try:
-            table = pq.ParquetFile(path)
+            table = pq.ParquetFile(open_binary(path, self.spec) if isinstance(path, ObjectPath) else path)
         except Exception as e:  # (pyarrow's errors: ArrowInvalid, OSError)
             raise UserError(
                 f"cannot read {path} as parquet: {e}; the file is corrupt or not parquet"
