@@ -21,6 +21,8 @@ process, one thing at a time:
 - ``blt_step_ratio``: the tiny BLT's train step with its entropy patching in the prefetched
   pipeline over the step on patch lengths computed beforehand (``blt_step_ratio_inline``: patching
   in the loop, no prefetch);
+- ``arrayrecord_window_mb_s`` vs ``memmap_window_mb_s``: random training windows read from an
+  ArrayRecord file of the training stream (what grain reads) and from the memory-mapped shards;
 - ``subword_encode_scaling``: a BPE tokenizer encoding the training split into parts with 2 workers
   over 1 (``subword_encode_mb_s``: with 2), and the peak RSS at two corpus sizes.
 
@@ -328,7 +330,7 @@ _ENCODE = """
 import json, sys, tempfile, time
 from pathlib import Path
 from bytelm.data import load_corpus
-from bytelm.data.tokens import encode_train_split
+from bytelm.families.bpe.tokens import encode_train_split
 spec, cache, tok, workers = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
 corpus = load_corpus(spec, cache_dir=cache)
 with tempfile.TemporaryDirectory(dir=cache) as out:
@@ -374,6 +376,80 @@ def subword(work: Path, sizes_gb: list[float], vocab: int) -> dict:
     return out
 
 
+_ARRAYRECORD = """
+import json, os, sys, time
+import numpy as np
+from array_record.python.array_record_module import ArrayRecordWriter
+from array_record.python.array_record_data_source import ArrayRecordDataSource
+from bytelm.data import load_corpus
+spec, cache, out = sys.argv[1:4]
+seconds, B, T = float(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6])
+R, N = 32768, 64 << 20  # ids per record, ids written (the stream's first 64 Mi ids)
+stream = load_corpus(spec, cache_dir=cache, build=False).train_stream
+N = min(N, len(stream)) // R * R
+if not os.path.exists(out):
+    w = ArrayRecordWriter(out + ".tmp", "group_size:1")  # (one record per chunk: random access)
+    for lo in range(0, N, R):
+        w.write(stream[lo : lo + R].astype(np.uint16).tobytes())
+    w.close()
+    os.replace(out + ".tmp", out)
+source = ArrayRecordDataSource([out])
+rng = np.random.default_rng(0)
+
+def arrayrecord(starts):
+    rows = np.empty((len(starts), T + 1), np.int32)
+    for r, s in enumerate(starts):
+        first, last = s // R, (s + T) // R
+        chunk = np.frombuffer(b"".join(source.__getitems__(list(range(first, last + 1)))), np.uint16)
+        rows[r] = chunk[s - first * R : s - first * R + T + 1]
+    return rows
+
+def memmap(starts):
+    return stream.windows(starts, T + 1)
+
+def rate(fn):
+    fn(rng.integers(0, N - T - 1, B))
+    n, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        fn(rng.integers(0, N - T - 1, B))
+        n += 1
+    return n * B * (T + 1) / 1e6 / (time.perf_counter() - t0)
+
+starts = rng.integers(0, N - T - 1, B)
+assert np.array_equal(arrayrecord(starts), memmap(starts))  # the same rows
+print(json.dumps({"arrayrecord_mb_s": rate(arrayrecord), "memmap_mb_s": rate(memmap),
+                  "arrayrecord_bytes_per_id": os.path.getsize(out) / N}))
+"""
+
+
+def arrayrecord_peer(spec: str, cache: Path, work: Path, seconds: float, batch: int, seq_len: int) -> dict:
+    """Random training windows read from ArrayRecord (the format grain reads; records of 32 Ki ids
+    of the training stream, group size 1 for random access, each window assembled from the records it
+    spans) against the same windows gathered from the memory-mapped shards. Grain over ArrayRecord
+    adds its own sampler and worker overhead on top of these reads, so this is that peer's upper
+    bound."""
+    out = work / "stream.array_record"
+    cmd = [
+        sys.executable,
+        "-c",
+        _ARRAYRECORD,
+        spec,
+        str(cache),
+        str(out),
+        str(seconds),
+        str(batch),
+        str(seq_len),
+    ]
+    _, _, text = run_measured(cmd)
+    r = json.loads(text.strip().splitlines()[-1])
+    print(
+        f"  random windows: ArrayRecord {r['arrayrecord_mb_s']:,.0f} MB/s, memory-mapped shards "
+        f"{r['memmap_mb_s']:,.0f} MB/s (ArrayRecord: {r['arrayrecord_bytes_per_id']:.2f} bytes per id)",
+        flush=True,
+    )
+    return r
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--gb", type=float, default=4.0, help="corpus size in GB of text (default 4)")
@@ -415,6 +491,9 @@ def main() -> None:
     r = pipeline(big["specs"], work / "cache", args.seconds, args.batch_size, args.seq_len)
     results["pipeline_mb_s"] = round(r["prefetch"], 1)
     results["pipeline_inline_mb_s"] = round(r["inline"], 1)
+    r = arrayrecord_peer(big["specs"][0], work / "cache", work, args.seconds, args.batch_size, args.seq_len)
+    results["arrayrecord_window_mb_s"] = round(r["arrayrecord_mb_s"], 1)
+    results["memmap_window_mb_s"] = round(r["memmap_mb_s"], 1)
     r = blt_steps(work, args.blt_steps)
     results["blt_step_ratio"] = round(r["prefetched_s"] / r["precomputed_s"], 3)
     results["blt_step_ratio_inline"] = round(r["inline_s"] / r["precomputed_s"], 3)

@@ -495,6 +495,14 @@ def add_tokenizer_train(sub) -> None:
         help="reserve a special token, e.g. --special '<|endoftext|>' (repeatable; ids after the merges)",
     )
     _add_workers_option(p)
+    p.add_argument(
+        "--sample-mb",
+        type=float,
+        default=0,
+        metavar="MB",
+        help="train on a sample of about MB megabytes of the train split (every k-th document, in "
+        "order, streamed; default 0: the whole split)",
+    )
     p.add_argument("--out", required=True, metavar="DIR", help="directory to write the tokenizer files into")
     p.add_argument(
         "--force",
@@ -513,7 +521,10 @@ def cmd_tokenizer_train(args: argparse.Namespace) -> int:
             f"--out {args.out} holds a tokenizer already (runs trained on it check its fingerprint); give "
             "another directory, or --force to replace it"
         )
+    if args.sample_mb < 0:
+        raise UserError(f"--sample-mb must be >= 0 (0: the whole train split), got {args.sample_mb}")
     corpus = _load_corpus(_resolve_config(args).data)
+    sample, sample_bytes = corpus.sample("train", int(args.sample_mb * 1e6))
     own = "ranks" if args.kind == "bpe" else "viterbi"
     if args.encoder not in (None, own, "longest"):
         raise UserError(
@@ -540,15 +551,16 @@ def cmd_tokenizer_train(args: argparse.Namespace) -> int:
         num_workers=args.workers,
         progress=on_learn,
         count_progress=lambda done, total: count_bar.update(done >> 20, (total or 0) >> 20 or None),
-        total_bytes=corpus.split_bytes("train"),
+        total_bytes=sample_bytes,
     )
+    documents = (corpus.document(int(i)).tobytes() for i in sample)  # (streamed)
     try:
         if args.kind == "bpe":
-            tok = train_bpe(corpus.documents("train"), **kwargs)
+            tok = train_bpe(documents, **kwargs)
         else:
             from bytelm.baselines.unigram import train_unigram
 
-            tok = train_unigram(corpus.documents("train"), **kwargs)
+            tok = train_unigram(documents, **kwargs)
     finally:
         for bar in bars_open:
             bar.close()
@@ -569,7 +581,11 @@ def cmd_tokenizer_train(args: argparse.Namespace) -> int:
         [
             ("tokenizer", args.out),
             ("kind", f"{args.kind} (encoder: {tok.encoder})"),
-            ("data", f"{corpus.spec} (train split: {corpus.split_bytes('train'):,} bytes)"),
+            (
+                "data",
+                f"{corpus.spec} (train split: {corpus.split_bytes('train'):,} bytes; trained on "
+                f"{len(sample):,} documents, {sample_bytes:,} bytes)",
+            ),
             ("pattern", args.pattern),
             ("ids", f"{tok.n_vocab:,} = 256 bytes + {learned} + {len(tok.special_tokens)} special{short}"),
             ("fingerprint", tok.fingerprint),

@@ -149,3 +149,35 @@ def test_a_damaged_shard_names_the_file_and_the_fix(tmp_path, damage, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1
     assert str(shard) in err[0] and f"delete {corpus.path}" in err[0]
+
+
+def test_a_tokenizer_trains_on_a_spread_sample_of_the_documented_size(tmp_path, capsys):
+    spec = f"files:{word_corpus(tmp_path / 'docs', n_docs=40)}"
+    corpus = load_corpus(spec, cache_dir=tmp_path / "cache")
+    train = corpus.document_indices("train")
+    total = corpus.split_bytes("train")
+    chosen, nbytes = corpus.sample("train", total // 4)
+    k = -(-total // (total // 4))
+    assert chosen.tolist() == train[::k].tolist() and k >= 4
+    assert nbytes == sum(len(corpus.document(int(i))) for i in chosen) and nbytes <= total / 3
+    assert corpus.sample("train", 0)[0].tolist() == train.tolist()  # 0: the whole split
+    assert corpus.sample("train", total * 2)[1] == total
+
+    from bytelm import cli
+    from bytelm.baselines import load_tokenizer
+    from bytelm.baselines.bpe import train_bpe
+
+    mb = total / 4 / 1e6
+    args = ["tokenizer", "train", "--data", spec, "--vocab-size", "300", "--workers", "1"]
+    args += [
+        "--set",
+        f"data.cache_dir={tmp_path / 'cache'}",
+        "--sample-mb",
+        str(mb),
+        "--out",
+        str(tmp_path / "t"),
+    ]
+    assert cli.main(args) == 0
+    assert f"trained on {len(chosen):,} documents, {nbytes:,} bytes" in capsys.readouterr().out
+    want = train_bpe((corpus.document(int(i)).tobytes() for i in chosen), vocab_size=300, num_workers=1)
+    assert load_tokenizer(tmp_path / "t").fingerprint == want.fingerprint

@@ -403,6 +403,19 @@ class Corpus:
         for i in self.document_indices(split):
             yield self.document(i).tobytes()
 
+    def sample(self, split: str, max_bytes: int) -> tuple[np.ndarray, int]:
+        """A deterministic sample of ``split``'s documents of about ``max_bytes`` bytes (all of them
+        when the split is no larger): every ``k``-th document in source order, ``k`` the split's
+        bytes over ``max_bytes`` rounded up, so the sample spans the whole corpus. Returns the
+        documents' indices and their bytes."""
+        idx = self.document_indices(split)
+        total = self.split_bytes(split)
+        if max_bytes <= 0 or total <= max_bytes:
+            return idx, total
+        k = -(-total // max_bytes)
+        chosen = idx[::k]
+        return chosen, int((self.offsets[chosen + 1] - self.offsets[chosen]).sum())
+
     def split_bytes(self, split: str) -> int:
         idx = self.document_indices(split)
         return int((self.offsets[idx + 1] - self.offsets[idx]).sum())

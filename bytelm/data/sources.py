@@ -34,6 +34,7 @@ import urllib.parse
 import zlib
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -118,7 +119,7 @@ def _split_query(spec: str, body: str) -> tuple[str, dict[str, str]]:
     return path, params
 
 
-def _stat_signature(paths: list[Path]) -> str:
+def _stat_signature(paths: list[AnyFile]) -> str:
     h = hashlib.sha256()
     for p in paths:
         try:
@@ -205,7 +206,7 @@ class StdlibSource(Source):
     def records(self, progress: Progress | None = None) -> Iterator[Record]:
         return self._records(self.root, self.files(), progress)
 
-    def _records(self, root: Path, files: list[Path], progress: Progress | None) -> Iterator[Record]:
+    def _records(self, root: AnyRoot, files: list[AnyFile], progress: Progress | None) -> Iterator[Record]:
         for i, p in enumerate(files):
             rel = p.relative_to(self.root).as_posix()
             group = rel.split("/", 1)[0] if "/" in rel else "<top>"
@@ -217,7 +218,7 @@ class StdlibSource(Source):
         return [_FileRun(self, self.root, run) for run in _file_runs(self.files(), n)]
 
 
-def _file_runs(files: list[Path], n: int) -> list[list[Path]]:
+def _file_runs(files: list[AnyFile], n: int) -> list[list[AnyFile]]:
     """``files`` cut into at most ``n`` runs of about equal total size, in order."""
     if n <= 1 or len(files) <= 1:
         return [files]
@@ -225,6 +226,56 @@ def _file_runs(files: list[Path], n: int) -> list[list[Path]]:
     cut = np.searchsorted(np.cumsum(sizes), np.arange(1, n) * sizes.sum() / n, side="left") + 1
     bounds = sorted({0, *(int(c) for c in cut if 0 < c < len(files)), len(files)})
     return [files[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
+
+
+class _LocalFile(str):
+    """A local file's path as a plain string (a tenth of a :class:`Path`'s memory: a corpus of millions
+    of files is listed in memory), with the few ``Path`` methods the sources use."""
+
+    __slots__ = ()
+
+    @property
+    def name(self) -> str:
+        return os.path.basename(self)
+
+    def relative_to(self, root) -> Path:
+        return Path(self).relative_to(root)
+
+    def as_posix(self) -> str:
+        return str(self)
+
+    def absolute(self) -> str:
+        return self if os.path.isabs(self) else os.path.join(os.getcwd(), self)
+
+    def stat(self) -> os.stat_result:
+        return os.stat(self)
+
+    def is_file(self) -> bool:
+        return os.path.isfile(self)
+
+    def is_symlink(self) -> bool:
+        return os.path.islink(self)
+
+
+# what a source of files lists: a Path, a _LocalFile or an ObjectPath (the same few Path methods)
+AnyFile = Any
+AnyRoot = Any
+
+
+def _walk(top: str) -> list[_LocalFile]:
+    """The files (and links) under ``top``, recursively, sorted by their path relative to it; names
+    starting with ``.`` (files or directories) are skipped."""
+    found: list[_LocalFile] = []
+    for dirpath, dirnames, filenames in os.walk(top):
+        dirnames[:] = [d for d in dirnames if not d.startswith(".")]
+        # (a link to a directory is listed, as before, and reported as unreadable when read)
+        links = [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]
+        found.extend(
+            _LocalFile(os.path.join(dirpath, f)) for f in (*filenames, *links) if not f.startswith(".")
+        )
+    cut = len(top.rstrip("/")) + 1
+    found.sort(key=lambda p: p[cut:])
+    return found
 
 
 class FilesSource(Source):
@@ -247,11 +298,15 @@ class FilesSource(Source):
             raise UserError(f"split={split!r} in data spec {spec!r} is not one of {', '.join(_SPLIT_MODES)}")
         return cls(spec, os.path.expanduser(pattern), split)
 
-    def _root_and_files(self) -> tuple[Path, list[Path]]:
+    def _root_and_files(self) -> tuple[AnyRoot, list[AnyFile]]:
         if is_remote(self.pattern):  # (ObjectPaths: the part of Path the sources use)
-            return list_objects(self.pattern, self.spec)  # type: ignore[return-value]
+            return list_objects(self.pattern, self.spec)
         if glob.has_magic(self.pattern):
-            matches = sorted(Path(m) for m in glob.glob(self.pattern, recursive=True))
+            # (sorted as paths are: by their parts, i.e. "/" below every other character)
+            matches = sorted(
+                (_LocalFile(str(Path(m))) for m in glob.glob(self.pattern, recursive=True)),
+                key=lambda m: m.replace("/", "\0"),
+            )
             files = [m for m in matches if m.is_file() or m.is_symlink()]
             if not files:
                 raise UserError(f"the glob {self.pattern!r} (data spec {self.spec!r}) matched no files")
@@ -264,15 +319,7 @@ class FilesSource(Source):
             return root, files
         path = Path(self.pattern)
         if path.is_dir():
-            files = sorted(
-                (
-                    p
-                    for p in path.rglob("*")
-                    if (p.is_file() or p.is_symlink())
-                    and not any(part.startswith(".") for part in p.relative_to(path).parts)
-                ),
-                key=lambda p: p.relative_to(path).as_posix(),
-            )
+            files = _walk(str(path))
             if not files:
                 raise UserError(
                     f"the directory {path} (data spec {self.spec!r}) contains no files: "
@@ -280,9 +327,9 @@ class FilesSource(Source):
                 )
             return path, files
         if path.is_file():
-            return path.parent, [path]
+            return path.parent, [_LocalFile(str(path))]
         if path.is_symlink():
-            return path.parent, [path]  # a broken link: reported as unreadable when read
+            return path.parent, [_LocalFile(str(path))]  # a broken link: reported as unreadable when read
         raise UserError(f"no such file or directory: {path} (data spec {self.spec!r}); check the path")
 
     def signature(self) -> str:
@@ -298,7 +345,7 @@ class FilesSource(Source):
         root, files = self._root_and_files()
         return self._records(root, files, progress)
 
-    def _records(self, root: Path, files: list[Path], progress: Progress | None) -> Iterator[Record]:
+    def _records(self, root: AnyRoot, files: list[AnyFile], progress: Progress | None) -> Iterator[Record]:
         for i, p in enumerate(files):
             try:
                 rel = p.relative_to(root).as_posix()
@@ -325,7 +372,7 @@ def _size(path: Path) -> int:
 class _FileRun(Source):
     """A run of the files of a source of files (one partition of a parallel build)."""
 
-    def __init__(self, parent, root: Path, files: list[Path]) -> None:
+    def __init__(self, parent, root: AnyRoot, files: list[AnyFile]) -> None:
         self.spec, self.parent, self.root, self.files = parent.spec, parent, root, files
 
     def records(self, progress: Progress | None = None) -> Iterator[Record]:
@@ -379,7 +426,7 @@ class RecordFilesSource(Source):
             )
         return cls(spec, kind, os.path.expanduser(pattern), field)
 
-    def _root_and_files(self) -> tuple[Path, list[Path]]:
+    def _root_and_files(self) -> tuple[AnyRoot, list[AnyFile]]:
         root, files = self.files_source._root_and_files()
         suffixes = self.KINDS[self.kind]
         for p in files:
@@ -405,7 +452,7 @@ class RecordFilesSource(Source):
         root, files = self._root_and_files()
         return self._records(root, files, progress)
 
-    def _records(self, root: Path, files: list[Path], progress: Progress | None) -> Iterator[Record]:
+    def _records(self, root: AnyRoot, files: list[AnyFile], progress: Progress | None) -> Iterator[Record]:
         for i, p in enumerate(files):
             try:
                 rel = p.relative_to(root).as_posix()

@@ -15,11 +15,11 @@ from bytelm.atomic import atomic_directory
 from bytelm.baselines import load_tokenizer
 from bytelm.constants import BOS_ID, BYTE_OFFSET
 from bytelm.data import Stream
-from bytelm.data.tokens import encode_train_split
 from bytelm.errors import UserError
 from bytelm.families.base import Task, Trunk
 from bytelm.families.bpe.config import TokenLMConfig
 from bytelm.families.bpe.model import TokenLM
+from bytelm.families.bpe.tokens import encode_train_split
 from bytelm.families.byte import ByteTask
 from bytelm.models.flops import decoder_lm_forward_flops_per_position
 from bytelm.sampling.decoders import Decoder, FlatDecoder
