@@ -330,7 +330,7 @@ _ENCODE = """
 import json, sys, tempfile, time
 from pathlib import Path
 from bytelm.data import load_corpus
-from bytelm.families.bpe.tokens import encode_train_split
+from bytelm.baselines.token_stream import encode_train_split
 spec, cache, tok, workers = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
 corpus = load_corpus(spec, cache_dir=cache)
 with tempfile.TemporaryDirectory(dir=cache) as out:

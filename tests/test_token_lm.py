@@ -143,7 +143,7 @@ def test_the_train_split_encoded_in_parts_by_two_workers_is_the_one_process_stre
     """Sharded, parallel encoding (parts of ~2 KB, 2 spawned workers) gives the stream of encoding
     every train document in this process, BOS/EOS-framed, in order."""
     from bytelm.baselines import load_tokenizer
-    from bytelm.families.bpe.tokens import encode_train_split
+    from bytelm.baselines.token_stream import encode_train_split
 
     corpus = load_corpus(f"files:{corpus_dir}", cache_dir=tmp_path / "c")
     tok = load_tokenizer(tokenizer_dir)

@@ -13,13 +13,13 @@ from flax import nnx
 
 from bytelm.atomic import atomic_directory
 from bytelm.baselines import load_tokenizer
+from bytelm.baselines.token_stream import encode_train_split
 from bytelm.constants import BOS_ID, BYTE_OFFSET
 from bytelm.data import Stream
 from bytelm.errors import UserError
 from bytelm.families.base import Task, Trunk
 from bytelm.families.bpe.config import TokenLMConfig
 from bytelm.families.bpe.model import TokenLM
-from bytelm.families.bpe.tokens import encode_train_split
 from bytelm.families.byte import ByteTask
 from bytelm.models.flops import decoder_lm_forward_flops_per_position
 from bytelm.sampling.decoders import Decoder, FlatDecoder
