@@ -239,3 +239,43 @@ def test_a_parallel_build_of_record_files_equals_the_serial_one(tmp_path, capsys
     assert three.fingerprint == one.fingerprint and list(three.documents()) == list(one.documents())
     assert stream_digest(three) == stream_digest(one) and list(three.names) == list(one.names)
     assert len(three.shards) == 3 and len(one.shards) == 1
+
+
+NAMES = ["a", "a.c", "a-b", "b", "_x", "A", "a b", ".hid", "é"]  # ('.', '-', ' ' sort below '/')
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    st.lists(
+        st.lists(
+            st.sampled_from(["a", "a.c", "a-b", "b", "_x", "A", "a b", ".hid", "é"]), min_size=1, max_size=3
+        ),
+        min_size=1,
+        max_size=12,
+    )
+)
+def test_a_directory_walked_without_its_listing_in_memory_is_listed_in_path_order(tmp_path_factory, paths):
+    """The streamed walk lists a directory's files in the order of their relative paths (the order
+    the split, the shards and the names depend on), skipping dot-names, as sorting the whole listing
+    does; and a parallel build's runs of it concatenate to it."""
+    from bytelm.data.sources import _file_runs, _Walk
+
+    root = tmp_path_factory.mktemp("walk")
+    for parts in paths:
+        p = root.joinpath(*parts)
+        if any(q.is_file() for q in [*p.parents, p] if q != root) or p.is_dir():
+            continue  # (a name already used for a file or a directory)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(parts[-1].encode() * 3)
+    expected = sorted(
+        (
+            q.relative_to(root).as_posix()
+            for q in root.rglob("*")
+            if q.is_file() and not any(part.startswith(".") for part in q.relative_to(root).parts)
+        ),
+    )
+    walk = _Walk(str(root))
+    assert [f[len(str(root)) + 1 :] for f in walk] == expected
+    for n in (2, 3):
+        runs = _file_runs(walk, n)
+        assert [f for run in runs for f in run] == list(walk) and len(runs) <= n

@@ -124,8 +124,13 @@ class _Lookup(Sequence[str]):
 class _Groups(_Lookup):
     """The documents' group names, looked up per document (no list of one string per document)."""
 
-    def __init__(self, table: list[str], ids: np.ndarray):
-        self.table, self.ids = table, ids
+    def __init__(self, path: Path, ids: np.ndarray):
+        self.path, self.ids = path, ids
+
+    @functools.cached_property
+    def table(self) -> list[str]:
+        """The group names (read on first use: a corpus of many files has as many groups)."""
+        return json.loads(self.path.read_text(encoding="utf-8"))
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -341,8 +346,7 @@ class Corpus:
         flags = _memmap(self.path / "flags.u8", np.uint8, n)
         self.heldout = (flags & _HELD) > 0
         self.validation = (flags & _VALID) > 0
-        group_table = json.loads((self.path / "groups.json").read_text())
-        self.groups = _Groups(group_table, _memmap(self.path / "group.u32", np.uint32, n))
+        self.groups = _Groups(self.path / "groups.json", _memmap(self.path / "group.u32", np.uint32, n))
         runs = _memmap(self.path / "runs.i64", np.int64, int(self.index["runs"]))
         stored = None
         if self.index["names"] == "stored":
@@ -515,8 +519,14 @@ class _Builder:
 
     FLUSH = 1 << 16  # documents per write of the per-document arrays
 
-    def __init__(self, out: Path, shard_bytes: int = SHARD_BYTES):
-        self.out, self.shard_bytes = out, shard_bytes
+    def __init__(self, out: Path, shard_bytes: int = SHARD_BYTES, *, distinct_groups: bool = False):
+        """``distinct_groups``: the source promises that a group never comes back after another (a
+        source of files: a group is a file), so no table of the groups seen is kept and the group
+        names are written as they come: memory stays flat in the number of files too."""
+        self.out, self.shard_bytes, self.distinct = out, shard_bytes, distinct_groups
+        self.groups_file = open(out / "groups.json", "w", encoding="utf-8")
+        self.groups_file.write("[")
+        self.n_groups = 0
         self.files = {
             name: open(out / name, "wb")
             for name in ("offsets.i64", "flags.u8", "group.u32", "train.i64", "vstart.i64", "runs.i64")
@@ -535,7 +545,7 @@ class _Builder:
         self._next_shard()
         self.group_ids: dict[str, int] = {}
         self.n = self.n_runs = self.n_train = self.pos = self.vpos = self.k = 0
-        self.group = -1
+        self.group, self.group_name = -1, ""
         self.rules = {"group": True, "group#k": True, "group/k": True}  # how names derive from groups
 
     def _next_shard(self) -> BinaryIO:
@@ -553,13 +563,20 @@ class _Builder:
             shard.write(piece)
             length += len(piece)
         self.shard_sizes[-1] += length
-        gid = self.group_ids.get(group)
+        if self.distinct:
+            gid = self.group if self.group >= 0 and group == self.group_name else None
+        else:
+            gid = self.group_ids.get(group)
         if gid is None or gid != self.group:  # a new run of documents of one group
             if gid is not None:  # the group came back after another: names cannot derive from it
                 self.rules = dict.fromkeys(self.rules, False)
             else:
-                gid = self.group_ids[group] = len(self.group_ids)
-            self.group, self.k = gid, 0
+                gid = self.n_groups
+                if not self.distinct:
+                    self.group_ids[group] = gid
+                self.groups_file.write(("," if gid else "") + json.dumps(group))
+                self.n_groups += 1
+            self.group, self.k, self.group_name = gid, 0, group
             self.buffers["runs.i64"].append(self.n)
             self.n_runs += 1
         else:
@@ -601,7 +618,8 @@ class _Builder:
         rule = next((r for r, ok in self.rules.items() if ok), "stored")
         if not part:
             _settle_names(self.out, rule, self.n, header["spec"])
-        (self.out / "groups.json").write_text(json.dumps(list(self.group_ids)))
+        self.groups_file.write("]")
+        self.groups_file.close()
         index = {
             "version": CACHE_VERSION,
             **header,
@@ -609,10 +627,13 @@ class _Builder:
             "bytes": self.pos,
             "shards": self.shard_sizes,
             "runs": self.n_runs,
+            "groups": self.n_groups,
             "names": rule,
             "train_documents": self.n_train,
             "train_stream_len": self.vpos,
         }
+        if part:
+            index["distinct_groups"] = self.distinct
         (self.out / "index.json").write_text(json.dumps(index, indent=1))
         return index
 
@@ -635,7 +656,7 @@ def _build_part(job: tuple) -> dict:
     """One worker of a parallel build: its partition of the source into ``out`` (a part)."""
     source, out, split_seed, heldout_fraction, validation_fraction, shard_bytes = job
     out.mkdir()
-    builder = _Builder(out, shard_bytes)
+    builder = _Builder(out, shard_bytes, distinct_groups=getattr(source, "distinct_groups", False))
     for name, group, pieces in source.records():
         held = is_heldout(name, split_seed, heldout_fraction)
         flag = _HELD if held else _VALID if is_validation(name, split_seed, validation_fraction) else 0
@@ -672,25 +693,41 @@ _PER_DOC = ("offsets.i64", "flags.u8", "group.u32", "train.i64", "vstart.i64", "
 def _merge(parts: list[Path], indexes: list[dict], out: Path, header: dict) -> None:
     """Join the parts of a parallel build, in order, into one corpus directory: the shards are
     renamed, the per-document files appended with their offsets shifted (streamed)."""
+    # parts of a source whose groups never recur (files) concatenate their group tables, streamed;
+    # else the names are matched across parts
+    distinct = all(i.get("distinct_groups") for i in indexes)
     groups: dict[str, int] = {}
+    n_groups = 0
     recurring = False
     shard_sizes: list[int] = []
     n = n_bytes = n_runs = n_train = v_len = 0
     files = {name: open(out / name, "wb") for name in _PER_DOC}
     np.zeros(1, np.int64).tofile(files["offsets.i64"])
     np.zeros(1, np.int64).tofile(files["vstart.i64"])
+    table_file = open(out / "groups.json", "w", encoding="utf-8")
+    table_file.write("[")
     with open(out / "names.jsonl", "wb") as names:
         for part, idx in zip(parts, indexes):
             for k, size in enumerate(idx["shards"]):
                 os.replace(part / f"shard-{k:05d}.u8", out / f"shard-{len(shard_sizes):05d}.u8")
                 shard_sizes.append(size)
-            table = json.loads((part / "groups.json").read_text())
-            remap = np.empty(len(table), np.uint32)
-            for g, name in enumerate(table):
-                recurring = recurring or name in groups
-                remap[g] = groups.setdefault(name, len(groups))
-            ids = np.fromfile(part / "group.u32", np.uint32)
-            remap[ids].tofile(files["group.u32"])
+            if distinct:
+                body = (part / "groups.json").read_text(encoding="utf-8")[1:-1]
+                if body:
+                    table_file.write(("," if n_groups else "") + body)
+                _copy_adjusted(part / "group.u32", files["group.u32"], np.uint32, add=n_groups)
+                n_groups += idx["groups"]
+            else:
+                table = json.loads((part / "groups.json").read_text(encoding="utf-8"))
+                remap = np.empty(len(table), np.uint32)
+                for g, name in enumerate(table):
+                    recurring = recurring or name in groups
+                    if name not in groups:
+                        table_file.write(("," if groups else "") + json.dumps(name))
+                    remap[g] = groups.setdefault(name, len(groups))
+                ids = np.fromfile(part / "group.u32", np.uint32)
+                remap[ids].tofile(files["group.u32"])
+                n_groups = len(groups)
             _copy_adjusted(part / "offsets.i64", files["offsets.i64"], np.int64, add=n_bytes, skip=1)
             _copy_adjusted(part / "flags.u8", files["flags.u8"], np.uint8)
             _copy_adjusted(part / "runs.i64", files["runs.i64"], np.int64, add=n)
@@ -702,10 +739,11 @@ def _merge(parts: list[Path], indexes: list[dict], out: Path, header: dict) -> N
             n_train, v_len = n_train + idx["train_documents"], v_len + idx["train_stream_len"]
     for out_file in files.values():
         out_file.close()
+    table_file.write("]")
+    table_file.close()
     common = set.intersection(*(set(i["rules"]) for i in indexes)) if not recurring else set()
     rule = next((r for r in ("group", "group#k", "group/k") if r in common), "stored")
     _settle_names(out, rule, n, header["spec"])
-    (out / "groups.json").write_text(json.dumps(list(groups)))
     index = {
         "version": CACHE_VERSION,
         **header,
@@ -713,6 +751,7 @@ def _merge(parts: list[Path], indexes: list[dict], out: Path, header: dict) -> N
         "bytes": n_bytes,
         "shards": shard_sizes,
         "runs": n_runs,
+        "groups": n_groups,
         "names": rule,
         "train_documents": n_train,
         "train_stream_len": v_len,
@@ -742,7 +781,7 @@ def _build(
     if len(partitions) > 1:
         _build_parallel(partitions, out, header, shard_bytes, progress)
         return
-    builder = _Builder(out, shard_bytes)
+    builder = _Builder(out, shard_bytes, distinct_groups=getattr(source, "distinct_groups", False))
     for name, group, pieces in source.records(progress):
         held = is_heldout(name, split_seed, heldout_fraction)
         flag = _HELD if held else _VALID if is_validation(name, split_seed, validation_fraction) else 0

@@ -25,6 +25,7 @@ import gzip
 import hashlib
 import importlib
 import io
+import itertools
 import json
 import os
 import re
@@ -32,11 +33,9 @@ import sys
 import sysconfig
 import urllib.parse
 import zlib
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sized
 from pathlib import Path
 from typing import Any
-
-import numpy as np
 
 from bytelm.data.remote import ObjectPath, is_remote, list_objects, open_binary
 from bytelm.errors import UserError
@@ -60,6 +59,10 @@ class Document:
 
 class Source:
     """A parsed spec. ``signature()`` changes whenever the underlying data may have changed."""
+
+    # whether a group's documents are always consecutive (a group never comes back after another):
+    # true of sources of files (a group is a file), which lets preparation keep no table of groups
+    distinct_groups = False
 
     spec: str
 
@@ -119,7 +122,7 @@ def _split_query(spec: str, body: str) -> tuple[str, dict[str, str]]:
     return path, params
 
 
-def _stat_signature(paths: list[AnyFile]) -> str:
+def _stat_signature(paths: Iterable[AnyFile]) -> str:
     h = hashlib.sha256()
     for p in paths:
         try:
@@ -138,14 +141,23 @@ def _file_chunks(path: Path, spec: str, size: int = READ_CHUNK) -> Iterator[byte
     """The bytes of ``path`` in pieces of at most ``size`` (at least one piece, maybe empty)."""
     try:
         with open_binary(path, spec) as f:
+            # read no more than the file holds (plus one byte, to see its end): a read of ``size``
+            # allocates ``size`` whatever it returns, a cost per file of a corpus of small files
+            try:
+                left: int | None = os.fstat(f.fileno()).st_size
+            except (OSError, AttributeError, io.UnsupportedOperation):
+                left = None
             first = True
             while True:
-                chunk = f.read(size)
+                want = size if left is None else max(1, min(size, left + 1))
+                chunk = f.read(want)
                 if chunk or first:
                     yield chunk
                 first = False
-                if len(chunk) < size:
+                if len(chunk) < want:
                     return
+                if left is not None:
+                    left = max(0, left - len(chunk))
     except UserError:
         raise
     except OSError as e:
@@ -206,26 +218,88 @@ class StdlibSource(Source):
     def records(self, progress: Progress | None = None) -> Iterator[Record]:
         return self._records(self.root, self.files(), progress)
 
-    def _records(self, root: AnyRoot, files: list[AnyFile], progress: Progress | None) -> Iterator[Record]:
+    def _records(
+        self, root: AnyRoot, files: Iterable[AnyFile], progress: Progress | None
+    ) -> Iterator[Record]:
         for i, p in enumerate(files):
             rel = p.relative_to(self.root).as_posix()
             group = rel.split("/", 1)[0] if "/" in rel else "<top>"
             yield rel, group, _file_chunks(p, self.spec)
             if progress:
-                progress(i + 1, len(files))
+                progress(i + 1, _count(files))
 
     def partitions(self, n: int) -> list[Source]:
         return [_FileRun(self, self.root, run) for run in _file_runs(self.files(), n)]
 
 
-def _file_runs(files: list[AnyFile], n: int) -> list[list[AnyFile]]:
-    """``files`` cut into at most ``n`` runs of about equal total size, in order."""
-    if n <= 1 or len(files) <= 1:
+def _file_runs(files: Iterable[AnyFile], n: int) -> list[Iterable[AnyFile]]:
+    """``files`` cut into at most ``n`` runs of about equal total size, in order: two passes over
+    the listing (the sizes, then where to cut), so a listing that is walked, not held, stays so."""
+    if n <= 1:
         return [files]
-    sizes = np.asarray([_size(p) for p in files], np.float64)
-    cut = np.searchsorted(np.cumsum(sizes), np.arange(1, n) * sizes.sum() / n, side="left") + 1
-    bounds = sorted({0, *(int(c) for c in cut if 0 < c < len(files)), len(files)})
-    return [files[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
+    total, count = 0, 0
+    for p in files:
+        total += _size(p)
+        count += 1
+    if count <= 1:
+        return [files]
+    targets = [total * k / n for k in range(1, n)]
+    bounds, acc, t = [0], 0, 0
+    for i, p in enumerate(files):
+        acc += _size(p)
+        while t < len(targets) and acc >= targets[t]:
+            if 0 < i + 1 < count and bounds[-1] != i + 1:
+                bounds.append(i + 1)
+            t += 1
+    bounds.append(count)
+    return [_Slice(files, a, b) for a, b in zip(bounds[:-1], bounds[1:])]
+
+
+class _Slice:
+    """Files ``[a, b)`` of a listing, listed again when iterated (what a worker of a parallel build
+    reads: its share of the files, without the whole listing in memory)."""
+
+    def __init__(self, files: Iterable[AnyFile], a: int, b: int) -> None:
+        self.files, self.a, self.b = files, a, b
+
+    def __len__(self) -> int:
+        return self.b - self.a
+
+    def __iter__(self) -> Iterator[AnyFile]:
+        return itertools.islice(iter(self.files), self.a, self.b)
+
+
+class _Walk:
+    """The files (and links) under a directory, recursively, in the order of their paths relative
+    to it, walked afresh each time it is iterated (memory: one directory's entries per level, not
+    the listing); names starting with ``.`` (files or directories) are skipped."""
+
+    def __init__(self, top: str) -> None:
+        self.top = top
+
+    def __iter__(self) -> Iterator[_LocalFile]:
+        return self._dir(self.top)
+
+    def _dir(self, d: str) -> Iterator[_LocalFile]:
+        try:
+            with os.scandir(d) as it:
+                entries = []
+                for e in it:
+                    if e.name.startswith("."):
+                        continue
+                    is_link = e.is_symlink()
+                    is_dir = not is_link and e.is_dir()
+                    if is_dir or is_link or e.is_file():
+                        # (a directory's key ends in "/": everything under it sorts as its paths do)
+                        entries.append((e.name + "/" if is_dir else e.name, e.path, is_dir))
+        except PermissionError:  # (an unreadable directory is skipped, as pathlib's rglob does)
+            return
+        entries.sort()
+        for _, path, is_dir in entries:
+            if is_dir:
+                yield from self._dir(path)
+            else:
+                yield _LocalFile(path)
 
 
 class _LocalFile(str):
@@ -262,23 +336,9 @@ AnyFile = Any
 AnyRoot = Any
 
 
-def _walk(top: str) -> list[_LocalFile]:
-    """The files (and links) under ``top``, recursively, sorted by their path relative to it; names
-    starting with ``.`` (files or directories) are skipped."""
-    found: list[_LocalFile] = []
-    for dirpath, dirnames, filenames in os.walk(top):
-        dirnames[:] = [d for d in dirnames if not d.startswith(".")]
-        # (a link to a directory is listed, as before, and reported as unreadable when read)
-        links = [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]
-        found.extend(
-            _LocalFile(os.path.join(dirpath, f)) for f in (*filenames, *links) if not f.startswith(".")
-        )
-    cut = len(top.rstrip("/")) + 1
-    found.sort(key=lambda p: p[cut:])
-    return found
-
-
 class FilesSource(Source):
+    distinct_groups = True  # (a group is a file; each file is listed once)
+
     def __init__(self, spec: str, pattern: str, split: str) -> None:
         self.spec = spec
         self.pattern = pattern
@@ -298,7 +358,7 @@ class FilesSource(Source):
             raise UserError(f"split={split!r} in data spec {spec!r} is not one of {', '.join(_SPLIT_MODES)}")
         return cls(spec, os.path.expanduser(pattern), split)
 
-    def _root_and_files(self) -> tuple[AnyRoot, list[AnyFile]]:
+    def _root_and_files(self) -> tuple[AnyRoot, Iterable[AnyFile]]:
         if is_remote(self.pattern):  # (ObjectPaths: the part of Path the sources use)
             return list_objects(self.pattern, self.spec)
         if glob.has_magic(self.pattern):
@@ -319,13 +379,13 @@ class FilesSource(Source):
             return root, files
         path = Path(self.pattern)
         if path.is_dir():
-            files = _walk(str(path))
-            if not files:
+            walk = _Walk(str(path))
+            if next(iter(walk), None) is None:
                 raise UserError(
                     f"the directory {path} (data spec {self.spec!r}) contains no files: "
                     "point files: at a directory of text files, a file, or a glob"
                 )
-            return path, files
+            return path, walk
         if path.is_file():
             return path.parent, [_LocalFile(str(path))]
         if path.is_symlink():
@@ -334,7 +394,7 @@ class FilesSource(Source):
 
     def signature(self) -> str:
         _, files = self._root_and_files()
-        return f"{self.split}:{_stat_signature([f.absolute() for f in files])}"
+        return f"{self.split}:{_stat_signature(f.absolute() for f in files)}"
 
     def partitions(self, n: int) -> list[Source]:
         """Runs of whole files of about equal size, in order."""
@@ -345,7 +405,9 @@ class FilesSource(Source):
         root, files = self._root_and_files()
         return self._records(root, files, progress)
 
-    def _records(self, root: AnyRoot, files: list[AnyFile], progress: Progress | None) -> Iterator[Record]:
+    def _records(
+        self, root: AnyRoot, files: Iterable[AnyFile], progress: Progress | None
+    ) -> Iterator[Record]:
         for i, p in enumerate(files):
             try:
                 rel = p.relative_to(root).as_posix()
@@ -359,7 +421,12 @@ class FilesSource(Source):
                 for k, piece in enumerate(split_pieces(_file_chunks(p, self.spec), self.split)):
                     yield f"{rel}#{k}", rel, (piece,)
             if progress:
-                progress(i + 1, len(files))
+                progress(i + 1, _count(files))
+
+
+def _count(files: Iterable[AnyFile]) -> int:
+    """The number of files of a listing that knows it; 0 (unknown) for a walk."""
+    return len(files) if isinstance(files, Sized) else 0
 
 
 def _size(path: Path) -> int:
@@ -372,8 +439,9 @@ def _size(path: Path) -> int:
 class _FileRun(Source):
     """A run of the files of a source of files (one partition of a parallel build)."""
 
-    def __init__(self, parent, root: AnyRoot, files: list[AnyFile]) -> None:
+    def __init__(self, parent, root: AnyRoot, files: Iterable[AnyFile]) -> None:
         self.spec, self.parent, self.root, self.files = parent.spec, parent, root, files
+        self.distinct_groups = parent.distinct_groups
 
     def records(self, progress: Progress | None = None) -> Iterator[Record]:
         return self.parent._records(self.root, self.files, progress)
@@ -409,6 +477,7 @@ class RecordFilesSource(Source):
 
     KINDS = {"jsonl": (".jsonl", ".json", ".ndjson"), "parquet": (".parquet",)}
     COMPRESSED = (".gz", ".zst")
+    distinct_groups = True  # (a group is a file)
 
     def __init__(self, spec: str, kind: str, pattern: str, field: str) -> None:
         self.spec, self.kind, self.field = spec, kind, field
@@ -426,7 +495,7 @@ class RecordFilesSource(Source):
             )
         return cls(spec, kind, os.path.expanduser(pattern), field)
 
-    def _root_and_files(self) -> tuple[AnyRoot, list[AnyFile]]:
+    def _root_and_files(self) -> tuple[AnyRoot, Iterable[AnyFile]]:
         root, files = self.files_source._root_and_files()
         suffixes = self.KINDS[self.kind]
         for p in files:
@@ -452,7 +521,9 @@ class RecordFilesSource(Source):
         root, files = self._root_and_files()
         return self._records(root, files, progress)
 
-    def _records(self, root: AnyRoot, files: list[AnyFile], progress: Progress | None) -> Iterator[Record]:
+    def _records(
+        self, root: AnyRoot, files: Iterable[AnyFile], progress: Progress | None
+    ) -> Iterator[Record]:
         for i, p in enumerate(files):
             try:
                 rel = p.relative_to(root).as_posix()
@@ -464,7 +535,7 @@ class RecordFilesSource(Source):
             for k, text in enumerate(texts):
                 yield f"{rel}#{k}", rel, (text,)
             if progress:
-                progress(i + 1, len(files))
+                progress(i + 1, _count(files))
 
     def _open(self, path: Path):
         name = path.name.lower()
@@ -545,6 +616,8 @@ class HfDiskSource(Source):
     """A Hugging Face ``datasets`` dataset written by ``save_to_disk`` (Arrow stream files), read
     with pyarrow (``datasets`` itself is not needed): ``hf:DIR[?split=train&field=text]``; a
     ``DatasetDict`` directory needs ``split``. Record ``i`` is named ``SPLIT/i``, its group ``SPLIT``."""
+
+    distinct_groups = True  # (one group)
 
     def __init__(self, spec: str, path: Path, split: str, field: str) -> None:
         self.spec, self.path, self.split, self.field = spec, path, split, field
