@@ -138,3 +138,24 @@ def test_a_missing_bucket_or_object_fails_in_one_line_naming_the_url(bucket, tmp
     ]
     assert rc == 2 and len(err) == 1 and needle in err[0]
     assert not any((tmp_path / "out").rglob("index.json"))
+
+
+def test_an_unreachable_store_is_named_with_the_fix_not_reported_as_missing(monkeypatch, tmp_path, capsys):
+    """A store that cannot be reached (gcsfs raises after its retries, a minute against a closed
+    port: here a stand-in filesystem raises at once) is not "no such object"."""
+    import bytelm.data.remote as remote
+
+    class Unreachable:
+        def info(self, path, **kwargs):
+            raise ConnectionRefusedError(111, "Connect call failed ('127.0.0.1', 9)")
+
+        glob = find = info
+
+    monkeypatch.setattr(remote, "_filesystem", lambda url, spec: (Unreachable(), url.split("://", 1)[1]))
+    for spec in ("files:gs://bkt/docs", "jsonl:gs://bkt/docs/*.jsonl"):
+        rc = cli.main(["data", "prepare", "--data", spec, "--out", str(tmp_path / "out")])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert rc == 2 and len(err) == 1, err
+        assert "cannot reach gs://bkt/docs" in err[0] and "Connect call failed" in err[0]
+        assert "credentials" in err[0] and "no such object" not in err[0]
+    assert not any((tmp_path / "out").rglob("index.json"))

@@ -121,7 +121,12 @@ def list_objects(pattern: str, spec: str) -> tuple[ObjectPath, list[ObjectPath]]
             if not files:
                 raise UserError(f"the glob {pattern!r} (data spec {spec!r}) matched no objects")
             return ObjectPath(fs, root, protocol), sorted(files)
-        if fs.isdir(path):
+        # (info raises for an unreachable store; isdir/isfile would answer False, i.e. "no such object")
+        try:
+            kind = fs.info(path).get("type")
+        except FileNotFoundError:
+            kind = None
+        if kind == "directory":
             found = fs.find(path, detail=True)
             named: list[tuple[str, ObjectPath]] = []
             for p, info in found.items():
@@ -134,7 +139,7 @@ def list_objects(pattern: str, spec: str) -> tuple[ObjectPath, list[ObjectPath]]
                     f"{pattern} (data spec {spec!r}) holds no objects: point it at a prefix of text files"
                 )
             return ObjectPath(fs, path, protocol), [f for _, f in sorted(named, key=lambda kv: kv[0])]
-        if fs.isfile(path):
+        if kind is not None:
             return ObjectPath(fs, posixpath.dirname(path), protocol), [
                 ObjectPath(fs, path, protocol, fs.info(path))
             ]
