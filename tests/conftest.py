@@ -107,9 +107,8 @@ def write_files(root, files: dict[str, bytes]):
     return root
 
 
-@pytest.fixture
-def text_dir(tmp_path):
-    """A small directory corpus of 40 documents in two language directories."""
+def text_dir_files() -> dict[str, bytes]:
+    """40 documents in two language directories (``en/``, ``de/``; CRLF line ends in German)."""
     files = {}
     for i in range(20):
         files[f"en/doc{i:02d}.txt"] = (
@@ -118,7 +117,13 @@ def text_dir(tmp_path):
         files[f"de/doc{i:02d}.txt"] = (
             f"Dokument {i}: Zwölf Boxkämpfer jagen Viktor quer über den Sylter Deich.\r\n" * (i + 2)
         ).encode()
-    return write_files(tmp_path / "corpus", files)
+    return files
+
+
+@pytest.fixture
+def text_dir(tmp_path):
+    """A small directory corpus of 40 documents in two language directories."""
+    return write_files(tmp_path / "corpus", text_dir_files())
 
 
 WORDS = "the of and to in is that for it as with was on be by this are from at or an which not".split()

@@ -12,7 +12,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import zstandard
-from conftest import word_corpus, write_files
+from conftest import text_dir_files, word_corpus, write_files
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -25,18 +25,6 @@ from bytelm.errors import UserError
 
 def stream_digest(corpus) -> str:
     return hashlib.sha256(np.asarray(corpus.train_stream, dtype=np.uint16).tobytes()).hexdigest()
-
-
-def text_dir_files() -> dict[str, bytes]:
-    files = {}
-    for i in range(20):
-        files[f"en/doc{i:02d}.txt"] = (
-            f"Document {i}. The quick brown fox jumps over the lazy dog.\n" * (i + 1)
-        ).encode()
-        files[f"de/doc{i:02d}.txt"] = (
-            f"Dokument {i}: Zwölf Boxkämpfer jagen Viktor quer über den Sylter Deich.\r\n" * (i + 2)
-        ).encode()
-    return files
 
 
 # (fingerprint, documents, bytes, sha256 of the training ids as uint16, their number): computed with

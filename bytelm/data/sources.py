@@ -336,9 +336,39 @@ AnyFile = Any
 AnyRoot = Any
 
 
-class FilesSource(Source):
+def _relative_name(p: AnyFile, root: AnyRoot) -> str:
+    """A file's document name: its path under the source's root (its own name when it is the root)."""
+    try:
+        rel = p.relative_to(root).as_posix()
+    except ValueError:
+        rel = p.as_posix()
+    return p.name if rel in ("", ".") else rel
+
+
+class _FilesBase(Source):
+    """A source read file by file (``_root_and_files`` lists them, ``_records`` reads a listing);
+    a parallel build reads runs of whole files of about equal size, in order."""
+
     distinct_groups = True  # (a group is a file; each file is listed once)
 
+    def _root_and_files(self) -> tuple[AnyRoot, Iterable[AnyFile]]:
+        raise NotImplementedError
+
+    def _records(
+        self, root: AnyRoot, files: Iterable[AnyFile], progress: Progress | None
+    ) -> Iterator[Record]:
+        raise NotImplementedError
+
+    def partitions(self, n: int) -> list[Source]:
+        root, files = self._root_and_files()
+        return [_FileRun(self, root, run) for run in _file_runs(files, n)]
+
+    def records(self, progress: Progress | None = None) -> Iterator[Record]:
+        root, files = self._root_and_files()
+        return self._records(root, files, progress)
+
+
+class FilesSource(_FilesBase):
     def __init__(self, spec: str, pattern: str, split: str) -> None:
         self.spec = spec
         self.pattern = pattern
@@ -396,25 +426,11 @@ class FilesSource(Source):
         _, files = self._root_and_files()
         return f"{self.split}:{_stat_signature(f.absolute() for f in files)}"
 
-    def partitions(self, n: int) -> list[Source]:
-        """Runs of whole files of about equal size, in order."""
-        root, files = self._root_and_files()
-        return [_FileRun(self, root, run) for run in _file_runs(files, n)]
-
-    def records(self, progress: Progress | None = None) -> Iterator[Record]:
-        root, files = self._root_and_files()
-        return self._records(root, files, progress)
-
     def _records(
         self, root: AnyRoot, files: Iterable[AnyFile], progress: Progress | None
     ) -> Iterator[Record]:
         for i, p in enumerate(files):
-            try:
-                rel = p.relative_to(root).as_posix()
-            except ValueError:
-                rel = p.as_posix()
-            if rel in ("", "."):
-                rel = p.name
+            rel = _relative_name(p, root)
             if self.split == "file":
                 yield rel, rel, _file_chunks(p, self.spec)
             else:
@@ -470,14 +486,13 @@ def _optional(module: str, spec: str):
         ) from None
 
 
-class RecordFilesSource(Source):
+class RecordFilesSource(_FilesBase):
     """Files of records, each record's text field one document: ``jsonl:`` (one JSON object per
     line; ``.gz`` and ``.zst`` read compressed, by extension) and ``parquet:``. A file, a directory
     or a glob, as ``files:``; document ``k`` of file ``REL`` is named ``REL#k``, its group ``REL``."""
 
     KINDS = {"jsonl": (".jsonl", ".json", ".ndjson"), "parquet": (".parquet",)}
     COMPRESSED = (".gz", ".zst")
-    distinct_groups = True  # (a group is a file)
 
     def __init__(self, spec: str, kind: str, pattern: str, field: str) -> None:
         self.spec, self.kind, self.field = spec, kind, field
@@ -513,24 +528,11 @@ class RecordFilesSource(Source):
     def signature(self) -> str:
         return f"{self.kind}:{self.field}:{self.files_source.signature()}"
 
-    def partitions(self, n: int) -> list[Source]:
-        root, files = self._root_and_files()
-        return [_FileRun(self, root, run) for run in _file_runs(files, n)]
-
-    def records(self, progress: Progress | None = None) -> Iterator[Record]:
-        root, files = self._root_and_files()
-        return self._records(root, files, progress)
-
     def _records(
         self, root: AnyRoot, files: Iterable[AnyFile], progress: Progress | None
     ) -> Iterator[Record]:
         for i, p in enumerate(files):
-            try:
-                rel = p.relative_to(root).as_posix()
-            except ValueError:
-                rel = p.as_posix()
-            if rel in ("", "."):
-                rel = p.name
+            rel = _relative_name(p, root)
             texts = self._jsonl(p) if self.kind == "jsonl" else self._parquet(p)
             for k, text in enumerate(texts):
                 yield f"{rel}#{k}", rel, (text,)
