@@ -208,3 +208,83 @@ def test_a_bad_process_layout_names_the_option(kwargs, message):
     with pytest.raises(UserError, match=re.escape(message)):
         distributed.initialize(**kwargs)
     assert distributed.initialize() is False and jax.process_count() == 1  # nothing asked: nothing done
+
+
+SIGNALLED = textwrap.dedent(
+    """
+    import json, os, signal, sys
+    from bytelm.training import distributed
+    port, pid, out, at = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[5])
+    overrides = json.loads(sys.argv[4])
+    distributed.initialize(coordinator=f"127.0.0.1:{port}", num_processes=2, process_id=pid)
+    from bytelm.config import load_config
+    from bytelm.training.loop import train
+
+    def progress(step, total, text):
+        if pid == 1 and step == at:  # a preemption notice to this process only
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    r = train(load_config(None, overrides), out, progress=progress if at else None)
+    print(json.dumps({"step": r.step, "stopped": r.stopped_by_signal}), flush=True)
+    """
+)
+
+
+def _two(out, overrides, at: int) -> list[dict]:
+    port = _free_port()
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", SIGNALLED, str(port), str(pid), str(out), json.dumps(overrides), str(at)],
+            env=subprocess_env(1),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for pid in range(2)
+    ]
+    try:
+        outs = [p.communicate(timeout=240) for p in procs]
+    except subprocess.TimeoutExpired:  # (what a stop decided per process does: the other one waits)
+        for p in procs:
+            p.kill()
+        pytest.fail("the two processes did not finish: one stopped while the other waited in a collective")
+    for pid, (p, (stdout, err)) in enumerate(zip(procs, outs)):
+        assert p.returncode == 0, f"process {pid} failed:\n{stdout}\n{err[-4000:]}"
+    return [json.loads(stdout.strip().splitlines()[-1]) for stdout, _ in outs]
+
+
+def test_a_signal_to_one_process_stops_both_at_one_step_and_the_resume_equals_one_run(tmp_path):
+    """SIGTERM to process 1 alone (at step 3, after its log line): both processes agree to stop at
+    the next step, checkpoint there collectively and return; resumed, the job ends where one
+    uninterrupted process does."""
+    corpus = word_corpus(tmp_path / "corpus")
+    overrides = [
+        f"data.source=files:{corpus}",
+        "data.segment_bytes=64",
+        "data.max_eval_bytes=2048",
+        "model.family=byte",
+        "model.d_model=32",
+        "model.n_layers=1",
+        "model.n_heads=2",
+        "model.mlp_dim=64",
+        "train.batch_size=8",
+        "train.seq_len=64",
+        "train.steps=6",
+        "train.learning_rate=1e-3",
+        "train.warmup_steps=2",
+        "train.log_every=1",
+        "train.checkpoint_every=100",
+        "eval.every=0",
+    ]
+    stopped = _two(tmp_path / "two", overrides, at=3)
+    assert stopped == [{"step": 4, "stopped": True}] * 2  # the same step on both
+    assert sorted(p.name for p in (tmp_path / "two" / "checkpoints").iterdir() if p.name.isdigit()) == ["4"]
+    resumed = _two(tmp_path / "two", overrides, at=0)
+    assert resumed == [{"step": 6, "stopped": False}] * 2
+    one = train(load_config(None, overrides), tmp_path / "one").trainer
+    params_two, params_one = (
+        _flat(restore_model(tmp_path / "two")),
+        _flat(nnx.merge(one.graphdef, one.params)),
+    )
+    worst = max(float(np.max(np.abs(params_two[k] - params_one[k]))) for k in params_one)
+    assert worst < 1e-5, worst

@@ -131,3 +131,20 @@ def load_job_corpus(data_cfg, *, progress=None):
     if failure is not None:
         raise failure
     return corpus if corpus is not None else load_corpus_from_config(data_cfg, build=False)
+
+
+def agree(signalled: bool, finished: bool, horizon: int | None) -> tuple[bool, bool, int | None]:
+    """One decision for every process after a step (a no-op in one process): stop for a signal if
+    **any** process got one (a preempted host stops the whole job at the same step, checkpointed,
+    instead of leaving the others waiting in the next collective), and process 0's clock for the
+    time budget: whether the run is finished and the schedule's planned horizon (so every host
+    trains with the same learning rate and stops at the same step, whatever its own clock says).
+    One small all-gather of three integers per step."""
+    if jax.process_count() == 1:
+        return signalled, finished, horizon
+    from jax.experimental import multihost_utils
+
+    mine = np.array([int(signalled), int(finished), -1 if horizon is None else int(horizon)], np.int64)
+    every = np.asarray(multihost_utils.process_allgather(mine)).reshape(jax.process_count(), 3)
+    first = every[0]
+    return bool(every[:, 0].any()), bool(first[1]), None if first[2] < 0 else int(first[2])

@@ -31,7 +31,7 @@ from bytelm.paths import check_output_dir
 from bytelm.rundir import RunDir
 from bytelm.training.checkpoint import Checkpointer, CheckpointUnreadable
 from bytelm.training.clock import Clock
-from bytelm.training.distributed import barrier, is_primary, load_job_corpus
+from bytelm.training.distributed import agree, barrier, is_primary, load_job_corpus
 from bytelm.training.peak import measure_matmul_peak
 from bytelm.training.restore import make_task
 from bytelm.training.trainer import (
@@ -160,6 +160,7 @@ class _Run:
         self.last_loss, self.last_eval, self.stopped_by_signal = float("nan"), None, False
         self.stats_log: dict[str, int] = {}  # the batches' host-side counts since the last log line
         self.input_wait_s = 0.0  # time spent waiting for batches since the last log line
+        self.finished_agreed: bool | None = None  # the loop's last finished decision, as every process agreed
 
     # -- setup ----------------------------------------------------------------------------
     def _resume(self, step: int) -> None:
@@ -335,8 +336,10 @@ class _Run:
             self.last_loss = loss
 
         clock.start()
-        # one finished() decision per step (a time budget can run out between two looks)
-        while not (steps_this_run == 0 and self.finished()):
+        # one finished() decision per step (a time budget can run out between two looks), agreed by
+        # every process (see distributed.agree)
+        last = self.finished()  # (on entry every process holds the same restored state)
+        while not (steps_this_run == 0 and last):
             t_wait = time.perf_counter()
             batch = next(batches)
             self.input_wait_s += time.perf_counter() - t_wait
@@ -367,11 +370,14 @@ class _Run:
                     clock.step_s,
                     clock.horizon,
                 )
-            last = self.finished()
+            signalled, last, horizon = agree(flag.signum is not None, self.finished(), clock.horizon)
+            if horizon != clock.horizon:  # (another process: process 0's plan is the job's)
+                clock.horizon = horizon
+                trainer.horizon = horizon if horizon is not None else Clock.UNPLANNED
             log_now = trainer.step % tcfg.log_every == 0 or last
             eval_now = bool(cfg.eval.every) and (trainer.step % cfg.eval.every == 0 or last)
             save_now = trainer.step % tcfg.checkpoint_every == 0
-            stop_now = flag.signum is not None or (stop_after is not None and steps_this_run >= stop_after)
+            stop_now = signalled or (stop_after is not None and steps_this_run >= stop_after)
             if log_now or eval_now or save_now or stop_now or last:
                 settle()  # this step's loss is needed (or its state is about to be kept)
             if log_now:
@@ -382,11 +388,18 @@ class _Run:
                 self.evaluate()
             if save_now:
                 self.save(trainer.step)
-            if flag.signum is not None:
+            if signalled:
                 if self.last_good_step != trainer.step:  # (a step saved on schedule is not saved twice)
                     self.save(trainer.step)
                 self.stopped_by_signal = True
-                log.warning("signal %d: saved checkpoint at step %d and stopped", flag.signum, trainer.step)
+                if flag.signum is not None:
+                    log.warning(
+                        "signal %d: saved checkpoint at step %d and stopped", flag.signum, trainer.step
+                    )
+                else:
+                    log.warning(
+                        "another process got a signal: saved checkpoint at step %d and stopped", trainer.step
+                    )
                 break
             if stop_after is not None and steps_this_run >= stop_after:
                 break
@@ -395,7 +408,8 @@ class _Run:
         if pending is not None:
             settle()
         clock.stop()
-        if self.finished() and self.last_good_step != trainer.step:
+        self.finished_agreed = last
+        if last and self.last_good_step != trainer.step:  # (the agreed decision: a collective save)
             self.save(trainer.step)
 
     def close(self) -> None:
@@ -405,7 +419,8 @@ class _Run:
 
     def result(self) -> TrainResult:
         """Record the final status in ``run.json`` and return the result."""
-        done = self.finished() and not self.stopped_by_signal
+        finished = self.finished_agreed if self.finished_agreed is not None else self.finished()
+        done = finished and not self.stopped_by_signal
         budget = {}
         if self.budgeted:
             budget = {"time_budget_s": self.cfg.train.time_budget_s, "planned_steps": self.clock.horizon}
