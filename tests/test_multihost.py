@@ -224,18 +224,29 @@ SIGNALLED = textwrap.dedent(
         if pid == 1 and step == at:  # a preemption notice to this process only
             os.kill(os.getpid(), signal.SIGTERM)
 
+    from bytelm.training import loop
+    write = loop._Run._write
+
+    def spy(self, record):  # every process's learning rate per step (process 0 alone writes them)
+        if record.get("kind") == "train":
+            print(json.dumps({"step": record["step"], "lr": record["lr"]}), flush=True)
+        write(self, record)
+
+    loop._Run._write = spy
     r = train(load_config(None, overrides), out, progress=progress if at else None)
     print(json.dumps({"step": r.step, "stopped": r.stopped_by_signal}), flush=True)
     """
 )
 
 
-def _two(out, overrides, at: int) -> list[dict]:
+def _two(out, overrides, at: int, *, rates=(1.0, 1.0), lrs: list | None = None) -> list[dict]:
+    """The job on two processes (``rates``: each one's clock rate, a test-only skew); what each
+    process's train() returned, and (into ``lrs``) each process's learning rate per step."""
     port = _free_port()
     procs = [
         subprocess.Popen(
             [sys.executable, "-c", SIGNALLED, str(port), str(pid), str(out), json.dumps(overrides), str(at)],
-            env=subprocess_env(1),
+            env=subprocess_env(1, BYTELM_TEST_CLOCK_RATE=str(rates[pid])),
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -250,7 +261,10 @@ def _two(out, overrides, at: int) -> list[dict]:
         pytest.fail("the two processes did not finish: one stopped while the other waited in a collective")
     for pid, (p, (stdout, err)) in enumerate(zip(procs, outs)):
         assert p.returncode == 0, f"process {pid} failed:\n{stdout}\n{err[-4000:]}"
-    return [json.loads(stdout.strip().splitlines()[-1]) for stdout, _ in outs]
+    lines = [[json.loads(x) for x in stdout.strip().splitlines() if x.startswith("{")] for stdout, _ in outs]
+    if lrs is not None:
+        lrs.extend([[r for r in mine if "lr" in r] for mine in lines])
+    return [mine[-1] for mine in lines]
 
 
 def test_a_signal_to_one_process_stops_both_at_one_step_and_the_resume_equals_one_run(tmp_path):
@@ -288,3 +302,33 @@ def test_a_signal_to_one_process_stops_both_at_one_step_and_the_resume_equals_on
     )
     worst = max(float(np.max(np.abs(params_two[k] - params_one[k]))) for k in params_one)
     assert worst < 1e-5, worst
+
+
+def test_a_skewed_clock_on_one_process_changes_neither_learning_rates_nor_the_stop_step(tmp_path):
+    """A time-budgeted run whose process 1 has a clock running 3x fast: both processes plan with
+    process 0's clock, so their learning rate is the same at every step and they stop at the same
+    step (a clock each would give process 1 a horizon a third as long, and stop it first)."""
+    corpus = word_corpus(tmp_path / "corpus")
+    overrides = [
+        f"data.source=files:{corpus}",
+        "data.segment_bytes=64",
+        "data.max_eval_bytes=2048",
+        "model.family=byte",
+        "model.d_model=32",
+        "model.n_layers=1",
+        "model.n_heads=2",
+        "model.mlp_dim=64",
+        "train.batch_size=8",
+        "train.seq_len=64",
+        "train.time_budget_s=6",
+        "train.learning_rate=1e-3",
+        "train.warmup_steps=2",
+        "train.log_every=1",
+        "train.checkpoint_every=1000",
+        "eval.every=0",
+    ]
+    lrs: list = []
+    ends = _two(tmp_path / "skewed", overrides, at=0, rates=(1.0, 3.0), lrs=lrs)
+    assert ends[0] == ends[1] and ends[0]["stopped"] is False and ends[0]["step"] > 5
+    assert lrs[0] == lrs[1] and len(lrs[0]) == ends[0]["step"]
+    assert len({r["lr"] for r in lrs[0][3:]}) > 1  # (a schedule that moves: the comparison means something)

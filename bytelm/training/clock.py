@@ -4,7 +4,16 @@ schedule's horizon planned from its pace (``train.time_budget_s``)."""
 from __future__ import annotations
 
 import contextlib
+import os
 import time
+
+# A test-only hook: this process's clock runs at this rate (tests/test_multihost.py skews one
+# process's clock to check that every process follows process 0's).
+_RATE = float(os.environ.get("BYTELM_TEST_CLOCK_RATE", "1") or 1)
+
+
+def _now() -> float:
+    return time.perf_counter() * _RATE
 
 
 class Clock:
@@ -33,7 +42,7 @@ class Clock:
     def __init__(self, budget_s: float, spent_s: float, horizon: int | None, warmup: int = 0):
         self.budget_s, self.spent0, self.horizon, self.warmup = budget_s, spent_s, horizon, warmup
         self.replanning = budget_s > 0 and horizon is None  # planned in this invocation (not restored)
-        self.t0, self.paused_s = time.perf_counter(), 0.0
+        self.t0, self.paused_s = _now(), 0.0
         self.stopped_at: float | None = None
         self.mark: float | None = None
         self.mark_steps = 0
@@ -42,7 +51,7 @@ class Clock:
     def start(self) -> None:
         """The clock runs from the training loop's start (set-up, e.g. a matmul-peak measurement, is not
         training)."""
-        self.t0, self.paused_s, self.stopped_at = time.perf_counter(), 0.0, None
+        self.t0, self.paused_s, self.stopped_at = _now(), 0.0, None
 
     def stop(self) -> None:
         """Training has stopped: the final checkpoint and records do not count."""
@@ -51,15 +60,15 @@ class Clock:
     def spent(self) -> float:
         if self.stopped_at is not None:
             return self.stopped_at
-        return self.spent0 + time.perf_counter() - self.t0 - self.paused_s
+        return self.spent0 + _now() - self.t0 - self.paused_s
 
     @contextlib.contextmanager
     def paused(self):
-        t = time.perf_counter()
+        t = _now()
         try:
             yield
         finally:
-            self.paused_s += time.perf_counter() - t
+            self.paused_s += _now() - t
 
     def plan(self, step: int, steps_this_run: int) -> bool:
         """Called after every step; True when it has just (re)planned :attr:`horizon`."""
