@@ -336,6 +336,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         num_processes=args.num_processes,
         process_id=args.process_id,
     )
+    distributed.configure_process_logging()
     bar = ProgressBar(f"train {out}", unit=" steps")
     progress = (
         (lambda done, total, suffix: bar.update(done, total, suffix)) if distributed.is_primary() else None
@@ -354,7 +355,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         if cfg.train.time_budget_s and result.train_s is not None
         else ""
     )
-    print(f"{state}: {out} at step {result.step}{spent}, train loss {result.loss:.4f}{held_out}")
+    if distributed.is_primary():  # (one summary per job)
+        print(f"{state}: {out} at step {result.step}{spent}, train loss {result.loss:.4f}{held_out}")
     return EXIT_SIGNAL if result.stopped_by_signal else 0
 
 

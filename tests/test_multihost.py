@@ -332,3 +332,29 @@ def test_a_skewed_clock_on_one_process_changes_neither_learning_rates_nor_the_st
     assert ends[0] == ends[1] and ends[0]["stopped"] is False and ends[0]["step"] > 5
     assert lrs[0] == lrs[1] and len(lrs[0]) == ends[0]["step"]
     assert len({r["lr"] for r in lrs[0][3:]}) > 1  # (a schedule that moves: the comparison means something)
+
+
+def test_only_process_0_logs_info_and_the_others_prefix_their_warnings(capsys):
+    import logging
+
+    from bytelm import cli
+    from bytelm.training.distributed import configure_process_logging
+
+    root = logging.getLogger()
+    saved = (root.level, [(h, h.formatter) for h in root.handlers])
+    try:
+        cli._configure_logging(verbose=False, quiet=False)
+        configure_process_logging(0, 2)  # process 0: as configured
+        assert root.level == logging.INFO
+        configure_process_logging(3, 4)
+        assert root.level == logging.WARNING
+        logging.getLogger("bytelm.test").info("not shown")
+        logging.getLogger("bytelm.test").warning("a problem")
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err == ["[process 3] WARNING bytelm.test: a problem"]
+    finally:
+        root.setLevel(saved[0])
+        for handler, formatter in saved[1]:
+            handler.setFormatter(formatter)
+        cli._configure_logging(verbose=False, quiet=False)
+        root.setLevel(saved[0])

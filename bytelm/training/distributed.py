@@ -148,3 +148,20 @@ def agree(signalled: bool, finished: bool, horizon: int | None) -> tuple[bool, b
     every = np.asarray(multihost_utils.process_allgather(mine)).reshape(jax.process_count(), 3)
     first = every[0]
     return bool(every[:, 0].any()), bool(first[1]), None if first[2] < 0 else int(first[2])
+
+
+def configure_process_logging(process_index: int | None = None, process_count: int | None = None) -> None:
+    """In a job of several processes, process 0 logs as configured (progress, INFO, summaries); every
+    other process logs WARNING and above only, each line prefixed with its index, so a pod's log
+    is one process's log plus the others' problems."""
+    index = jax.process_index() if process_index is None else process_index
+    count = jax.process_count() if process_count is None else process_count
+    if count == 1 or index == 0:
+        return
+    root = logging.getLogger()
+    root.setLevel(max(root.level, logging.WARNING))
+    for handler in root.handlers:
+        fmt = (
+            handler.formatter._fmt if handler.formatter is not None else "%(levelname)s %(name)s: %(message)s"
+        )
+        handler.setFormatter(logging.Formatter(f"[process {index}] {fmt}"))
