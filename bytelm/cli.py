@@ -290,6 +290,12 @@ def add_train(sub) -> None:
         "compilation counts, evaluations do not, a resumed run continues the same budget; the learning-rate "
         "schedule's horizon is planned from the first steps' time",
     )
+    p.add_argument(
+        "--profile-steps",
+        metavar="A:B",
+        help="write a jax.profiler trace of steps A to B (numbered from 1, as in the logs) into "
+        "RUN_DIR/profile, for TensorBoard's profile plugin or XProf (sets train.profile_steps)",
+    )
     multi = p.add_argument_group(
         "multi-host (docs/scaling.md)",
         "Run the same command on every host: each process trains on its slice of every batch, the mesh spans "
@@ -328,7 +334,10 @@ def _budget_seconds(minutes: float | None) -> float | None:
 
 def cmd_train(args: argparse.Namespace) -> int:
     budget = _budget_seconds(args.minutes)
-    cfg = load_config(args.config, [*args.overrides, *([f"train.time_budget_s={budget}"] if budget else [])])
+    extra = [f"train.time_budget_s={budget}"] if budget else []
+    if args.profile_steps:
+        extra.append(f"train.profile_steps={args.profile_steps}")
+    cfg = load_config(args.config, [*args.overrides, *extra])
     out = Path(args.out) if args.out else Path("runs") / Path(args.config).stem
     distributed.initialize(
         auto=args.distributed,

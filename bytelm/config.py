@@ -17,6 +17,7 @@ import dataclasses
 import difflib
 import importlib.resources
 import math
+import re
 import tomllib
 import types
 import typing
@@ -107,8 +108,26 @@ class TrainConfig:
     # summed across resumes) instead of train.steps, which is then ignored; the schedule's horizon
     # is planned from the first steps' time (bytelm/training/clock.py)
     time_budget_s: float = 0.0
+    # TensorBoard event files of every logged scalar in RUN_DIR/tensorboard (process 0; tensorboardX)
+    tensorboard: bool = True
+    # "A:B": a jax.profiler trace of steps A to B (numbered as in the logs, from 1) into
+    # RUN_DIR/profile, which TensorBoard's profile plugin and XProf open; "" = none
+    profile_steps: str = ""
+
+    def profile_window(self) -> tuple[int, int] | None:
+        if not self.profile_steps:
+            return None
+        a, b = self.profile_steps.split(":")
+        return int(a), int(b)
 
     def __post_init__(self) -> None:
+        if self.profile_steps:
+            m = re.fullmatch(r"(\d+):(\d+)", self.profile_steps.strip())
+            if not m or not 1 <= int(m[1]) <= int(m[2]):
+                raise ValueError(
+                    f"train.profile_steps must be A:B with 1 <= A <= B (steps numbered from 1), got "
+                    f"{self.profile_steps!r}"
+                )
         for name in (
             "steps",
             "batch_size",

@@ -17,6 +17,7 @@ from conftest import (  # noqa: F401  (WORDS: imported by other test modules)
     word_corpus,
 )
 
+from bytelm import cli
 from bytelm.config import load_config
 from bytelm.errors import UserError
 from bytelm.training.clock import Clock
@@ -483,3 +484,41 @@ def test_schedule_with_a_horizon_equals_optax():
         for c in range(steps + 3):
             # the same formula in float32 with the operations in another order: ~2e-6 apart at most
             assert float(ours(c, steps)) == pytest.approx(float(ref(c)), rel=1e-5)
+
+
+def _tensorboard_scalars(directory) -> dict[str, list[tuple[int, float]]]:
+    """Every scalar in the TensorBoard event files under ``directory``, read back from the record
+    framing (length, CRC, event, CRC) with the Event protobuf that tensorboardX ships."""
+    import struct
+
+    from tensorboardX.proto import event_pb2
+
+    scalars: dict[str, list[tuple[int, float]]] = {}
+    for path in sorted(directory.rglob("events.out.tfevents.*")):
+        data, at = path.read_bytes(), 0
+        while at < len(data):
+            (n,) = struct.unpack("<Q", data[at : at + 8])
+            event = event_pb2.Event.FromString(data[at + 12 : at + 12 + n])
+            at += 12 + n + 4
+            for value in event.summary.value:
+                scalars.setdefault(value.tag, []).append((event.step, value.simple_value))
+    return scalars
+
+
+def test_tensorboard_holds_the_logged_scalars_and_a_profile_window_is_written(corpus_dir, tmp_path):
+    out = tmp_path / "run"
+    args = ["train", "tiny/byte", "-q", "--out", str(out), "--profile-steps", "2:3"]
+    for o in tiny_overrides(corpus_dir, **{"train.steps": 4, "eval.every": 4}):
+        args += ["--set", o]
+    assert cli.main(args) == 0
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    board = _tensorboard_scalars(out / "tensorboard")
+    train = [(r["step"], r["loss"]) for r in records if r["kind"] == "train"]
+    assert [s for s, _ in board["train/loss"]] == [s for s, _ in train] == [1, 2, 3, 4]
+    assert [v for _, v in board["train/loss"]] == pytest.approx([v for _, v in train], rel=1e-6)
+    (ev,) = [r for r in records if r["kind"] == "eval"]
+    assert board["eval/bpb"] == [(4, pytest.approx(ev["bpb"], rel=1e-6))]
+    assert {"train/lr", "train/grad_norm", "train/input_wait_s"} <= set(board)
+    assert list((out / "profile").rglob("*.xplane.pb")), "no profiler trace written"
+    with pytest.raises(UserError, match="train.profile_steps must be A:B"):
+        load_config(None, ["train.profile_steps=3:2"])

@@ -73,8 +73,9 @@ class _Metrics:
     step (and a torn last line). Only the primary process writes (the others' records are the same
     numbers)."""
 
-    def __init__(self, files: RunDir, resume_step: int):
+    def __init__(self, files: RunDir, resume_step: int, *, tensorboard: bool = False):
         self.file = None
+        self.board = None
         if not is_primary():
             return
         path = files.metrics_path
@@ -82,15 +83,29 @@ class _Metrics:
             kept = [r for r in files.metrics() if r.get("step", 0) <= resume_step]
             atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in kept))
         self.file = open(path, "a")
+        if tensorboard:
+            from tensorboardX import SummaryWriter  # noqa: PLC0415
+
+            # (a resumed run's writer purges the events past its step, as metrics.jsonl drops them)
+            self.board = SummaryWriter(
+                str(files.path / "tensorboard"), purge_step=resume_step + 1, flush_secs=10
+            )
 
     def write(self, record: dict) -> None:
         if self.file is not None:
             self.file.write(json.dumps(record) + "\n")
             self.file.flush()
+        if self.board is not None and "step" in record and record.get("kind") in ("train", "eval"):
+            for key, value in record.items():
+                if key in ("kind", "step") or isinstance(value, bool) or not isinstance(value, int | float):
+                    continue
+                self.board.add_scalar(f"{record['kind']}/{key}", value, record["step"])
 
     def close(self) -> None:
         if self.file is not None:
             self.file.close()
+        if self.board is not None:
+            self.board.close()
 
 
 def eval_slice(corpus, eval_bytes: int) -> list[bytes]:
@@ -154,7 +169,7 @@ class _Run:
         self.flops_per_step = self.task.train_flops_per_position() * self.task.positions_per_step()
         self.ledger = self.task.ledger()  # own + auxiliary FLOPs (bytelm/ledger.py)
         self.info = self._run_info(corpus)
-        self.metrics: _Metrics | None = _Metrics(self.files, trainer.step)
+        self.metrics: _Metrics | None = _Metrics(self.files, trainer.step, tensorboard=cfg.train.tensorboard)
         self.segments = eval_slice(corpus, cfg.eval.eval_bytes) if cfg.eval.every else []
         self.t_start = time.perf_counter()
         self.last_loss, self.last_eval, self.stopped_by_signal = float("nan"), None, False
@@ -339,14 +354,23 @@ class _Run:
         # one finished() decision per step (a time budget can run out between two looks), agreed by
         # every process (see distributed.agree)
         last = self.finished()  # (on entry every process holds the same restored state)
+        window, profiling = tcfg.profile_window(), False
         while not (steps_this_run == 0 and last):
             t_wait = time.perf_counter()
             batch = next(batches)
             self.input_wait_s += time.perf_counter() - t_wait
+            if window is not None and trainer.step + 1 == window[0]:
+                jax.profiler.start_trace(str(self.run_dir / "profile"))
+                profiling = True
             for key, n in batch.pop(STATS_KEY, {}).items():
                 self.stats_log[key] = self.stats_log.get(key, 0) + n
                 self.stats_run[key] = self.stats_run.get(key, 0) + n
             m = trainer.train_step(batch)  # dispatched: the device runs it while the host goes on
+            if profiling and trainer.step >= window[1]:  # type: ignore[index]
+                jax.block_until_ready(m)
+                jax.profiler.stop_trace()
+                profiling = False
+                log.info("profile of steps %d:%d written to %s", *window, self.run_dir / "profile")  # type: ignore[misc]
             steps_since_log += 1
             steps_this_run += 1
             if pending is not None:
@@ -405,6 +429,8 @@ class _Run:
                 break
             if last:
                 break
+        if profiling:  # (the run ended inside the window)
+            jax.profiler.stop_trace()
         if pending is not None:
             settle()
         clock.stop()
