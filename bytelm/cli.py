@@ -77,8 +77,10 @@ def _add_data_option(
         "--data",
         metavar="SPEC",
         help=f"corpus spec (default: {default}): 'stdlib' (the running Python's standard library), "
-        "'files:PATH[?split=paragraph|line]' (a file, directory or glob), or "
-        "'tfds:NAME[/CONFIG][:SPLIT][?field=text&data_dir=DIR]' (needs the tfds extra)",
+        "'files:PATH[?split=paragraph|line]' (a file, directory or glob), 'jsonl:PATH[?field=text]' "
+        "(also .jsonl.gz/.zst), 'parquet:PATH[?field=text]', 'hf:DIR[?split=train&field=text]' "
+        "(save_to_disk), or 'tfds:NAME[/CONFIG][:SPLIT][?field=text&data_dir=DIR]' (the tfds extra); "
+        "files:, jsonl: and parquet: also take gs://BUCKET/PATH (the gcs extra)",
     )
 
 

@@ -33,7 +33,7 @@ from bytelm.models.configs import ModelConfig
 class DataConfig:
     """Which corpus, how it is split, and which held-out bytes are scored."""
 
-    source: str = "stdlib"  # data spec: stdlib | files:PATH[?split=...] | tfds:...
+    source: str = "stdlib"  # data spec: stdlib, files:, jsonl:, parquet:, hf:, tfds: (README)
     split_seed: int = 0  # seed of the stable hash split
     heldout_fraction: float = 0.05  # expected fraction of documents held out
     # expected fraction of the other documents kept out of training as the validation split, on
