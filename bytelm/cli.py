@@ -298,12 +298,18 @@ def add_train(sub) -> None:
         help="write a jax.profiler trace of steps A to B (numbered from 1, as in the logs) into "
         "RUN_DIR/profile, for TensorBoard's profile plugin or XProf (sets train.profile_steps)",
     )
-    multi = p.add_argument_group(
-        "multi-host (docs/scaling.md)",
+    _add_multihost_options(
+        p,
         "Run the same command on every host: each process trains on its slice of every batch, the mesh spans "
         "all hosts' devices, process 0 alone writes the run's records, checkpoints are written together. "
         "--out must be a directory every host sees (a shared file system).",
     )
+    _add_config_options(p, with_config=False)
+    p.set_defaults(func=cmd_train)
+
+
+def _add_multihost_options(p: argparse.ArgumentParser, description: str) -> None:
+    multi = p.add_argument_group("multi-host (docs/scaling.md)", description)
     multi.add_argument(
         "--distributed",
         action="store_true",
@@ -321,8 +327,17 @@ def add_train(sub) -> None:
     multi.add_argument(
         "--process-id", type=int, metavar="I", help="this process's index in an explicit layout, 0..N-1"
     )
-    _add_config_options(p, with_config=False)
-    p.set_defaults(func=cmd_train)
+
+
+def _join_processes(args: argparse.Namespace) -> None:
+    """Join the job's processes (a no-op without the multi-host options) and quiet the others' logs."""
+    distributed.initialize(
+        auto=args.distributed,
+        coordinator=args.coordinator,
+        num_processes=args.num_processes,
+        process_id=args.process_id,
+    )
+    distributed.configure_process_logging()
 
 
 def _budget_seconds(minutes: float | None) -> float | None:
@@ -341,13 +356,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         extra.append(f"train.profile_steps={args.profile_steps}")
     cfg = load_config(args.config, [*args.overrides, *extra])
     out = Path(args.out) if args.out else Path("runs") / Path(args.config).stem
-    distributed.initialize(
-        auto=args.distributed,
-        coordinator=args.coordinator,
-        num_processes=args.num_processes,
-        process_id=args.process_id,
-    )
-    distributed.configure_process_logging()
+    _join_processes(args)
     bar = ProgressBar(f"train {out}", unit=" steps")
     progress = (
         (lambda done, total, suffix: bar.update(done, total, suffix)) if distributed.is_primary() else None
@@ -760,24 +769,33 @@ def add_eval(sub) -> None:
         "export-heldout' (format: bytelm/evaluation/external.py); checked against the segment ids and "
         "fingerprint (repeatable)",
     )
+    _add_multihost_options(
+        p,
+        "Run the same command on every host: the runs are restored onto a mesh of every host's devices, "
+        "each process scores its share of the segments, and process 0 writes the report (the same numbers "
+        "as one process).",
+    )
     p.set_defaults(func=cmd_eval)
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
     check_output_file(args.json, "--json")
-    progress, close = _stage_bars()
+    _join_processes(args)
+    primary = distributed.is_primary()
+    progress, close = _stage_bars() if primary else (None, lambda: None)
     try:
         report = evaluate_runs(
             args.run_dirs,
             data_spec=args.data,
             externals=args.external,
-            json_path=args.json,
+            json_path=args.json if primary else None,  # (process 0 writes the report)
             progress=progress,
         )
     finally:
         close()
-    print(terminal_report(report))
-    print(f"report: {args.json}")
+    if primary:
+        print(terminal_report(report))
+        print(f"report: {args.json}")
     return 0
 
 

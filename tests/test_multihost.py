@@ -358,3 +358,72 @@ def test_only_process_0_logs_info_and_the_others_prefix_their_warnings(capsys):
             handler.setFormatter(formatter)
         cli._configure_logging(verbose=False, quiet=False)
         root.setLevel(saved[0])
+
+
+EVAL = textwrap.dedent(
+    """
+    import sys
+    from bytelm import cli
+    port, pid, run, out = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
+    layout = ["--coordinator", f"127.0.0.1:{port}", "--num-processes", "2", "--process-id", pid]
+    raise SystemExit(cli.main(["eval", run, "--json", out, *layout]))
+    """
+)
+
+
+def test_two_process_eval_writes_the_one_process_report(tmp_path, capsys):
+    """`bytelm eval` on two processes (2 devices each): process 0 alone writes the report and prints
+    the table; its numbers are one process's, to the float32 reassociation of a sharded score."""
+    from bytelm import cli
+
+    corpus = word_corpus(tmp_path / "corpus")
+    overrides = [
+        f"data.source=files:{corpus}",
+        "data.segment_bytes=64",
+        "data.max_eval_bytes=2048",
+        "model.family=byte",
+        "model.d_model=32",
+        "model.n_layers=1",
+        "model.n_heads=2",
+        "model.mlp_dim=64",
+        "train.batch_size=8",
+        "train.seq_len=64",
+        "train.steps=3",
+        "train.log_every=1",
+        "eval.every=0",
+    ]
+    train(load_config(None, overrides), tmp_path / "run")
+    assert cli.main(["eval", str(tmp_path / "run"), "--json", str(tmp_path / "one.json")]) == 0
+    port = _free_port()
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                EVAL,
+                str(port),
+                str(pid),
+                str(tmp_path / "run"),
+                str(tmp_path / "two.json"),
+            ],
+            env=subprocess_env(2),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for pid in range(2)
+    ]
+    outs = [p.communicate(timeout=300) for p in procs]
+    for pid, (p, (out, err)) in enumerate(zip(procs, outs)):
+        assert p.returncode == 0, f"process {pid} failed:\n{out}\n{err[-4000:]}"
+    printed = [[line for line in out.splitlines() if not line.startswith("[Gloo]")] for out, _ in outs]
+    assert any(line.startswith("report:") for line in printed[0]) and printed[1] == []  # one table, process 0
+    one = json.loads((tmp_path / "one.json").read_text())
+    two = json.loads((tmp_path / "two.json").read_text())
+
+    def rows(report):
+        return {m["name"]: m for m in report["models"]}
+
+    for name, row in rows(one).items():
+        other = rows(two)[name]
+        assert other["bytes"] == row["bytes"] and other["bpb"] == pytest.approx(row["bpb"], abs=1e-5), name

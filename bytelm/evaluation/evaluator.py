@@ -20,7 +20,7 @@ import numpy as np
 
 from bytelm.bpb import SegmentScores, UnigramByteModel, byte_counts
 from bytelm.config import load_config, with_values
-from bytelm.data import Corpus, load_corpus_from_config
+from bytelm.data import Corpus
 from bytelm.errors import UserError
 from bytelm.evaluation.external import parse_external_arg, read_external_scores
 from bytelm.evaluation.report import build_report, write_report_json
@@ -28,6 +28,7 @@ from bytelm.evaluation.results import EvalSet, ModelResult
 from bytelm.families import STATS_KEY
 from bytelm.ledger import Ledger
 from bytelm.rundir import RunDir
+from bytelm.training.distributed import load_job_corpus
 from bytelm.training.restore import restore_trainer
 
 log = logging.getLogger(__name__)
@@ -57,7 +58,8 @@ class CorpusCache:
     def get(self, cfg):
         key = dataclasses.astuple(cfg.data)
         if key not in self._by_data:
-            self._by_data[key] = load_corpus_from_config(cfg.data, progress=self.progress)
+            # (in a job of several processes, process 0 prepares it and the others wait)
+            self._by_data[key] = load_job_corpus(cfg.data, progress=self.progress)
         return self._by_data[key]
 
     def add(self, corpus, cfg) -> None:
