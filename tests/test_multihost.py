@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -427,3 +428,94 @@ def test_two_process_eval_writes_the_one_process_report(tmp_path, capsys):
     for name, row in rows(one).items():
         other = rows(two)[name]
         assert other["bytes"] == row["bytes"] and other["bpb"] == pytest.approx(row["bpb"], abs=1e-5), name
+
+
+KILLED = textwrap.dedent(
+    """
+    import json, os, signal, sys
+    from bytelm.training import distributed
+    port, pid, out, kill_at = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[5])
+    overrides = json.loads(sys.argv[4])
+    distributed.initialize(coordinator=f"127.0.0.1:{port}", num_processes=2, process_id=pid)
+    from bytelm.config import load_config
+    from bytelm.training import checkpoint
+    from bytelm.training.loop import train
+
+    save = checkpoint.Checkpointer.save
+
+    def dying(self, step, state, meta):
+        save(self, step, state, meta)  # orbax writes on in the background
+        if pid == 1 and step == kill_at:
+            os.kill(os.getpid(), signal.SIGKILL)  # a host lost while its checkpoint is written
+
+    checkpoint.Checkpointer.save = dying
+    r = train(load_config(None, overrides), out)
+    print(json.dumps({"step": r.step}), flush=True)
+    """
+)
+
+
+def test_a_host_killed_while_a_checkpoint_is_written_resumes_from_the_last_complete_one(tmp_path):
+    corpus = word_corpus(tmp_path / "corpus")
+    overrides = [
+        f"data.source=files:{corpus}",
+        "data.segment_bytes=64",
+        "data.max_eval_bytes=2048",
+        "model.family=byte",
+        "model.d_model=32",
+        "model.n_layers=1",
+        "model.n_heads=2",
+        "model.mlp_dim=64",
+        "train.batch_size=8",
+        "train.seq_len=64",
+        "train.steps=6",
+        "train.learning_rate=1e-3",
+        "train.warmup_steps=2",
+        "train.log_every=1",
+        "train.checkpoint_every=2",
+        "eval.every=0",
+    ]
+
+    def job(kill_at: int):
+        port = _free_port()
+        return [
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    "-c",
+                    KILLED,
+                    str(port),
+                    str(pid),
+                    str(tmp_path / "two"),
+                    json.dumps(overrides),
+                ]
+                + [str(kill_at)],
+                env=subprocess_env(1),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for pid in range(2)
+        ]
+
+    first = job(kill_at=4)
+    first[1].wait(timeout=240)
+    assert first[1].returncode == -signal.SIGKILL
+    try:  # the survivor cannot go on without its peer: the scheduler kills it too
+        first[0].wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        first[0].kill()
+    for p in first:
+        p.communicate()
+    steps = sorted(int(p.name) for p in (tmp_path / "two" / "checkpoints").iterdir() if p.name.isdigit())
+    assert 2 in steps and max(steps) <= 4, steps
+    again = job(kill_at=0)
+    outs = [p.communicate(timeout=300) for p in again]
+    for pid, (p, (out, err)) in enumerate(zip(again, outs)):
+        assert p.returncode == 0, f"process {pid} failed:\n{out}\n{err[-4000:]}"
+        assert json.loads(out.strip().splitlines()[-1]) == {"step": 6}
+    one = train(load_config(None, overrides), tmp_path / "one").trainer
+    params_two = _flat(restore_model(tmp_path / "two"))
+    params_one = _flat(nnx.merge(one.graphdef, one.params))
+    worst = max(float(np.max(np.abs(params_two[k] - params_one[k]))) for k in params_one)
+    assert worst < 1e-5, worst
