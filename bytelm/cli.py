@@ -80,7 +80,7 @@ def _add_data_option(
         "'files:PATH[?split=paragraph|line]' (a file, directory or glob), 'jsonl:PATH[?field=text]' "
         "(also .jsonl.gz/.zst), 'parquet:PATH[?field=text]', 'hf:DIR[?split=train&field=text]' "
         "(save_to_disk), or 'tfds:NAME[/CONFIG][:SPLIT][?field=text&data_dir=DIR]' (the tfds extra); "
-        "files:, jsonl: and parquet: also take gs://BUCKET/PATH (the gcs extra)",
+        "files:, jsonl:, parquet: and hf: also take gs://BUCKET/PATH (the gcs extra)",
     )
 
 

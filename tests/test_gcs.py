@@ -13,6 +13,8 @@ import socket
 os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
 
 import numpy as np  # noqa: E402
+import pyarrow as pa  # noqa: E402
+import pyarrow.parquet as pq  # noqa: E402
 import pytest  # noqa: E402
 import zstandard  # noqa: E402
 from conftest import word_corpus  # noqa: E402
@@ -49,6 +51,19 @@ def bucket(tmp_path_factory):
         (local / "records" / f"part{k}.jsonl.zst").write_bytes(
             zstandard.ZstdCompressor().compress(lines.encode())
         )
+    texts = [f"row {i}: " + "y" * (i % 17) for i in range(60)]
+    (local / "tables").mkdir()
+    for k in range(2):
+        pq.write_table(pa.table({"text": texts[k::2]}), str(local / "tables" / f"part{k}.parquet"))
+    (local / "hfds" / "train").mkdir(parents=True)  # datasets' save_to_disk layout, written with pyarrow
+    table = pa.table({"text": texts})
+    with pa.OSFile(str(local / "hfds" / "train" / "data-00000-of-00001.arrow"), "wb") as sink:
+        with pa.ipc.new_stream(sink, table.schema) as writer:
+            writer.write_table(table, max_chunksize=8)
+    (local / "hfds" / "train" / "state.json").write_text(
+        json.dumps({"_data_files": [{"filename": "data-00000-of-00001.arrow"}]})
+    )
+    (local / "hfds" / "dataset_dict.json").write_text(json.dumps({"splits": ["train"]}))
     for path in sorted(p for p in local.rglob("*") if p.is_file()):
         fs.pipe(f"bkt/{path.relative_to(local).as_posix()}", path.read_bytes())
     fs.pipe("bkt/docs/.hidden", b"not a document")
@@ -67,7 +82,9 @@ def _batches(corpus, n=4):
     return np.stack([next(it) for _ in range(n)])
 
 
-@pytest.mark.parametrize("kind, sub", [("files", "docs"), ("jsonl", "records")])
+@pytest.mark.parametrize(
+    "kind, sub", [("files", "docs"), ("jsonl", "records"), ("parquet", "tables"), ("hf", "hfds")]
+)
 def test_a_bucket_gives_the_documents_split_and_batches_of_the_same_files_on_disk(
     bucket, tmp_path, kind, sub
 ):
@@ -78,8 +95,10 @@ def test_a_bucket_gives_the_documents_split_and_batches_of_the_same_files_on_dis
     assert list(remote.documents()) == list(disk.documents())
     assert remote.fingerprint == disk.fingerprint
     assert np.array_equal(_batches(remote), _batches(disk))
+    if kind == "hf":  # (a directory, not a glob; read by one process)
+        return
     # a glob of objects, and parallel preparation from the bucket
-    pattern = "*.txt" if kind == "files" else "*.jsonl.zst"
+    pattern = {"files": "*.txt", "jsonl": "*.jsonl.zst", "parquet": "*.parquet"}[kind]
     globbed = load_corpus(
         f"{kind}:gs://bkt/{sub}/{pattern}", cache_dir=tmp_path / "glob", heldout_fraction=0.25
     )
@@ -121,6 +140,8 @@ def test_bytelm_train_on_a_bucket_equals_training_on_the_files(bucket, tmp_path)
 @pytest.mark.parametrize(
     "spec, needle",
     [
+        ("hf:gs://bkt/docs", "state.json is missing"),
+        ("hf:gs://bkt/hfds?split=test", "has no split 'test'"),
         ("files:gs://no-such-bucket/docs", "gs://no-such-bucket/docs"),
         ("files:gs://bkt/nothing-here", "gs://bkt/nothing-here"),
         ("files:gs://bkt/docs/*.nope", "matched no objects"),
@@ -151,7 +172,7 @@ def test_an_unreachable_store_is_named_with_the_fix_not_reported_as_missing(monk
 
         glob = find = info
 
-    monkeypatch.setattr(remote, "_filesystem", lambda url, spec: (Unreachable(), url.split("://", 1)[1]))
+    monkeypatch.setattr(remote, "filesystem", lambda url, spec: (Unreachable(), url.split("://", 1)[1]))
     for spec in ("files:gs://bkt/docs", "jsonl:gs://bkt/docs/*.jsonl"):
         rc = cli.main(["data", "prepare", "--data", spec, "--out", str(tmp_path / "out")])
         err = capsys.readouterr().err.strip().splitlines()

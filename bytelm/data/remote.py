@@ -24,7 +24,7 @@ def is_remote(path: str) -> bool:
     return "://" in path and not path.startswith("file://")
 
 
-def _filesystem(url: str, spec: str):
+def filesystem(url: str, spec: str):
     try:
         import fsspec
     except ImportError:  # pragma: no cover (fsspec comes with the package's dependencies)
@@ -41,7 +41,7 @@ def _filesystem(url: str, spec: str):
         raise UserError(f"cannot read {url} (data spec {spec!r}): {e}; install {hint}") from None
 
 
-def _fail(url: str, spec: str, e: BaseException) -> UserError:
+def failure(url: str, spec: str, e: BaseException) -> UserError:
     return UserError(
         f"cannot reach {url} (data spec {spec!r}): {type(e).__name__}: {e}; check the bucket name and the "
         "credentials (gcloud auth application-default login, or GOOGLE_APPLICATION_CREDENTIALS), or "
@@ -102,7 +102,7 @@ class ObjectPath:
 def list_objects(pattern: str, spec: str) -> tuple[ObjectPath, list[ObjectPath]]:
     """The root and the objects (sorted as a directory's files are) that a URL, a URL prefix
     ("directory", recursive; names starting with ``.`` skipped) or a URL glob names."""
-    fs, path = _filesystem(pattern, spec)
+    fs, path = filesystem(pattern, spec)
     protocol = pattern.split("://", 1)[0]
     try:
         if glob.has_magic(path):
@@ -146,7 +146,7 @@ def list_objects(pattern: str, spec: str) -> tuple[ObjectPath, list[ObjectPath]]
     except UserError:
         raise
     except Exception as e:  # (the store's own errors: connection, permission, bad bucket name)
-        raise _fail(pattern, spec, e) from None
+        raise failure(pattern, spec, e) from None
     raise UserError(f"no such object or prefix: {pattern} (data spec {spec!r}); check the URL")
 
 
@@ -156,5 +156,5 @@ def open_binary(path, spec: str):
         try:
             return path.open("rb")
         except Exception as e:
-            raise _fail(str(path), spec, e) from None
+            raise failure(str(path), spec, e) from None
     return open(path, "rb")

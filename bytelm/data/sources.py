@@ -37,7 +37,7 @@ from collections.abc import Callable, Iterable, Iterator, Sized
 from pathlib import Path
 from typing import Any
 
-from bytelm.data.remote import ObjectPath, is_remote, list_objects, open_binary
+from bytelm.data.remote import ObjectPath, failure, filesystem, is_remote, list_objects, open_binary
 from bytelm.errors import UserError
 
 Progress = Callable[[int, int], None]
@@ -621,7 +621,7 @@ class HfDiskSource(Source):
 
     distinct_groups = True  # (one group)
 
-    def __init__(self, spec: str, path: Path, split: str, field: str) -> None:
+    def __init__(self, spec: str, path: Path | str, split: str, field: str) -> None:
         self.spec, self.path, self.split, self.field = spec, path, split, field
 
     @classmethod
@@ -634,10 +634,46 @@ class HfDiskSource(Source):
             raise UserError(
                 f"unknown option(s) {sorted(params)} in data spec {spec!r}: valid are split and field"
             )
+        if is_remote(path):
+            return cls(spec, path, split, field)  # (a URL: see _remote_files)
         return cls(spec, Path(os.path.expanduser(path)), split, field)
 
-    def _files(self) -> list[Path]:
-        d = self.path
+    def _remote_files(self) -> list[ObjectPath]:
+        """The Arrow files of a save_to_disk directory in a bucket (the layout of :meth:`_files`)."""
+        url = str(self.path)
+        fs, base = filesystem(url, self.spec)
+        protocol, base = url.split("://", 1)[0], base.rstrip("/")
+        try:
+            if fs.exists(f"{base}/dataset_dict.json"):
+                splits = json.loads(fs.cat(f"{base}/dataset_dict.json")).get("splits", [])
+                if self.split not in splits:
+                    raise UserError(
+                        f"{url} has no split {self.split!r} (it has: {splits}); choose one with ?split=NAME"
+                    )
+                base = f"{base}/{self.split}"
+            try:
+                state = json.loads(fs.cat(f"{base}/state.json"))
+            except FileNotFoundError:
+                raise UserError(
+                    f"no save_to_disk directory at {url} ({protocol}://{base}/state.json is missing; data "
+                    f"spec {self.spec!r}): check the URL"
+                ) from None
+            names = [f"{base}/{f['filename']}" for f in state["_data_files"]]
+            return [ObjectPath(fs, name, protocol, fs.info(name)) for name in names]
+        except UserError:
+            raise
+        except (ValueError, KeyError, TypeError) as e:
+            raise UserError(
+                f"{protocol}://{base}/state.json cannot be read as a save_to_disk record "
+                f"({type(e).__name__}: {e}); {url} is not a datasets directory written by save_to_disk"
+            ) from None
+        except Exception as e:  # (the store's errors)
+            raise failure(url, self.spec, e) from None
+
+    def _files(self) -> list[Any]:
+        if is_remote(str(self.path)):
+            return self._remote_files()
+        d = Path(self.path)
         if not d.is_dir():
             raise UserError(
                 f"no such directory: {d} (data spec {self.spec!r}); give a save_to_disk directory"
@@ -667,7 +703,10 @@ class HfDiskSource(Source):
         files, i = self._files(), 0
         for n, path in enumerate(files):
             try:
-                with pa.memory_map(str(path)) as src:
+                opened = (
+                    open_binary(path, self.spec) if isinstance(path, ObjectPath) else pa.memory_map(str(path))
+                )
+                with opened as src:
                     reader = pa.ipc.open_stream(src)
                     if self.field not in reader.schema.names:
                         raise UserError(
