@@ -110,6 +110,9 @@ class TrainConfig:
     time_budget_s: float = 0.0
     # TensorBoard event files of every logged scalar in RUN_DIR/tensorboard (process 0; tensorboardX)
     tensorboard: bool = True
+    # a Weights & Biases project to log the same scalars to (process 0; `pip install -e '.[wandb]'`;
+    # WANDB_MODE=offline keeps the run in RUN_DIR/wandb for a later `wandb sync`); "" = none
+    wandb_project: str = ""
     # "A:B": a jax.profiler trace of steps A to B (numbered as in the logs, from 1) into
     # RUN_DIR/profile, which TensorBoard's profile plugin and XProf open; "" = none
     profile_steps: str = ""

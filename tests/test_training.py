@@ -18,7 +18,7 @@ from conftest import (  # noqa: F401  (WORDS: imported by other test modules)
 )
 
 from bytelm import cli
-from bytelm.config import load_config
+from bytelm.config import load_config, with_values
 from bytelm.errors import UserError
 from bytelm.training.clock import Clock
 from bytelm.training.loop import train
@@ -522,3 +522,40 @@ def test_tensorboard_holds_the_logged_scalars_and_a_profile_window_is_written(co
     assert list((out / "profile").rglob("*.xplane.pb")), "no profiler trace written"
     with pytest.raises(UserError, match="train.profile_steps must be A:B"):
         load_config(None, ["train.profile_steps=3:2"])
+
+
+def test_weights_and_biases_offline_writes_its_run_into_the_run_directory(corpus_dir, tmp_path, monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    out = tmp_path / "run"
+    cfg = load_config(None, tiny_overrides(corpus_dir, **{"train.steps": 2, "eval.every": 0}))
+    train(with_values(cfg, {"train.wandb_project": "bytelm-test", "train.tensorboard": False}), out)
+    (run,) = (out / "wandb").glob("offline-run-*")
+    (log,) = run.glob("run-*.wandb")
+    assert log.stat().st_size > 0 and not (out / "tensorboard").exists()
+
+    # what is logged: a stand-in for wandb.init records the calls (the real one's files are binary)
+    import wandb
+
+    calls = []
+
+    class Run:
+        def log(self, scalars, step):
+            calls.append((step, scalars))
+
+        def finish(self):
+            calls.append("finish")
+
+    monkeypatch.setattr(wandb, "init", lambda **kwargs: calls.append(kwargs) or Run())
+    out2 = tmp_path / "run2"
+    train(with_values(cfg, {"train.wandb_project": "p", "eval.every": 2}), out2)
+    init, *logged, end = calls
+    assert init["project"] == "p" and init["dir"] == str(out2) and init["config"]["train"]["steps"] == 2
+    assert end == "finish"
+    records = [json.loads(line) for line in (out2 / "metrics.jsonl").read_text().splitlines()]
+    want = [(r["step"], f"{r['kind']}/bpb", r["bpb"]) for r in records if r["kind"] in ("train", "eval")]
+    got = []
+    for step, scalars in logged:
+        (key,) = [k for k in scalars if k.endswith("/bpb")]
+        got.append((step, key, scalars[key]))
+    assert got == want and len(want) == 3  # two train lines, one eval

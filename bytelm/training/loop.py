@@ -10,6 +10,7 @@ The files of a run directory are :class:`~bytelm.rundir.RunDir`'s.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import logging
 import math
@@ -23,7 +24,7 @@ from pathlib import Path
 import jax
 
 from bytelm.atomic import atomic_write_text
-from bytelm.config import Config, dump_config
+from bytelm.config import Config, config_to_dict, dump_config
 from bytelm.data.prefetch import Prefetch
 from bytelm.errors import UserError
 from bytelm.families import STATS_KEY
@@ -73,9 +74,18 @@ class _Metrics:
     step (and a torn last line). Only the primary process writes (the others' records are the same
     numbers)."""
 
-    def __init__(self, files: RunDir, resume_step: int, *, tensorboard: bool = False):
+    def __init__(
+        self,
+        files: RunDir,
+        resume_step: int,
+        *,
+        tensorboard: bool = False,
+        wandb_project: str = "",
+        config: dict | None = None,
+    ):
         self.file = None
         self.board = None
+        self.wandb = None
         if not is_primary():
             return
         path = files.metrics_path
@@ -90,22 +100,49 @@ class _Metrics:
             self.board = SummaryWriter(
                 str(files.path / "tensorboard"), purge_step=resume_step + 1, flush_secs=10
             )
+        if wandb_project:
+            try:
+                import wandb  # noqa: PLC0415
+            except ImportError:
+                raise UserError(
+                    f"train.wandb_project = {wandb_project!r} needs Weights & Biases: "
+                    "pip install -e '.[wandb]' (or set train.wandb_project = \"\")"
+                ) from None
+            # one W&B run per run directory, resumed with it (its id derives from the directory)
+            run_id = hashlib.sha256(str(files.path.absolute()).encode()).hexdigest()[:16]
+            self.wandb = wandb.init(
+                project=wandb_project,
+                dir=str(files.path),
+                id=run_id,
+                name=files.path.name,
+                resume="allow",
+                config=config or {},
+            )
 
     def write(self, record: dict) -> None:
         if self.file is not None:
             self.file.write(json.dumps(record) + "\n")
             self.file.flush()
-        if self.board is not None and "step" in record and record.get("kind") in ("train", "eval"):
-            for key, value in record.items():
-                if key in ("kind", "step") or isinstance(value, bool) or not isinstance(value, int | float):
-                    continue
-                self.board.add_scalar(f"{record['kind']}/{key}", value, record["step"])
+        if (self.board is None and self.wandb is None) or record.get("kind") not in ("train", "eval"):
+            return
+        scalars = {
+            f"{record['kind']}/{k}": v
+            for k, v in record.items()
+            if k not in ("kind", "step") and isinstance(v, int | float) and not isinstance(v, bool)
+        }
+        if self.board is not None:
+            for tag, value in scalars.items():
+                self.board.add_scalar(tag, value, record["step"])
+        if self.wandb is not None:
+            self.wandb.log(scalars, step=record["step"])
 
     def close(self) -> None:
         if self.file is not None:
             self.file.close()
         if self.board is not None:
             self.board.close()
+        if self.wandb is not None:
+            self.wandb.finish()
 
 
 def eval_slice(corpus, eval_bytes: int) -> list[bytes]:
@@ -169,7 +206,13 @@ class _Run:
         self.flops_per_step = self.task.train_flops_per_position() * self.task.positions_per_step()
         self.ledger = self.task.ledger()  # own + auxiliary FLOPs (bytelm/ledger.py)
         self.info = self._run_info(corpus)
-        self.metrics: _Metrics | None = _Metrics(self.files, trainer.step, tensorboard=cfg.train.tensorboard)
+        self.metrics: _Metrics | None = _Metrics(
+            self.files,
+            trainer.step,
+            tensorboard=cfg.train.tensorboard,
+            wandb_project=cfg.train.wandb_project,
+            config=config_to_dict(cfg),
+        )
         self.segments = eval_slice(corpus, cfg.eval.eval_bytes) if cfg.eval.every else []
         self.t_start = time.perf_counter()
         self.last_loss, self.last_eval, self.stopped_by_signal = float("nan"), None, False
