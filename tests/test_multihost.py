@@ -211,6 +211,28 @@ def test_a_bad_process_layout_names_the_option(kwargs, message):
     assert distributed.initialize() is False and jax.process_count() == 1  # nothing asked: nothing done
 
 
+def _tiny_byte(corpus, **changes) -> list[str]:
+    """Overrides for a one-layer byte LM on ``corpus`` (the two-process tests below), with ``changes``."""
+    values = {
+        "data.source": f"files:{corpus}",
+        "data.segment_bytes": 64,
+        "data.max_eval_bytes": 2048,
+        "model.family": "byte",
+        "model.d_model": 32,
+        "model.n_layers": 1,
+        "model.n_heads": 2,
+        "model.mlp_dim": 64,
+        "train.batch_size": 8,
+        "train.seq_len": 64,
+        "train.learning_rate": 1e-3,
+        "train.warmup_steps": 2,
+        "train.log_every": 1,
+        "eval.every": 0,
+        **changes,
+    }
+    return [f"{k}={v}" for k, v in values.items()]
+
+
 SIGNALLED = textwrap.dedent(
     """
     import json, os, signal, sys
@@ -240,20 +262,33 @@ SIGNALLED = textwrap.dedent(
 )
 
 
-def _two(out, overrides, at: int, *, rates=(1.0, 1.0), lrs: list | None = None) -> list[dict]:
-    """The job on two processes (``rates``: each one's clock rate, a test-only skew); what each
-    process's train() returned, and (into ``lrs``) each process's learning rate per step."""
+def _spawn(script: str, *args, devices: int = 1, env_of=lambda pid: {}) -> list[subprocess.Popen]:
+    """``script`` as process 0 and process 1 of a job on a fresh port: ``argv`` is the port, the
+    process index and ``args``; ``devices`` simulated CPU devices each (``env_of(pid)``: more
+    environment)."""
     port = _free_port()
-    procs = [
+    return [
         subprocess.Popen(
-            [sys.executable, "-c", SIGNALLED, str(port), str(pid), str(out), json.dumps(overrides), str(at)],
-            env=subprocess_env(1, BYTELM_TEST_CLOCK_RATE=str(rates[pid])),
+            [sys.executable, "-c", script, str(port), str(pid), *map(str, args)],
+            env=subprocess_env(devices, **env_of(pid)),
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
         )
         for pid in range(2)
     ]
+
+
+def _two(out, overrides, at: int, *, rates=(1.0, 1.0), lrs: list | None = None) -> list[dict]:
+    """The job on two processes (``rates``: each one's clock rate, a test-only skew); what each
+    process's train() returned, and (into ``lrs``) each process's learning rate per step."""
+    procs = _spawn(
+        SIGNALLED,
+        out,
+        json.dumps(overrides),
+        at,
+        env_of=lambda pid: {"BYTELM_TEST_CLOCK_RATE": str(rates[pid])},
+    )
     try:
         outs = [p.communicate(timeout=240) for p in procs]
     except subprocess.TimeoutExpired:  # (what a stop decided per process does: the other one waits)
@@ -273,24 +308,7 @@ def test_a_signal_to_one_process_stops_both_at_one_step_and_the_resume_equals_on
     the next step, checkpoint there collectively and return; resumed, the job ends where one
     uninterrupted process does."""
     corpus = word_corpus(tmp_path / "corpus")
-    overrides = [
-        f"data.source=files:{corpus}",
-        "data.segment_bytes=64",
-        "data.max_eval_bytes=2048",
-        "model.family=byte",
-        "model.d_model=32",
-        "model.n_layers=1",
-        "model.n_heads=2",
-        "model.mlp_dim=64",
-        "train.batch_size=8",
-        "train.seq_len=64",
-        "train.steps=6",
-        "train.learning_rate=1e-3",
-        "train.warmup_steps=2",
-        "train.log_every=1",
-        "train.checkpoint_every=100",
-        "eval.every=0",
-    ]
+    overrides = _tiny_byte(corpus, **{"train.steps": 6, "train.checkpoint_every": 100})
     stopped = _two(tmp_path / "two", overrides, at=3)
     assert stopped == [{"step": 4, "stopped": True}] * 2  # the same step on both
     assert sorted(p.name for p in (tmp_path / "two" / "checkpoints").iterdir() if p.name.isdigit()) == ["4"]
@@ -310,24 +328,7 @@ def test_a_skewed_clock_on_one_process_changes_neither_learning_rates_nor_the_st
     process 0's clock, so their learning rate is the same at every step and they stop at the same
     step (a clock each would give process 1 a horizon a third as long, and stop it first)."""
     corpus = word_corpus(tmp_path / "corpus")
-    overrides = [
-        f"data.source=files:{corpus}",
-        "data.segment_bytes=64",
-        "data.max_eval_bytes=2048",
-        "model.family=byte",
-        "model.d_model=32",
-        "model.n_layers=1",
-        "model.n_heads=2",
-        "model.mlp_dim=64",
-        "train.batch_size=8",
-        "train.seq_len=64",
-        "train.time_budget_s=6",
-        "train.learning_rate=1e-3",
-        "train.warmup_steps=2",
-        "train.log_every=1",
-        "train.checkpoint_every=1000",
-        "eval.every=0",
-    ]
+    overrides = _tiny_byte(corpus, **{"train.time_budget_s": 6, "train.checkpoint_every": 1000})
     lrs: list = []
     ends = _two(tmp_path / "skewed", overrides, at=0, rates=(1.0, 3.0), lrs=lrs)
     assert ends[0] == ends[1] and ends[0]["stopped"] is False and ends[0]["step"] > 5
@@ -378,42 +379,10 @@ def test_two_process_eval_writes_the_one_process_report(tmp_path, capsys):
     from bytelm import cli
 
     corpus = word_corpus(tmp_path / "corpus")
-    overrides = [
-        f"data.source=files:{corpus}",
-        "data.segment_bytes=64",
-        "data.max_eval_bytes=2048",
-        "model.family=byte",
-        "model.d_model=32",
-        "model.n_layers=1",
-        "model.n_heads=2",
-        "model.mlp_dim=64",
-        "train.batch_size=8",
-        "train.seq_len=64",
-        "train.steps=3",
-        "train.log_every=1",
-        "eval.every=0",
-    ]
+    overrides = _tiny_byte(corpus, **{"train.steps": 3})
     train(load_config(None, overrides), tmp_path / "run")
     assert cli.main(["eval", str(tmp_path / "run"), "--json", str(tmp_path / "one.json")]) == 0
-    port = _free_port()
-    procs = [
-        subprocess.Popen(
-            [
-                sys.executable,
-                "-c",
-                EVAL,
-                str(port),
-                str(pid),
-                str(tmp_path / "run"),
-                str(tmp_path / "two.json"),
-            ],
-            env=subprocess_env(2),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for pid in range(2)
-    ]
+    procs = _spawn(EVAL, tmp_path / "run", tmp_path / "two.json", devices=2)
     outs = [p.communicate(timeout=300) for p in procs]
     for pid, (p, (out, err)) in enumerate(zip(procs, outs)):
         assert p.returncode == 0, f"process {pid} failed:\n{out}\n{err[-4000:]}"
@@ -457,46 +426,10 @@ KILLED = textwrap.dedent(
 
 def test_a_host_killed_while_a_checkpoint_is_written_resumes_from_the_last_complete_one(tmp_path):
     corpus = word_corpus(tmp_path / "corpus")
-    overrides = [
-        f"data.source=files:{corpus}",
-        "data.segment_bytes=64",
-        "data.max_eval_bytes=2048",
-        "model.family=byte",
-        "model.d_model=32",
-        "model.n_layers=1",
-        "model.n_heads=2",
-        "model.mlp_dim=64",
-        "train.batch_size=8",
-        "train.seq_len=64",
-        "train.steps=6",
-        "train.learning_rate=1e-3",
-        "train.warmup_steps=2",
-        "train.log_every=1",
-        "train.checkpoint_every=2",
-        "eval.every=0",
-    ]
+    overrides = _tiny_byte(corpus, **{"train.steps": 6, "train.checkpoint_every": 2})
 
     def job(kill_at: int):
-        port = _free_port()
-        return [
-            subprocess.Popen(
-                [
-                    sys.executable,
-                    "-c",
-                    KILLED,
-                    str(port),
-                    str(pid),
-                    str(tmp_path / "two"),
-                    json.dumps(overrides),
-                ]
-                + [str(kill_at)],
-                env=subprocess_env(1),
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-            )
-            for pid in range(2)
-        ]
+        return _spawn(KILLED, tmp_path / "two", json.dumps(overrides), kill_at)
 
     first = job(kill_at=4)
     first[1].wait(timeout=240)
