@@ -13,8 +13,8 @@ MFU = the step's analytic training FLOPs (``bytelm.models.flops`` and each famil
 multiply-adds the model needs per position, attention counted over the keys a position may see) / step time /
 (devices x peak). The peak is printed two ways and the MFU against each:
 
-- **datasheet**: the dense bf16 peak of the device kind, from the table below (None where the
-  device is not in it; CPU never is);
+- **datasheet**: the dense bf16 peak of the device kind, from the table in
+  bytelm/training/peak.py (None where the device is not in it; CPU never is);
 - **measured**: the best of 5 square matmuls (4096, the model's compute dtype) on one device.
 
 Family notes. ``bpe``: the byte LM's trunk over 32,768 token ids (random ids; no tokenizer is
@@ -37,37 +37,9 @@ import time
 
 from results import record
 
-# dense bf16 peak FLOP/s per device (datasheets; no sparsity): NVIDIA H100/H200 SXM 989.4e12,
-# H100 PCIe 756e12, A100 312e12, L4 121e12; Google TPU v4 275e12, v5e 197e12, v5p 459e12, v6e 918e12
-DATASHEET_BF16_PEAK = {
-    "H100 80GB HBM3": 989.4e12,
-    "NVIDIA H100 80GB HBM3": 989.4e12,
-    "H100 SXM": 989.4e12,
-    "NVIDIA H200": 989.4e12,
-    "H100 PCIe": 756e12,
-    "NVIDIA H100 PCIe": 756e12,
-    "NVIDIA A100-SXM4-80GB": 312e12,
-    "NVIDIA A100-SXM4-40GB": 312e12,
-    "NVIDIA A100 80GB PCIe": 312e12,
-    "NVIDIA L4": 121e12,
-    "TPU v4": 275e12,
-    "TPU v5 lite": 197e12,
-    "TPU v5e": 197e12,
-    "TPU v5p": 459e12,
-    "TPU v5": 459e12,
-    "TPU v6 lite": 918e12,
-    "TPU v6e": 918e12,
-}
+from bytelm.training.peak import datasheet_peak
+
 N_TOKEN_IDS = 32768
-
-
-def datasheet_peak(kind: str) -> float | None:
-    if kind in DATASHEET_BF16_PEAK:
-        return DATASHEET_BF16_PEAK[kind]
-    for name, peak in DATASHEET_BF16_PEAK.items():  # e.g. "NVIDIA H200 NVL" or "NVIDIA H100 80GB HBM3e"
-        if kind.startswith(name) or name in kind:
-            return peak
-    return None
 
 
 def measured_peak(dtype: str) -> float:

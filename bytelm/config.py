@@ -103,7 +103,9 @@ class TrainConfig:
     mesh_data: int = -1  # mesh axis sizes; one may be -1 (= fill with the remaining devices)
     mesh_fsdp: int = 1
     mesh_tensor: int = 1
-    peak_flops: float = 0.0  # per-device peak FLOP/s for MFU; 0 = measure a matmul peak at start
+    # per-device peak FLOP/s for MFU; 0 = the datasheet bf16 peak of a GPU/TPU (bytelm/training/peak.py),
+    # a measured matmul peak on CPU
+    peak_flops: float = 0.0
     # > 0: train for this many seconds of training time (compilation included, evaluations not;
     # summed across resumes) instead of train.steps, which is then ignored; the schedule's horizon
     # is planned from the first steps' time (bytelm/training/clock.py)
@@ -161,7 +163,7 @@ class TrainConfig:
         for name, meaning in (
             ("weight_decay", "0: none"),
             ("grad_clip", "0: no clipping"),
-            ("peak_flops", "0: measure"),
+            ("peak_flops", "0: datasheet or measured"),
         ):
             value = getattr(self, name)
             if not (value >= 0 and math.isfinite(value)):

@@ -559,3 +559,30 @@ def test_weights_and_biases_offline_writes_its_run_into_the_run_directory(corpus
         (key,) = [k for k in scalars if k.endswith("/bpb")]
         got.append((step, key, scalars[key]))
     assert got == want and len(want) == 3  # two train lines, one eval
+
+
+@pytest.mark.parametrize(
+    "kind, peak",
+    [
+        ("NVIDIA H100 80GB HBM3", 989.4e12),
+        ("NVIDIA H200", 989.4e12),
+        ("NVIDIA H200 NVL", 989.4e12),  # (contains a table name)
+        ("NVIDIA H100 PCIe", 756e12),
+        ("NVIDIA A100-SXM4-40GB", 312e12),
+        ("TPU v5 lite", 197e12),  # v5e: not v5p's "TPU v5", which it starts with
+        ("TPU v5", 459e12),
+        ("TPU v6 lite", 918e12),
+        ("TPU v4", 275e12),
+        ("cpu", None),
+    ],
+)
+def test_the_mfu_denominator_is_the_datasheet_peak_on_accelerators_and_measured_on_cpu(kind, peak):
+    from bytelm.training.peak import datasheet_peak, device_peak
+
+    assert datasheet_peak(kind) == peak
+    measured = lambda: 1.5e12  # noqa: E731
+    if peak is not None:
+        assert device_peak("gpu", kind, measure=measured) == (peak, "datasheet")
+    assert device_peak("cpu", "cpu", measure=measured) == (1.5e12, "measured")
+    assert device_peak("tpu", "TPU v99", measure=measured) == (1.5e12, "measured")  # unknown: warned
+    assert device_peak("gpu", kind, 2e14, measure=measured) == (2e14, "config")

@@ -33,7 +33,7 @@ from bytelm.rundir import RunDir
 from bytelm.training.checkpoint import Checkpointer, CheckpointUnreadable
 from bytelm.training.clock import Clock
 from bytelm.training.distributed import agree, barrier, is_primary, load_job_corpus
-from bytelm.training.peak import measure_matmul_peak
+from bytelm.training.peak import device_peak
 from bytelm.training.restore import make_task
 from bytelm.training.trainer import (
     Trainer,
@@ -237,13 +237,13 @@ class _Run:
         log.info("resumed %s at step %d", self.run_dir, self.trainer.step)
 
     def _peak_flops(self) -> float:
-        """The MFU denominator: the configured per-device peak, or a measured matmul peak (on CPU
-        all virtual devices share one set of cores, so the peak is the machine's)."""
+        """The MFU denominator (:mod:`bytelm.training.peak`): the configured per-device peak, else
+        the datasheet's bf16 peak of an accelerator, else a measured matmul peak (on CPU all virtual
+        devices share one set of cores, so the peak is the machine's)."""
         n_devices = self.trainer.mesh.devices.size
-        if self.cfg.train.peak_flops > 0:
-            return self.cfg.train.peak_flops * n_devices
-        peak = measure_matmul_peak()
-        return peak if jax.default_backend() == "cpu" else peak * n_devices
+        backend = jax.default_backend()
+        peak, self.peak_source = device_peak(backend, jax.devices()[0].device_kind, self.cfg.train.peak_flops)
+        return peak if backend == "cpu" and self.peak_source == "measured" else peak * n_devices
 
     def _run_info(self, corpus) -> dict:
         task, trainer = self.task, self.trainer
@@ -257,6 +257,7 @@ class _Run:
             "bytes_per_position": task.bytes_per_position(),
             "positions_per_step": task.positions_per_step(),
             "peak_flops": self.peak_total,
+            "peak_source": self.peak_source,
             "devices": trainer.mesh.devices.size,
             "backend": jax.default_backend(),
             **task.run_info(),
