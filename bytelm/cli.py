@@ -293,6 +293,13 @@ def add_train(sub) -> None:
         "schedule's horizon is planned from the first steps' time",
     )
     p.add_argument(
+        "--allow-cpu",
+        action="store_true",
+        help="train on the CPU even a run that would take more than a day there (without it such a run, a "
+        "small or base preset where JAX found no GPU or TPU, stops and says how to install the accelerator "
+        "build)",
+    )
+    p.add_argument(
         "--profile-steps",
         metavar="A:B",
         help="write a jax.profiler trace of steps A to B (numbered from 1, as in the logs) into "
@@ -362,7 +369,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         (lambda done, total, suffix: bar.update(done, total, suffix)) if distributed.is_primary() else None
     )
     try:
-        result = train(cfg, out, progress=progress)
+        result = train(cfg, out, progress=progress, allow_cpu=args.allow_cpu)
     except TrainingDiverged as e:
         bar.close()
         print(f"bytelm: training stopped: {e}", file=sys.stderr)

@@ -586,3 +586,26 @@ def test_the_mfu_denominator_is_the_datasheet_peak_on_accelerators_and_measured_
     assert device_peak("cpu", "cpu", measure=measured) == (1.5e12, "measured")
     assert device_peak("tpu", "TPU v99", measure=measured) == (1.5e12, "measured")  # unknown: warned
     assert device_peak("gpu", kind, 2e14, measure=measured) == (2e14, "config")
+
+
+def test_a_run_that_would_take_days_on_the_cpu_stops_before_it_allocates(corpus_dir, tmp_path, capsys):
+    """`bytelm train` where JAX has only the CPU: a run of more than a day there (here a tiny model for
+    10^9 steps; in practice a small or base preset) stops in one line naming the accelerator extras
+    and --allow-cpu; a time-budgeted run and a CPU-sized one pass the check."""
+    args = ["train", "tiny/byte", "--out", str(tmp_path / "run")]
+    for o in tiny_overrides(corpus_dir, **{"train.steps": 10**9}):
+        args += ["--set", o]
+    assert cli.main(args) == 2
+    (err,) = capsys.readouterr().err.strip().splitlines()
+    assert "JAX found no GPU or TPU" in err and "'.[cuda]'" in err and "--allow-cpu" in err
+    assert not (tmp_path / "run" / "checkpoints").exists() and not (tmp_path / "run" / "run.json").exists()
+    from bytelm.data import load_corpus_from_config
+    from bytelm.training.loop import check_not_stranded_on_cpu
+    from bytelm.training.restore import make_task
+
+    cfg = load_config("tiny/byte", tiny_overrides(corpus_dir, **{"train.steps": 10**9}))
+    task = make_task(cfg, load_corpus_from_config(cfg.data))
+    with pytest.raises(UserError, match="--allow-cpu"):
+        check_not_stranded_on_cpu(cfg, task)
+    check_not_stranded_on_cpu(with_values(cfg, {"train.time_budget_s": 60}), task)  # a budget: passes
+    check_not_stranded_on_cpu(with_values(cfg, {"train.steps": 1000}), task)  # a CPU-sized run: passes

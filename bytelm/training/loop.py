@@ -33,7 +33,7 @@ from bytelm.rundir import RunDir
 from bytelm.training.checkpoint import Checkpointer, CheckpointUnreadable
 from bytelm.training.clock import Clock
 from bytelm.training.distributed import agree, barrier, is_primary, load_job_corpus
-from bytelm.training.peak import device_peak
+from bytelm.training.peak import device_peak, measure_matmul_peak
 from bytelm.training.restore import make_task
 from bytelm.training.trainer import (
     Trainer,
@@ -513,6 +513,28 @@ class _Run:
         )
 
 
+CPU_DAY_FLOPS = 1e14  # below this many training FLOPs no CPU takes a day (1e14 / 86,400 s = 1.2 GFLOP/s)
+
+
+def check_not_stranded_on_cpu(cfg: Config, task) -> None:
+    """Stop a run that JAX would train on the CPU for more than a day (a small or base preset on a
+    machine whose jax is the CPU build) with one line naming the fix; time-budgeted runs pass."""
+    if jax.default_backend() != "cpu" or cfg.train.time_budget_s:
+        return
+    flops = task.train_flops_per_position() * task.positions_per_step() * cfg.train.steps
+    if flops < CPU_DAY_FLOPS:
+        return
+    peak = measure_matmul_peak(1024)
+    hours = flops / peak / 3600
+    if hours > 24:
+        raise UserError(
+            f"JAX found no GPU or TPU (its backend is the CPU): this run's {flops:.2e} training FLOPs "
+            f"would take about {hours:,.0f} hours at this machine's measured {peak / 1e9:,.0f} GFLOP/s. "
+            "Install JAX's accelerator build (pip install -e '.[cuda]' or '.[tpu]'; docs/scaling.md), "
+            "or pass --allow-cpu to train here anyway"
+        )
+
+
 def train(
     cfg: Config,
     run_dir: str | Path,
@@ -520,9 +542,12 @@ def train(
     progress: Callable[[int, int, str], None] | None = None,
     corpus=None,
     stop_after: int | None = None,
+    allow_cpu: bool = True,
 ) -> TrainResult:
     """Train (or resume) the run in ``run_dir``. ``stop_after`` ends early after that many steps
-    of this invocation (tests use it to simulate an interruption)."""
+    of this invocation (tests use it to simulate an interruption). ``allow_cpu=False`` (``bytelm
+    train`` without ``--allow-cpu``): a run that would take more than a day on this CPU stops
+    before anything is allocated, saying how to get JAX's accelerator build."""
     if re.match(r"[A-Za-z][A-Za-z0-9+.-]+:/", str(run_dir)):  # gs://..., s3://... (a Path keeps one slash)
         raise UserError(
             f"the run directory {run_dir} is a URL; bytelm writes runs to a file system (for a bucket, mount "
@@ -543,6 +568,8 @@ def train(
             return finished
         corpus = corpus if corpus is not None else load_job_corpus(cfg.data)
         task = make_task(cfg, corpus, run_dir)
+        if not allow_cpu:
+            check_not_stranded_on_cpu(cfg, task)
         check_fingerprints(run_dir, task)
         # a run whose evaluations cannot fit its context stops now, not after training
         task.check_context(corpus.segment_data())
