@@ -386,8 +386,9 @@ def test_two_process_eval_writes_the_one_process_report(tmp_path, capsys):
     outs = [p.communicate(timeout=300) for p in procs]
     for pid, (p, (out, err)) in enumerate(zip(procs, outs)):
         assert p.returncode == 0, f"process {pid} failed:\n{out}\n{err[-4000:]}"
-    printed = [[line for line in out.splitlines() if not line.startswith("[Gloo]")] for out, _ in outs]
-    assert any(line.startswith("report:") for line in printed[0]) and printed[1] == []  # one table, process 0
+    # one table, from process 0 (Gloo's C++ threads print connection lines too, at times cut mid-line)
+    assert "report:" in outs[0][0] and "BPB" in outs[0][0]
+    assert "report:" not in outs[1][0] and "BPB" not in outs[1][0]
     one = json.loads((tmp_path / "one.json").read_text())
     two = json.loads((tmp_path / "two.json").read_text())
 
