@@ -170,7 +170,7 @@ class _Shards(Sequence[np.ndarray]):
     def __init__(self, path: Path, sizes: list[int]):
         self.path, self.sizes = path, list(sizes)
         self._maps: list[np.ndarray | None] = [None] * len(self.sizes)
-        self.views = _ShardViews(self)
+        self._views: dict[int, np.ndarray] = {}
 
     def __len__(self) -> int:
         return len(self.sizes)
@@ -183,26 +183,16 @@ class _Shards(Sequence[np.ndarray]):
             m = self._maps[s] = _memmap(self.path / f"shard-{s:05d}.u8", np.uint8, self.sizes[s])
         return m
 
+    def view(self, s: int) -> np.ndarray:
+        """Shard ``s`` as a plain ``ndarray`` view of its memory map (faster ``np.take``)."""
+        v = self._views.get(s)
+        if v is None:
+            v = self._views[s] = np.asarray(self[s]).view(np.ndarray)
+        return v
+
     @property
     def opened(self) -> list[int]:
         return [s for s, m in enumerate(self._maps) if m is not None]
-
-
-class _ShardViews(Sequence[np.ndarray]):
-    """The shards as plain ``ndarray`` views of their memory maps (faster ``np.take``)."""
-
-    def __init__(self, shards: _Shards):
-        self.shards = shards
-        self._views: dict[int, np.ndarray] = {}
-
-    def __len__(self) -> int:
-        return len(self.shards)
-
-    def __getitem__(self, s):
-        v = self._views.get(s)
-        if v is None:
-            v = self._views[s] = np.asarray(self.shards[s]).view(np.ndarray)
-        return v
 
 
 class TrainStream:
@@ -288,13 +278,13 @@ class TrainStream:
         flat = out.reshape(-1)
         # (a shard of empty documents only has no bytes: its positions are BOS and EOS, set below)
         if len(corpus.shards) == 1:
-            view = corpus.shard_views[0]
+            view = corpus.shards.view(0)
             flat[:] = np.take(view, at) if view.size else 0
         else:
             seg_shard = np.repeat(shard, lengths)
             for s in np.unique(shard):
                 take = seg_shard == s
-                view = corpus.shard_views[int(s)]
+                view = corpus.shards.view(int(s))
                 flat[take] = np.take(view, at[take]) if view.size else 0
         flat += BYTE_OFFSET
         flat[bos_at] = BOS_ID
@@ -357,7 +347,6 @@ class Corpus:
         sizes = self.index["shards"]
         self.shard_start = np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)])
         self.shards = _Shards(self.path, sizes)
-        self.shard_views = self.shards.views  # (plain arrays: faster takes)
         # what this process has read of the training stream (the loader's counters): rows and ids
         # delivered, and the document pieces they were cut from
         self.reads = {"rows": 0, "ids": 0, "documents": 0}

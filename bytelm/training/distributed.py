@@ -119,12 +119,15 @@ def load_job_corpus(data_cfg, *, progress=None):
     or N copies). A host that cannot see process 0's cache gets an error naming the fix."""
     from bytelm.data import load_corpus_from_config
 
-    if jax.process_count() == 1:
+    def prepare():
         return load_corpus_from_config(data_cfg, progress=progress, workers=data_cfg.workers)
+
+    if jax.process_count() == 1:
+        return prepare()
     corpus, failure = None, None
     if is_primary():
         try:
-            corpus = load_corpus_from_config(data_cfg, progress=progress, workers=data_cfg.workers)
+            corpus = prepare()
         except Exception as e:  # (the others must still pass the barrier, then fail in turn)
             failure = e
     barrier("bytelm: the corpus is prepared")
