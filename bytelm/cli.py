@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import argparse
 import importlib.metadata
+import io
 import itertools
 import json
 import logging
 import os
+import signal
 import sys
 import time
 from collections.abc import Callable
@@ -42,7 +44,7 @@ from bytelm.patching import EntropyModel, format_patches, patch_text
 from bytelm.patching.plot import plot_entropies
 from bytelm.paths import check_output_dir, check_output_file
 from bytelm.progress import ProgressBar
-from bytelm.rundir import RunDir
+from bytelm.rundir import RunDir, run_path
 from bytelm.sampling.sampler import SamplingOptions
 from bytelm.training import distributed
 from bytelm.training.host import configure_cpu_devices
@@ -277,13 +279,21 @@ def add_train(sub) -> None:
         "train",
         help="train (or resume) a model from a config file",
         description="Train any model family from a TOML config. Re-running with the same --out resumes "
-        "from the latest checkpoint (the config must match). SIGTERM/SIGINT save a checkpoint and stop.",
+        "from the latest checkpoint (the config must match). SIGTERM (a preemption notice) or SIGINT to any "
+        "process saves a checkpoint, every process at the same step, and stops: exit 0 after SIGTERM, 130 "
+        "after Ctrl-C. --out may be a URL (gs://BUCKET/RUN, with the .[gcs] extra): the checkpoints, records "
+        "and TensorBoard events go to the bucket.",
     )
     p.add_argument(
         "config",
         help="TOML config file, e.g. configs/tiny/byte.toml (a shipped config also by name: tiny/byte)",
     )
-    p.add_argument("--out", metavar="RUN_DIR", help="run directory (default: runs/<config name>)")
+    p.add_argument(
+        "--out",
+        metavar="RUN_DIR",
+        help="run directory, or a URL (gs://BUCKET/RUN) on hosts that share no file system (default: "
+        "runs/<config name>)",
+    )
     p.add_argument(
         "--minutes",
         type=float,
@@ -362,7 +372,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     if args.profile_steps:
         extra.append(f"train.profile_steps={args.profile_steps}")
     cfg = load_config(args.config, [*args.overrides, *extra])
-    out = Path(args.out) if args.out else Path("runs") / Path(args.config).stem
+    out = run_path(args.out) if args.out else Path("runs") / Path(args.config).stem
     _join_processes(args)
     bar = ProgressBar(f"train {out}", unit=" steps")
     progress = (
@@ -384,7 +394,9 @@ def cmd_train(args: argparse.Namespace) -> int:
     )
     if distributed.is_primary():  # (one summary per job)
         print(f"{state}: {out} at step {result.step}{spent}, train loss {result.loss:.4f}{held_out}")
-    return EXIT_SIGNAL if result.stopped_by_signal else 0
+    # a user's Ctrl-C exits as an interrupted command; a scheduler's SIGTERM (a preemption notice, to
+    # this process or another of the job) ends in a checkpoint, a clean stop: 0, as schedulers expect
+    return EXIT_SIGNAL if result.stopped_by_signal and result.signum == signal.SIGINT else 0
 
 
 # -- patch ------------------------------------------------------------------------------------------
@@ -844,12 +856,20 @@ def add_compare(sub) -> None:
         "the ranking exceeds the spread (default: the preset's, 1). Runs of an earlier compare into the same "
         "--out are reused",
     )
+    _add_multihost_options(
+        p,
+        "Run the same command on every host, with an --out all of them see (a shared file system): process 0 "
+        "prepares the corpus and trains the tokenizer, every run trains and is scored on all processes' "
+        "devices, and process 0 writes the report (the numbers of one process).",
+    )
     p.set_defaults(func=cmd_compare)
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
     check_output_dir(args.out, "--out")
-    progress, note, close = _stage_reporter()
+    _join_processes(args)
+    primary = distributed.is_primary()
+    progress, note, close = _stage_reporter() if primary else (None, lambda msg: None, lambda: None)
     try:
         result = compare(
             args.preset,
@@ -862,11 +882,12 @@ def cmd_compare(args: argparse.Namespace) -> int:
         )
     finally:
         close()
-    print(terminal_report(result.report))
-    print(
-        f"wall time {seconds(result.report['compare']['wall_s'])}; wrote {result.report_md}, "
-        f"{result.report_json}, {result.plot}"
-    )
+    if primary:
+        print(terminal_report(result.report))
+        print(
+            f"wall time {seconds(result.report['compare']['wall_s'])}; wrote {result.report_md}, "
+            f"{result.report_json}, {result.plot}"
+        )
     return 0
 
 
@@ -917,13 +938,20 @@ def add_ablate(sub) -> None:
     mode.add_argument(
         "--collect", action="store_true", help="train nothing: build the report from the runs on disk"
     )
+    _add_multihost_options(
+        p,
+        "Run the same command on every host, with an --out all of them see (a shared file system; --jobs 1): "
+        "every run trains and is scored on all processes' devices, and process 0 writes the outputs.",
+    )
     p.set_defaults(func=cmd_ablate)
 
 
 def cmd_ablate(args: argparse.Namespace) -> int:
-    progress, note, close = _stage_reporter()
     out = args.out or f"runs/ablate-{Path(args.grid).stem}"
     check_output_dir(out, "--out")
+    _join_processes(args)
+    primary = distributed.is_primary()
+    progress, note, close = _stage_reporter() if primary else (None, lambda msg: None, lambda: None)
     try:
         result = ablate(
             args.grid,
@@ -938,6 +966,8 @@ def cmd_ablate(args: argparse.Namespace) -> int:
         )
     finally:
         close()
+    if not primary:
+        return 0
     if args.print_commands:
         for command in result.commands:
             print(command)
@@ -1037,6 +1067,12 @@ def add_sample(sub) -> None:
         action="store_true",
         help="print one JSON line on stderr at the end: bytes, seconds, bytes/s, global-model calls",
     )
+    _add_multihost_options(
+        p,
+        "Run the same command on every host (a run trained on a pod, sampled where it lies): the model is "
+        "restored onto a mesh of every host's devices, every process decodes the same bytes, and process 0 "
+        "prints them.",
+    )
     p.set_defaults(func=cmd_sample)
 
 
@@ -1056,8 +1092,9 @@ def cmd_sample(args: argparse.Namespace) -> int:
         temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, greedy=args.greedy, seed=args.seed
     )
     prompt = _prompt_bytes(args)
+    _join_processes(args)
     decoder = load_decoder(args.run_dir, step=args.step)
-    out = sys.stdout.buffer
+    out = sys.stdout.buffer if distributed.is_primary() else io.BytesIO()  # (process 0 prints)
     started, produced = time.perf_counter(), 0
 
     def generated():
@@ -1075,7 +1112,7 @@ def cmd_sample(args: argparse.Namespace) -> int:
         out.flush()
     out.write(b"\n")
     out.flush()
-    if args.stats:
+    if args.stats and distributed.is_primary():
         wall = time.perf_counter() - started
         record = {
             "family": decoder.family,

@@ -551,6 +551,20 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
     return build_config(apply_overrides(raw, list(overrides)))
 
 
+def load_run_config(run_dir) -> Config:
+    """The resolved config a run directory (a path or a URL) recorded; :class:`UserError` when it is
+    not a run directory or its config is not whole."""
+    from bytelm.rundir import RunDir  # noqa: PLC0415
+
+    files = RunDir(run_dir)
+    files.require_config()
+    try:
+        raw = tomllib.loads(files.config_text())
+    except tomllib.TOMLDecodeError as e:
+        raise UserError(f"cannot parse config file {files.config_path}: {e}") from None
+    return build_config(raw)
+
+
 # -- writing ------------------------------------------------------------------------------
 def _toml_value(value: Any) -> str:
     if isinstance(value, bool):

@@ -5,6 +5,7 @@ what is in the way, so that a long run never ends in a traceback over a path typ
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 from bytelm.errors import UserError
@@ -33,8 +34,19 @@ def check_output_file(path: str | os.PathLike, what: str) -> Path:
     return path
 
 
+def _refuse_url(path, what: str) -> None:
+    text = str(path)
+    if re.match(r"^[A-Za-z][A-Za-z0-9+.-]*://", text) and not text.startswith("file://"):
+        raise UserError(
+            f"{what} {text} is a URL; this command writes to a file system: give a local path (run "
+            "directories can be URLs: 'bytelm train CONFIG --out gs://BUCKET/RUN')"
+        )
+
+
 def check_output_dir(path: str | os.PathLike, what: str) -> Path:
-    """``path`` as a directory to write into: not a file, not under a file, writable."""
+    """``path`` as a directory to write into: not a file, not under a file, writable (and not a URL:
+    only run directories may be in an object store, see :mod:`bytelm.rundir`)."""
+    _refuse_url(path, what)
     path = Path(path)
     if path.exists() and not path.is_dir():
         raise UserError(f"{what} {path} is a file; give a directory")

@@ -17,6 +17,14 @@ parses, and without that line it would quietly take defaults for what was lost.
 
 Everything else asks a :class:`RunDir`. It imports no config code (the config is TOML text
 here; :mod:`bytelm.config` parses it), so every layer can read a run's record.
+
+A run directory may be a URL (``gs://BUCKET/PATH``, or any fsspec URL: ``pip install -e '.[gcs]'``
+for ``gs://``), for TPU VMs that share no file system. Its paths are then :class:`etils.epath.Path`
+objects (what orbax uses for the checkpoints); a record is written as one object (an upload is
+atomic: a reader sees the old object or the new one, never part of one); there is no lock (an
+object store has no ``flock``: one job per run URL is the user's to keep); and what is appended
+locally (``metrics.jsonl``, TensorBoard events) is staged and uploaded whole at each checkpoint and
+at the end (:class:`bytelm.training.loop._Metrics`).
 """
 
 from __future__ import annotations
@@ -27,9 +35,12 @@ import hashlib
 import json
 import logging
 import os
+import re
 import socket
+import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any, cast
 
 from bytelm.atomic import atomic_write_text
 from bytelm.errors import UserError
@@ -40,6 +51,142 @@ _CONFIG, _INFO, _METRICS, _CHECKPOINTS = "config.toml", "run.json", "metrics.jso
 _LOCK, _DAMAGED = ".lock", "damaged-checkpoints"
 CONFIG_END = "# end of the resolved config (bytelm)"
 _CHECKSUM = "checksum"  # run.json: the SHA-256 (first 16 hex digits) of the rest of the record
+
+
+_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+
+
+def is_url(path: Any) -> bool:
+    """``path`` names an object store (``gs://...``), not a file on this machine."""
+    text = str(path)
+    return bool(_URL.match(text)) and not text.startswith("file://")
+
+
+def _emulator_environment() -> None:
+    """With ``STORAGE_EMULATOR_HOST`` set (a local GCS emulator, which gcsfs honours), point
+    tensorstore (orbax's array writer) at it too, and keep gcsfs off the gRPC bucket-type lookup
+    that only the real service answers."""
+    host = os.environ.get("STORAGE_EMULATOR_HOST")
+    if host:
+        os.environ.setdefault("TENSORSTORE_GCS_HTTP_URL", host)
+        os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
+    # gcsfs logs an ERROR of its own when it gives up; bytelm reports the failure itself, in one line
+    logging.getLogger("gcsfs").setLevel(logging.CRITICAL)
+
+
+def _check_reachable(url: Any) -> None:
+    """Connect to the store's endpoint (a few seconds at most), so that a store that cannot be reached
+    is said at once, not after a client's minute of retries. Only ``gs://`` (its endpoint is known)."""
+    if not str(url).startswith(("gs://", "gcs://")):
+        return
+    endpoint = os.environ.get("STORAGE_EMULATOR_HOST") or "https://storage.googleapis.com"
+    parsed = urllib.parse.urlsplit(endpoint if "://" in endpoint else f"http://{endpoint}")
+    port = parsed.port or (443 if parsed.scheme == "https" else 80)
+    try:
+        socket.create_connection((parsed.hostname or "", port), timeout=10).close()
+    except OSError as e:
+        raise UserError(
+            f"cannot reach {url}: no connection to {parsed.hostname}:{port} ({e.strerror or e}); check the "
+            "network, or STORAGE_EMULATOR_HOST for an emulator"
+        ) from None
+
+
+def run_path(path: Any) -> Path:
+    """``path`` as a path object: a :class:`pathlib.Path` for a local path, an
+    :class:`etils.epath.Path` for a URL (both have the pathlib methods the run code uses: typed as
+    a Path)."""
+    if isinstance(path, RunDir):
+        return path.path
+    if is_url(path):
+        _emulator_environment()
+        from etils import epath  # noqa: PLC0415 (orbax's path type; only runs in buckets need it)
+
+        return cast(Path, epath.Path(str(path)))
+    return Path(path)
+
+
+def store_error(url: Any, e: BaseException, doing: str = "reach") -> UserError:
+    """One line for an object store's failure (connection, permission, missing bucket) at ``url``."""
+    detail = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"[:300]
+    text = str(e).lower()
+    if "403" in text or "permission" in text or "forbidden" in text or isinstance(e, PermissionError):
+        fix = "grant this account access to the bucket (roles/storage.objectAdmin), or choose another place"
+    elif "bucket" in text and ("not exist" in text or "404" in text or "not found" in text):
+        bucket = str(url).split("://", 1)[-1].split("/", 1)[0]
+        fix = f"create the bucket (gcloud storage buckets create gs://{bucket}) or fix the URL"
+    else:
+        fix = (
+            "check the URL, the network and the credentials (gcloud auth application-default login, or "
+            "GOOGLE_APPLICATION_CREDENTIALS), or STORAGE_EMULATOR_HOST for an emulator"
+        )
+    return UserError(f"cannot {doing} {url} ({detail}); {fix}")
+
+
+@contextlib.contextmanager
+def store_errors(url: Any, doing: str = "reach") -> Iterator[None]:
+    """Turn an object store's errors inside the block into one :class:`UserError` line naming ``url``
+    (a missing file stays :class:`FileNotFoundError`, which callers handle; local paths pass through)."""
+    if not is_url(url):
+        yield
+        return
+    try:
+        yield
+    except (UserError, FileNotFoundError):
+        raise
+    except Exception as e:  # (fsspec, gcsfs, aiohttp and google-auth raise many kinds)
+        raise store_error(url, e, doing) from None
+
+
+def check_output_url(url: Any, what: str) -> None:
+    """Before any work: the bucket of ``url`` exists and this process may write there (a probe object
+    is written and deleted); :class:`UserError` naming ``url`` and the fix otherwise."""
+    _emulator_environment()
+    _check_reachable(url)
+    bucket = str(url).split("://", 1)[1].split("/", 1)[0]
+    try:
+        import fsspec  # noqa: PLC0415
+
+        fs, root = fsspec.core.url_to_fs(str(url))
+    except (ImportError, ValueError) as e:
+        protocol = str(url).split("://", 1)[0]
+        hint = (
+            "pip install -e '.[gcs]' (gcsfs)"
+            if protocol in ("gs", "gcs")
+            else f"the fsspec driver for {protocol}://"
+        )
+        raise UserError(f"{what} {url} is a URL that needs {hint} ({e})") from None
+    with store_errors(url, "write to"):
+        try:
+            fs.info(bucket)
+        except FileNotFoundError:
+            raise UserError(
+                f"{what} {url}: the bucket {bucket} does not exist; create it (gcloud storage buckets create "
+                f"gs://{bucket}) or fix the URL"
+            ) from None
+        probe = f"{root.rstrip('/')}/.bytelm-write-check-{os.getpid()}"
+        fs.pipe_file(probe, b"")
+        fs.rm_file(probe)
+
+
+def write_text(path, text: str) -> None:
+    """``text`` to ``path`` atomically: a temporary file renamed over it on disk, one upload to a
+    store (where an object appears whole or not at all)."""
+    if is_url(path):
+        with store_errors(path, "write"):
+            path.write_text(text)
+    else:
+        atomic_write_text(path, text)
+
+
+def upload_directory(local: Path, target) -> None:
+    """Copy every file under the local directory ``local`` to the same names under the URL ``target``
+    (each file one upload; files already there are replaced)."""
+    import fsspec  # noqa: PLC0415
+
+    with store_errors(target, "write to"):
+        fs, root = fsspec.core.url_to_fs(str(target))
+        for path in sorted(p for p in Path(local).rglob("*") if p.is_file()):
+            fs.put_file(str(path), f"{root.rstrip('/')}/{path.relative_to(local).as_posix()}")
 
 
 def _checksum(record: dict) -> str:
@@ -62,8 +209,9 @@ def _lock_file(fd: int) -> bool:
 class RunDir:
     """The files of one run directory (see the module docstring)."""
 
-    def __init__(self, path: str | Path):
-        self.path = Path(path)
+    def __init__(self, path: Any):
+        self.path = run_path(path)
+        self.remote = is_url(self.path)
 
     def __repr__(self) -> str:
         return f"RunDir({str(self.path)!r})"
@@ -97,7 +245,11 @@ class RunDir:
     def lock(self) -> Iterator[None]:
         """Hold the run's lock for the block: one writer at a time. A second writer stops at once
         with :class:`UserError` naming the holder (its pid, host and start time). The lock is the
-        kernel's (``flock``), so a writer killed by any signal releases it; the file stays."""
+        kernel's (``flock``), so a writer killed by any signal releases it; the file stays. A run in
+        an object store has no lock (see the module docstring)."""
+        if self.remote:
+            yield
+            return
         self.path.mkdir(parents=True, exist_ok=True)
         path = self.path / _LOCK
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
@@ -123,30 +275,47 @@ class RunDir:
     # -- checkpoints
     def checkpoint_steps(self) -> list[int]:
         """The steps of the finalised checkpoints, in order (orbax names each one's folder by its step;
-        a save cut off keeps a temporary name)."""
-        if not self.checkpoints_path.is_dir():
-            return []
-        return sorted(int(p.name) for p in self.checkpoints_path.iterdir() if p.is_dir() and p.name.isdigit())
+        a save cut off keeps a temporary name; in an object store, where orbax cannot rename, a
+        finished save holds ``commit_success.txt``)."""
+        with store_errors(self.checkpoints_path, "list"):
+            if not self.checkpoints_path.is_dir():
+                return []
+
+            def complete(p) -> bool:
+                return (p / "commit_success.txt").exists() if self.remote else p.is_dir()
+
+            return sorted(
+                int(p.name) for p in self.checkpoints_path.iterdir() if p.name.isdigit() and complete(p)
+            )
 
     def set_aside(self, step: int) -> Path:
         """Move checkpoint ``step`` (one that cannot be restored) to ``damaged-checkpoints/``, out of
         the way of the run's next saves; nothing is deleted."""
-        self.damaged_path.mkdir(exist_ok=True)
-        target = self.damaged_path / str(step)
-        n = 1
-        while target.exists():
-            n += 1
-            target = self.damaged_path / f"{step}.{n}"
-        os.replace(self.checkpoints_path / str(step), target)
+        with store_errors(self.path, "move a checkpoint in"):
+            self.damaged_path.mkdir(exist_ok=True)
+            target = self.damaged_path / str(step)
+            n = 1
+            while target.exists():
+                n += 1
+                target = self.damaged_path / f"{step}.{n}"
+            if self.remote:  # (no rename in a store: a copy, then the deletion)
+                import fsspec  # noqa: PLC0415
+
+                fs, source = fsspec.core.url_to_fs(str(self.checkpoints_path / str(step)))
+                fs.mv(source, fsspec.core.url_to_fs(str(target))[1], recursive=True)
+            else:
+                os.replace(self.checkpoints_path / str(step), target)
         return target
 
     def started(self) -> bool:
         """Something of a run is here (a config or checkpoints): a new run must not write over it."""
-        return self.config_path.exists() or self.checkpoints_path.exists()
+        with store_errors(self.path, "read"):
+            return self.config_path.exists() or self.checkpoints_path.exists()
 
     # -- config.toml
     def has_config(self) -> bool:
-        return self.config_path.is_file()
+        with store_errors(self.path, "read"):
+            return self.config_path.is_file()
 
     def require_config(self) -> Path:
         """The config's path; :class:`UserError` when this is not a run directory, or when its config
@@ -156,12 +325,7 @@ class RunDir:
                 f"{self.path} is not a run directory (no {_CONFIG}); train one with 'bytelm train CONFIG "
                 f"--out {self.path}'"
             )
-        try:
-            with open(self.config_path, "rb") as f:
-                f.seek(max(0, os.fstat(f.fileno()).st_size - 256))
-                tail = f.read().decode("utf-8", errors="replace")
-        except OSError as e:
-            raise UserError(f"cannot read {self.config_path}: {e.strerror or e}") from None
+        tail = self.config_text()[-256:]
         if CONFIG_END not in tail.rstrip().splitlines()[-1:]:
             raise UserError(
                 f"{self.config_path} is incomplete: it does not end with the line {CONFIG_END!r} (cut "
@@ -169,14 +333,23 @@ class RunDir:
             )
         return self.config_path
 
-    def write_config(self, text: str) -> Path:
+    def config_text(self) -> str:
+        """The text of ``config.toml`` (:meth:`require_config` checks that it is whole)."""
+        try:
+            with store_errors(self.config_path, "read"):
+                return self.config_path.read_bytes().decode("utf-8", errors="replace")
+        except OSError as e:
+            raise UserError(f"cannot read {self.config_path}: {e.strerror or e}") from None
+
+    def write_config(self, text: str):
         """Write the resolved config's TOML text atomically, ending with :data:`CONFIG_END`."""
-        atomic_write_text(self.config_path, text.rstrip("\n") + "\n\n" + CONFIG_END + "\n")
+        write_text(self.config_path, text.rstrip("\n") + "\n\n" + CONFIG_END + "\n")
         return self.config_path
 
     # -- run.json
     def has_info(self) -> bool:
-        return self.info_path.is_file()
+        with store_errors(self.path, "read"):
+            return self.info_path.is_file()
 
     def info(self, *, what: str = "a trained run directory", how: str = "") -> dict:
         """The run's record. :class:`UserError` when it is missing (``what`` the directory should have
@@ -185,7 +358,8 @@ class RunDir:
             how = how or f"train one with 'bytelm train CONFIG --out {self.path}'"
             raise UserError(f"{self.path} is not {what} (no {_INFO}); {how}")
         try:
-            record = json.loads(self.info_path.read_text())
+            with store_errors(self.info_path, "read"):
+                record = json.loads(self.info_path.read_text())
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
             raise UserError(
                 f"cannot read {self.info_path}: {e}; the run directory is damaged, retrain it"
@@ -211,7 +385,7 @@ class RunDir:
         """Write the run's record atomically, with a checksum of its content (a record damaged
         later, even into other valid JSON, is refused by :meth:`info` rather than misread)."""
         record = {k: v for k, v in record.items() if k != _CHECKSUM}
-        atomic_write_text(self.info_path, json.dumps({**record, _CHECKSUM: _checksum(record)}, indent=1))
+        write_text(self.info_path, json.dumps({**record, _CHECKSUM: _checksum(record)}, indent=1))
 
     def finished(self, steps: int | None = None) -> bool:
         """The run's record says it finished (at ``steps``, when given)."""
@@ -226,9 +400,10 @@ class RunDir:
     def metrics(self) -> list[dict]:
         """Every record of ``metrics.jsonl``, in order. A torn last line (a crash mid-write) is left
         out with a warning; a damaged line elsewhere raises :class:`UserError`."""
-        if not self.metrics_path.is_file():
-            return []
-        lines = self.metrics_path.read_text(errors="replace").splitlines()
+        with store_errors(self.metrics_path, "read"):
+            if not self.metrics_path.is_file():
+                return []
+            lines = self.metrics_path.read_bytes().decode("utf-8", errors="replace").splitlines()
         out = []
         for i, line in enumerate(lines):
             if not line.strip():

@@ -1,8 +1,11 @@
 """`bytelm compare`: the micro preset end to end, matched budgets, resumption, presets."""
 
+import contextlib
 import dataclasses
+import io
 import json
 import math
+import types
 
 import numpy as np
 import pytest
@@ -20,11 +23,22 @@ def corpus_dir(tmp_path_factory):
     return word_corpus(tmp_path_factory.mktemp("compare_corpus"), words_per_doc=200, two_dirs=True)
 
 
-def test_compare_test_preset_end_to_end_and_resume(corpus_dir, tmp_path, capsys):
-    out = tmp_path / "cmp"
+@pytest.fixture(scope="module")
+def one_process(corpus_dir, tmp_path_factory):
+    """`bytelm compare --preset test` on one process: its --out and what it printed."""
+    out = tmp_path_factory.mktemp("one") / "cmp"
+    stdout = io.StringIO()
+    with contextlib.redirect_stdout(stdout):
+        assert (
+            cli.main(["compare", "--preset", "test", "--data", f"files:{corpus_dir}", "--out", str(out)]) == 0
+        )
+    return out, stdout.getvalue()
+
+
+def test_compare_test_preset_end_to_end_and_resume(corpus_dir, one_process, tmp_path, capsys):
+    out = one_process[0]  # (its resume below rewrites the report with the same numbers)
+    printed = types.SimpleNamespace(out=one_process[1])
     args = ["compare", "--preset", "test", "--data", f"files:{corpus_dir}", "--out", str(out)]
-    assert cli.main(args) == 0
-    printed = capsys.readouterr()
     for name in ("report.md", "report.json", "bpb.png"):
         assert (out / name).is_file() and (out / name).stat().st_size > 0
     assert (out / "bpb.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -299,3 +313,59 @@ def test_compare_seeds_give_each_model_a_mean_and_a_spread(corpus_dir, tmp_path,
     capsys.readouterr()
     again = cmp.compare(preset, out, data_spec=f"files:{corpus_dir}", seeds=2, note=print)
     assert capsys.readouterr().out.count("skipped") == 4 and again.report["compare"]["seeds"] == seeds
+
+
+TWO_PROCESSES = """
+import sys
+from bytelm import cli
+port, pid, data, out = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
+layout = ["--coordinator", f"127.0.0.1:{port}", "--num-processes", "2", "--process-id", pid]
+raise SystemExit(cli.main(["compare", "--preset", "test", "--data", data, "--out", out, *layout]))
+"""
+
+
+def test_two_process_compare_writes_the_one_process_report(corpus_dir, one_process, tmp_path):
+    """`bytelm compare --preset test` as a job of two processes (Gloo, 2 CPU devices each) sharing --out:
+    process 0 prepares the corpus, trains the tokenizer and writes the report, every run trains and is
+    scored on all 4 devices. Each model's steps, FLOPs and bytes equal one process's, and its BPB too, to
+    the float32 reassociation of a data-parallel program (measured: 3e-8)."""
+    import socket
+    import subprocess
+    import sys
+
+    from conftest import subprocess_env
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                TWO_PROCESSES,
+                str(port),
+                str(pid),
+                f"files:{corpus_dir}",
+                str(tmp_path / "two"),
+            ],
+            env=subprocess_env(2),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for pid in range(2)
+    ]
+    outs = [p.communicate(timeout=600) for p in procs]
+    for pid, (p, (out, err)) in enumerate(zip(procs, outs)):
+        assert p.returncode == 0, f"process {pid} failed:\n{out[-2000:]}\n{err[-4000:]}"
+    assert "| blt" in outs[0][0] and "| blt" not in outs[1][0]  # one table, from process 0
+    one = json.loads((one_process[0] / "report.json").read_text())
+    two = json.loads((tmp_path / "two" / "report.json").read_text())
+    rows = {m["name"]: m for m in two["models"]}
+    assert two["fingerprint"] == one["fingerprint"] and set(rows) == {m["name"] for m in one["models"]}
+    for m in one["models"]:
+        other = rows[m["name"]]
+        for key in ("step", "bytes", "flops", "flops_total", "params"):
+            assert other.get(key) == m.get(key), (m["name"], key)
+        assert other["bpb"] == pytest.approx(m["bpb"], abs=1e-5), m["name"]

@@ -77,6 +77,7 @@ def bucket(tmp_path_factory):
     finally:
         server.stop()
         socketserver.BaseServer.handle_error = quiet
+        os.environ.pop("TENSORSTORE_GCS_HTTP_URL", None)  # (set from STORAGE_EMULATOR_HOST by bytelm.rundir)
         if old is None:
             os.environ.pop("STORAGE_EMULATOR_HOST", None)
         else:
@@ -186,3 +187,157 @@ def test_an_unreachable_store_is_named_with_the_fix_not_reported_as_missing(monk
         assert "cannot reach gs://bkt/docs" in err[0] and "Connect call failed" in err[0]
         assert "credentials" in err[0] and "no such object" not in err[0]
     assert not any((tmp_path / "out").rglob("index.json"))
+
+
+# -- run directories in a bucket ------------------------------------------------------------------
+def _tiny_run(docs, tmp_path, **changes) -> list[str]:
+    values = {
+        "data.source": f"files:{docs}",
+        "data.cache_dir": tmp_path / "cache",
+        "data.heldout_fraction": 0.25,
+        "data.segment_bytes": 32,
+        "data.max_eval_bytes": 1024,
+        "model.family": "byte",
+        "model.d_model": 16,
+        "model.n_layers": 1,
+        "model.n_heads": 2,
+        "model.mlp_dim": 32,
+        "train.batch_size": 4,
+        "train.seq_len": 32,
+        "train.steps": 6,
+        "train.checkpoint_every": 3,
+        "train.log_every": 1,
+        "eval.every": 0,
+        **changes,
+    }
+    return [f"{k}={v}" for k, v in values.items()]
+
+
+KILLED_AFTER_3 = """
+import json, os, signal, sys
+from bytelm.config import load_config
+from bytelm.training import loop
+
+save = loop._Run.save
+
+def dying(self, step):
+    save(self, step)
+    if step == 3:  # the job lost right after its checkpoint of step 3 is complete
+        self.ckpt.wait()
+        os.kill(os.getpid(), signal.SIGKILL)
+
+loop._Run.save = dying
+loop.train(load_config(None, json.loads(sys.argv[1])), sys.argv[2])
+"""
+
+
+def _objects(prefix: str) -> list[str]:
+    import gcsfs
+
+    fs = gcsfs.GCSFileSystem(token="anon", project="test", skip_instance_cache=True)
+    return fs.find(prefix)
+
+
+def test_a_run_in_a_bucket_killed_and_resumed_evaluates_and_samples_as_on_disk(
+    bucket, tmp_path, capsysbinary
+):
+    """Train into gs://bkt/run, lose the job (SIGKILL) after the checkpoint of step 3, resume: the
+    records, the held-out BPB and a seeded sample equal those of the same run on disk, uninterrupted."""
+    import subprocess
+    import sys
+
+    from conftest import subprocess_env
+
+    _, docs = bucket
+    overrides = _tiny_run(docs, tmp_path, **{"train.tensorboard": "true"})
+    disk = tmp_path / "disk"
+    train(load_config(None, overrides), disk)
+    killed = subprocess.run(
+        [sys.executable, "-c", KILLED_AFTER_3, json.dumps(overrides), "gs://bkt/run"],
+        env=subprocess_env(1),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert killed.returncode == -9, killed.stderr[-3000:]
+    assert {"bkt/run/checkpoints/3/commit_success.txt", "bkt/run/metrics.jsonl"} <= set(_objects("bkt/run"))
+    resumed = train(load_config(None, overrides), "gs://bkt/run")
+    assert resumed.step == 6
+
+    from bytelm.rundir import RunDir
+
+    def records(where):
+        return [(r["step"], r["loss"], r["bpb"]) for r in RunDir(where).metrics() if r["kind"] == "train"]
+
+    assert records("gs://bkt/run") == records(disk) and len(records(disk)) == 6  # bit for bit, each step once
+    assert RunDir("gs://bkt/run").info()["status"] == "finished"
+    assert any("tensorboard/events.out.tfevents" in p for p in _objects("bkt/run"))
+    reports = {}
+    samples = {}
+    for name, where in (("disk", str(disk)), ("bucket", "gs://bkt/run")):
+        assert cli.main(["eval", where, "--json", str(tmp_path / f"{name}.json")]) == 0
+        reports[name] = {
+            m["name"]: m["bpb"] for m in json.loads((tmp_path / f"{name}.json").read_text())["models"]
+        }
+        capsysbinary.readouterr()
+        assert cli.main(["sample", where, "--prompt", "the ", "--max-bytes", "24", "--seed", "3"]) == 0
+        samples[name] = capsysbinary.readouterr().out
+    assert reports["bucket"]["run"] == reports["disk"]["disk"]
+    for name, where in (("disk", str(disk)), ("bucket", "gs://bkt/run")):
+        assert cli.main(["export", "hf", where, "--out", str(tmp_path / f"hf-{name}")]) == 0
+    from safetensors.numpy import load_file
+
+    exported = {name: load_file(tmp_path / f"hf-{name}" / "model.safetensors") for name in ("disk", "bucket")}
+    assert exported["disk"].keys() == exported["bucket"].keys() and exported["disk"]
+    for key, weights in exported["disk"].items():
+        np.testing.assert_array_equal(exported["bucket"][key], weights)
+    assert samples["bucket"] == samples["disk"] and len(samples["disk"]) >= 24
+
+
+def _one_error_line(capsys) -> str:
+    err = [
+        line for line in capsys.readouterr().err.strip().splitlines() if "gcp_storage_emulator" not in line
+    ]
+    assert len(err) == 1, err
+    return err[0]
+
+
+def test_a_run_url_that_cannot_be_written_fails_in_one_line_before_anything_is_written(
+    bucket, tmp_path, capsys, monkeypatch
+):
+    import fsspec
+
+    _, docs = bucket
+    args = ["train", "bytelm/configs/tiny/byte.toml", "--allow-cpu"]
+    for item in _tiny_run(docs, tmp_path):
+        args += ["--set", item]
+    # a bucket that does not exist
+    assert cli.main([*args, "--out", "gs://no-such-bucket/run"]) == 2
+    line = _one_error_line(capsys)
+    assert "gs://no-such-bucket/run" in line and "does not exist" in line and "buckets create" in line
+    assert not _objects("bkt/run-denied")
+
+    real = fsspec.core.url_to_fs
+
+    class Store:  # the emulator's filesystem, with one failure
+        def __init__(self, fs, fail):
+            self.fs, self.fail = fs, fail
+
+        def __getattr__(self, name):
+            return getattr(self.fs, name)
+
+        def pipe_file(self, path, data, **kwargs):
+            raise self.fail
+
+    for fail, needle in (
+        (PermissionError("403 Forbidden: anon does not have storage.objects.create access"), "roles/storage"),
+        (ConnectionRefusedError(111, "Connect call failed ('127.0.0.1', 9)"), "credentials"),
+    ):
+        monkeypatch.setattr(
+            fsspec.core, "url_to_fs", lambda url, **kw: (Store(real(url, **kw)[0], fail), real(url, **kw)[1])
+        )
+        assert cli.main([*args, "--out", "gs://bkt/run-denied"]) == 2
+        line = _one_error_line(capsys)
+        assert "gs://bkt/run-denied" in line and needle in line, line
+        monkeypatch.setattr(fsspec.core, "url_to_fs", real)
+    assert not _objects("bkt/run-denied")  # nothing half-written

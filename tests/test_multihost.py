@@ -453,3 +453,39 @@ def test_a_host_killed_while_a_checkpoint_is_written_resumes_from_the_last_compl
     params_one = _flat(nnx.merge(one.graphdef, one.params))
     worst = max(float(np.max(np.abs(params_two[k] - params_one[k]))) for k in params_one)
     assert worst < 1e-5, worst
+
+
+SAMPLE = textwrap.dedent(
+    """
+    import sys
+    from bytelm import cli
+    port, pid, run = sys.argv[1], sys.argv[2], sys.argv[3]
+    layout = ["--coordinator", f"127.0.0.1:{port}", "--num-processes", "2", "--process-id", pid]
+    args = ["sample", run, "--prompt", "the ", "--max-bytes", "32", "--seed", "3"]
+    raise SystemExit(cli.main([*args, *layout]))
+    """
+)
+
+
+def test_two_process_sample_prints_the_one_process_bytes_once(tmp_path, capsysbinary):
+    """`bytelm sample` on two processes (2 devices each): the model restored onto the 4-device mesh,
+    the same seeded bytes as one process, printed by process 0 alone."""
+    from bytelm import cli
+
+    corpus = word_corpus(tmp_path / "corpus")
+    train(load_config(None, _tiny_byte(corpus, **{"train.steps": 3})), tmp_path / "run")
+    assert (
+        cli.main(["sample", str(tmp_path / "run"), "--prompt", "the ", "--max-bytes", "32", "--seed", "3"])
+        == 0
+    )
+    one = capsysbinary.readouterr().out
+    procs = _spawn(SAMPLE, tmp_path / "run", devices=2)
+    outs = [p.communicate(timeout=300) for p in procs]
+    for pid, (p, (out, err)) in enumerate(zip(procs, outs)):
+        assert p.returncode == 0, f"process {pid} failed:\n{out}\n{err[-4000:]}"
+
+    def printed(stdout: str) -> str:  # (Gloo's C++ threads print connection lines on stdout too)
+        return "".join(line for line in stdout.splitlines(keepends=True) if not line.startswith("[Gloo]"))
+
+    assert printed(outs[0][0]).encode("utf-8", "surrogateescape") == one and len(one) > 32
+    assert printed(outs[1][0]) == ""

@@ -149,7 +149,8 @@ def test_a_second_writer_stops_at_once_naming_the_first_and_no_metrics_are_lost(
     finally:
         first.send_signal(signal.SIGTERM)
         _, err = first.communicate(timeout=300)
-    assert first.returncode == 130, err.decode()[-2000:]
+    assert first.returncode == 0, err.decode()[-2000:]  # (a preemption notice: a clean, resumable stop)
+    assert RunDir(out).info()["status"] == "stopped"
     final = RunDir(out).info()["step"]
     logged = [r["step"] for r in RunDir(out).metrics() if r["kind"] == "train"]
     assert logged == list(range(1, final + 1))  # every step the survivor logged is in the file

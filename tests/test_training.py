@@ -278,7 +278,9 @@ def test_default_cpu_mesh_fits_the_batch(corpus_dir):
     assert "OK" in r.stdout, r.stderr[-2000:]
 
 
-def test_cli_train_bad_config_exit_2(tmp_path, capsys):
+def test_cli_train_bad_config_exit_2(tmp_path, capsys, monkeypatch):
+    import socket
+
     from bytelm import cli
 
     cfg = tmp_path / "c.toml"
@@ -286,11 +288,19 @@ def test_cli_train_bad_config_exit_2(tmp_path, capsys):
     assert cli.main(["train", str(cfg), "--out", str(tmp_path / "r")]) == 2
     assert "did you mean 'model.d_model'" in capsys.readouterr().err
     cfg.write_text('[model]\nfamily = "byte"\n')
+    with socket.socket() as s:  # a store that cannot be reached: a closed port on this machine
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", f"http://127.0.0.1:{port}")
+    monkeypatch.chdir(tmp_path)
     assert cli.main(["train", str(cfg), "--out", "gs://bucket/run"]) == 2
-    assert (
-        "is a URL; bytelm writes runs to a file system" in capsys.readouterr().err
-        and not (tmp_path / "gs:").exists()
-    )
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "cannot reach gs://bucket/run" in err[0] and f"127.0.0.1:{port}" in err[0], err
+    assert list(tmp_path.iterdir()) == [cfg]  # (no local directory named after the URL)
+    # a command that writes only to a file system names the option and the way to a bucket
+    assert cli.main(["compare", "--preset", "test", "--out", "gs://bucket/cmp"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--out gs://bucket/cmp is a URL" in err[0], err
 
 
 def test_resume_on_two_devices_and_finished_run_is_left_alone(corpus_dir, tmp_path):

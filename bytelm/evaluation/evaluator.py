@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from bytelm.bpb import SegmentScores, UnigramByteModel, byte_counts
-from bytelm.config import load_config, with_values
+from bytelm.config import load_config, load_run_config, with_values
 from bytelm.data import Corpus
 from bytelm.errors import UserError
 from bytelm.evaluation.external import parse_external_arg, read_external_scores
@@ -27,7 +27,7 @@ from bytelm.evaluation.report import build_report, write_report_json
 from bytelm.evaluation.results import EvalSet, ModelResult
 from bytelm.families import STATS_KEY
 from bytelm.ledger import Ledger
-from bytelm.rundir import RunDir
+from bytelm.rundir import RunDir, run_path
 from bytelm.training.distributed import load_job_corpus
 from bytelm.training.restore import restore_trainer
 
@@ -44,7 +44,7 @@ def read_run_json(run_dir: str | Path) -> dict:
 
 def run_config(run_dir: str | Path, data_spec: str | None = None):
     """The resolved config of a run, with ``data.source`` replaced by ``data_spec`` if given."""
-    cfg = load_config(RunDir(run_dir).require_config())
+    cfg = load_run_config(run_dir)
     return with_values(cfg, {"data.source": data_spec}) if data_spec else cfg
 
 
@@ -153,7 +153,7 @@ def evaluate_run(
     steps x positions per step x bytes per position. A BPE run whose tokenizer (or a BLT run whose entropy
     model) changed since training is refused with :class:`UserError`.
     """
-    run_dir = Path(run_dir)
+    run_dir = run_path(run_dir)
     trainer = restore_trainer(run_dir, corpus=corpus if corpus is not None else eval_set.corpus)
     return evaluate_trained(trainer, run_dir, eval_set, name=name, progress=progress)
 
@@ -168,7 +168,7 @@ def evaluate_trained(
 ) -> ModelResult:
     """:func:`evaluate_run` with the run's trainer already in memory (the one training just
     returned, :attr:`TrainResult.trainer`, whose state is the run's last checkpoint)."""
-    run_dir = Path(run_dir)
+    run_dir = run_path(run_dir)
     info = read_run_json(run_dir)
     scores, global_steps, pipeline_stats = evaluate_trainer(trainer, eval_set, progress=progress)
     step = trainer.step

@@ -68,6 +68,7 @@ from bytelm.experiments.report import (
 from bytelm.experiments.runner import STAGES, Note, Runner, StageProgress
 from bytelm.experiments.spec import Experiment, cell_label
 from bytelm.rundir import RunDir
+from bytelm.training.distributed import is_primary
 
 GRID_DIR = shipped_configs() / "ablations"
 
@@ -259,6 +260,8 @@ def budget_sentences(report: dict) -> list[str]:
 
 # -- outputs ----------------------------------------------------------------------------------------
 def write_outputs(out: Path, report: dict, eval_set: EvalSet) -> None:
+    if not is_primary():  # (process 0 writes the job's outputs)
+        return
     report = dict(report)
     plots = {"bpb_vs_bytes_per_step": "bpb_vs_bytes_per_step.png", "bpb_vs_flops": "bpb_vs_flops.png"}
     plot_bpb_vs_bytes_per_step(out / plots["bpb_vs_bytes_per_step"], report)

@@ -82,6 +82,7 @@ from bytelm.experiments.runner import Note, Run, Runner, StageProgress, StageSto
 from bytelm.experiments.spec import Experiment
 from bytelm.families import ARTEFACT_KINDS, task_class
 from bytelm.rundir import RunDir
+from bytelm.training.distributed import is_primary
 
 log = logging.getLogger(__name__)
 
@@ -126,7 +127,8 @@ class _Stages:
     def record(self, times: dict[str, float]) -> None:
         for name, seconds_ in times.items():
             self.times[name] = self.times.get(name, 0.0) + seconds_
-        atomic_write_text(self.path, json.dumps(self.times, indent=1))
+        if is_primary():
+            atomic_write_text(self.path, json.dumps(self.times, indent=1))
 
 
 class CompareRunner(Runner):
@@ -251,6 +253,11 @@ class CompareRunner(Runner):
         }
         report = build_report(self.eval_set, results, baselines, compare=info)
         plot = self.out / "bpb.png"
+        report["compare"]["stages_s"] = dict(stages.times)
+        report["compare"]["wall_s"] = sum(stages.times.values())
+        report_json, report_md = self.out / "report.json", self.out / "report.md"
+        if not is_primary():  # (process 0 writes the job's report)
+            return CompareResult(self.out, report, report_md, report_json, plot)
         compared = [r for r in results if plan[r.name]["role"] == "compared"]
         plot_bpb_vs_flops(
             plot,
@@ -263,9 +270,6 @@ class CompareRunner(Runner):
             f"+ auxiliary); lines: periodic evals (first {self.plain(exp.members[0]).eval.eval_bytes:,} "
             f"held-out bytes); stars: all {self.eval_set.n_bytes:,} bytes",
         )
-        report["compare"]["stages_s"] = dict(stages.times)
-        report["compare"]["wall_s"] = sum(stages.times.values())
-        report_json, report_md = self.out / "report.json", self.out / "report.md"
         write_report_json(report, report_json)
         atomic_write_text(report_md, markdown_report(report))
         return CompareResult(self.out, report, report_md, report_json, plot)

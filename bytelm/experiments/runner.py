@@ -34,6 +34,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import jax
 import numpy as np
 
 from bytelm.atomic import atomic_directory, atomic_write_text
@@ -57,6 +58,7 @@ from bytelm.families import ARTEFACT_KINDS, task_class
 from bytelm.ledger import Ledger
 from bytelm.rundir import RunDir
 from bytelm.training import loop, trainer
+from bytelm.training.distributed import barrier, is_primary
 
 log = logging.getLogger(__name__)
 
@@ -455,6 +457,11 @@ class Runner:
                 f"bytelm tokenizer train {data} --kind {kind}{rule} --vocab-size {vocab} --pattern "
                 f"{shlex.quote(pattern)} --out {shlex.quote(str(tdir))}"
             )
+        if self.mode == "run" and not is_primary():  # (process 0 makes it; the others wait and read it)
+            barrier(f"bytelm: tokenizer {tdir.name}")
+            if not is_saved(tdir):
+                self.failed_artefacts[str(tdir)] = "process 0 could not make it (its log says why)"
+            return None
         if self.mode == "run":
             t0 = time.perf_counter()
             try:
@@ -477,6 +484,8 @@ class Runner:
             except (UserError, ValueError) as e:
                 self.failed_artefacts[str(tdir)] = str(e)
                 self.say(f"tokenizer {tdir.name}: FAILED: {e}")
+            finally:
+                barrier(f"bytelm: tokenizer {tdir.name}")
         return None
 
     def artefacts(self) -> list[str]:
@@ -516,6 +525,11 @@ class Runner:
         todo = [r for r in runs if r.error is None and not r.finished()]
         if not todo:
             return
+        if self.jobs > 1 and jax.process_count() > 1:
+            raise UserError(
+                "--jobs runs trainings in subprocesses of this host; a job of several processes trains each "
+                "run on all of them: leave --jobs at 1"
+            )
         if self.jobs > 1:
             with concurrent.futures.ThreadPoolExecutor(self.jobs) as pool:
                 for i, (run, rc, err) in enumerate(pool.map(self._subprocess, todo)):
@@ -551,7 +565,8 @@ class Runner:
                 log.debug("run %s failed", run.id, exc_info=True)
                 run.error = str(e) if isinstance(e, UserError) else f"{type(e).__name__}: {e}"
                 self.say(f"{stage} {run.id}: FAILED: {run.error}")
-                atomic_write_text(run.failure_file, run.error + "\n")
+                if is_primary():
+                    atomic_write_text(run.failure_file, run.error + "\n")
                 continue
             finally:
                 self.timed(f"train {run.id}", t0)
@@ -622,7 +637,9 @@ class Runner:
         except (UserError, ValueError) as e:
             run.error = f"evaluation failed: {e}"
             return
-        atomic_write_text(cache, json.dumps(_result_to_json(result)))
+        if is_primary():
+            atomic_write_text(cache, json.dumps(_result_to_json(result)))
+        barrier("bytelm: evaluation cached")  # (every process then reads the same cache)
         self._keep(run, result, split)
         dt = self.timed(f"eval {run.id}", t0)
         self.say(f"eval {split} {run.id}: BPB {result.bpb:.4f} in {dt:.1f}s")

@@ -33,7 +33,7 @@ import numpy as np
 from flax import nnx
 
 from bytelm.atomic import atomic_write_text
-from bytelm.config import Config, dump_config, load_config, with_overrides, with_values
+from bytelm.config import Config, dump_config, load_run_config, with_overrides, with_values
 from bytelm.constants import NUM_BYTE_IDS
 from bytelm.errors import UserError
 from bytelm.families import task_class
@@ -41,7 +41,7 @@ from bytelm.families.blt.config import BLTConfig
 from bytelm.families.byte.config import ByteLMConfig
 from bytelm.interop.safetensors import SafetensorsFolder, write_safetensors
 from bytelm.models.configs import StackConfig, with_stacks
-from bytelm.rundir import RunDir
+from bytelm.rundir import RunDir, is_url, run_path
 from bytelm.training.checkpoint import Checkpointer
 from bytelm.training.restore import restore_model
 from bytelm.training.trainer import count_params
@@ -812,14 +812,14 @@ def export_hf(
     in the ``reference`` variant as ``BltForCausalLM`` (its entropy model as the patcher), a byte LM
     as ``LlamaForCausalLM``. Returns the architecture written; refuses what the format cannot hold.
     ``progress(stage, done, total)`` hears of the tensors gathered."""
-    run_dir, out = Path(run_dir), Path(out)
+    run_dir, out = run_path(run_dir), Path(out)
     if (out / CONFIG_FILE).exists():
         raise UserError(f"{out} already holds a {CONFIG_FILE}: choose a new --out")
-    cfg = load_config(RunDir(run_dir).require_config())
+    cfg = load_run_config(run_dir)
     if cfg.model is None:
         raise UserError(f"{run_dir} is not a run directory (its config has no [model] table)")
     m = cfg.model
-    meta = {"format": "pt", "bytelm_run": str(run_dir.absolute())}
+    meta = {"format": "pt", "bytelm_run": str(run_dir) if is_url(run_dir) else str(run_dir.absolute())}
     if m.family == "byte" and isinstance(m, ByteLMConfig):
         if unmatched := _not_in_llama(m):
             raise UserError(
@@ -853,7 +853,7 @@ def export_hf(
         if problems:
             raise UserError(f"{run_dir} cannot be written as BltForCausalLM: " + "; ".join(problems))
         entropy_dir = Path(m.entropy_run)
-        entropy_cfg = load_config(RunDir(entropy_dir).require_config()).model
+        entropy_cfg = load_run_config(entropy_dir).model
         if unmatched := _not_in_llama(
             entropy_cfg, sliding_window=True
         ):  # (from the configs, before any checkpoint is read)

@@ -21,6 +21,7 @@ import jax
 import orbax.checkpoint as ocp
 
 from bytelm.errors import UserError
+from bytelm.rundir import is_url, run_path, store_errors
 
 log = logging.getLogger(__name__)
 R = TypeVar("R")
@@ -93,11 +94,13 @@ def _asyncio_noise(record: logging.LogRecord) -> bool:
 
 class Checkpointer:
     def __init__(self, directory: Path, *, keep: int):
-        self.directory = Path(directory).absolute()
-        self.manager = ocp.CheckpointManager(
-            self.directory,
-            options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True),
-        )
+        path = run_path(directory)  # (a URL: orbax writes to the object store, finalising with a marker)
+        self.directory = path if is_url(path) else path.absolute()
+        with store_errors(self.directory, "open the checkpoints in"):
+            self.manager = ocp.CheckpointManager(
+                self.directory,
+                options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True),
+            )
 
     def latest_step(self) -> int | None:
         return self.manager.latest_step()

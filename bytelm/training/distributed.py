@@ -81,7 +81,9 @@ def initialize(
                 f"({str(e).splitlines()[0][:200]}); outside TPU pods, SLURM, Open MPI and Kubernetes give "
                 "--coordinator, --num-processes and --process-id"
             ) from None
-    log.info(
+    # (process 0 at INFO; the others before their logging is quieted: DEBUG, as their INFO would be)
+    log.log(
+        logging.INFO if jax.process_index() == 0 else logging.DEBUG,
         "process %d of %d, %d local / %d global devices",
         jax.process_index(),
         jax.process_count(),

@@ -14,8 +14,9 @@ import hashlib
 import json
 import logging
 import math
-import re
+import shutil
 import signal
+import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -29,7 +30,7 @@ from bytelm.data.prefetch import Prefetch
 from bytelm.errors import UserError
 from bytelm.families import STATS_KEY
 from bytelm.paths import check_output_dir
-from bytelm.rundir import RunDir
+from bytelm.rundir import RunDir, check_output_url, run_path, upload_directory, write_text
 from bytelm.training.checkpoint import Checkpointer, CheckpointUnreadable
 from bytelm.training.clock import Clock
 from bytelm.training.distributed import agree, barrier, is_primary, load_job_corpus
@@ -72,7 +73,11 @@ class _SignalFlag:
 class _Metrics:
     """Appends JSON lines to the run's ``metrics.jsonl``; on resume, drops records past the restored
     step (and a torn last line). Only the primary process writes (the others' records are the same
-    numbers)."""
+    numbers). In an object store, where nothing can be appended, the records (and TensorBoard's
+    event files, written to a local staging directory) are uploaded whole by :meth:`sync`: at each
+    checkpoint, every :attr:`SYNC_S` seconds and at the end."""
+
+    SYNC_S = 60.0
 
     def __init__(
         self,
@@ -83,23 +88,30 @@ class _Metrics:
         wandb_project: str = "",
         config: dict | None = None,
     ):
+        self.files = files
         self.file = None
         self.board = None
         self.wandb = None
+        self.lines: list[str] | None = None  # (a run in an object store: every record, uploaded whole)
+        self.staging: Path | None = None
+        self.synced = time.monotonic()
         if not is_primary():
             return
         path = files.metrics_path
-        if path.exists():
-            kept = [r for r in files.metrics() if r.get("step", 0) <= resume_step]
-            atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in kept))
-        self.file = open(path, "a")
+        kept = [r for r in files.metrics() if r.get("step", 0) <= resume_step]
+        if files.remote:
+            self.lines = [json.dumps(r) + "\n" for r in kept]
+            self.staging = Path(tempfile.mkdtemp(prefix="bytelm-run-"))
+        else:
+            if path.exists():
+                atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in kept))
+            self.file = open(path, "a")
+        local = self.staging if self.staging is not None else files.path
         if tensorboard:
             from tensorboardX import SummaryWriter  # noqa: PLC0415
 
             # (a resumed run's writer purges the events past its step, as metrics.jsonl drops them)
-            self.board = SummaryWriter(
-                str(files.path / "tensorboard"), purge_step=resume_step + 1, flush_secs=10
-            )
+            self.board = SummaryWriter(str(local / "tensorboard"), purge_step=resume_step + 1, flush_secs=10)
         if wandb_project:
             try:
                 import wandb  # noqa: PLC0415
@@ -109,10 +121,11 @@ class _Metrics:
                     "pip install -e '.[wandb]' (or set train.wandb_project = \"\")"
                 ) from None
             # one W&B run per run directory, resumed with it (its id derives from the directory)
-            run_id = hashlib.sha256(str(files.path.absolute()).encode()).hexdigest()[:16]
+            where = str(files.path) if files.remote else str(files.path.absolute())
+            run_id = hashlib.sha256(where.encode()).hexdigest()[:16]
             self.wandb = wandb.init(
                 project=wandb_project,
-                dir=str(files.path),
+                dir=str(local),
                 id=run_id,
                 name=files.path.name,
                 resume="allow",
@@ -123,6 +136,10 @@ class _Metrics:
         if self.file is not None:
             self.file.write(json.dumps(record) + "\n")
             self.file.flush()
+        elif self.lines is not None:
+            self.lines.append(json.dumps(record) + "\n")
+            if time.monotonic() - self.synced > self.SYNC_S:
+                self.sync()
         if (self.board is None and self.wandb is None) or record.get("kind") not in ("train", "eval"):
             return
         scalars = {
@@ -136,6 +153,17 @@ class _Metrics:
         if self.wandb is not None:
             self.wandb.log(scalars, step=record["step"])
 
+    def sync(self) -> None:
+        """Upload the records and the event files (a run in an object store; on disk they are
+        written as they come)."""
+        if self.lines is None:
+            return
+        write_text(self.files.metrics_path, "".join(self.lines))
+        if self.board is not None:
+            self.board.flush()
+            upload_directory(self.staging / "tensorboard", self.files.path / "tensorboard")  # type: ignore[operator]
+        self.synced = time.monotonic()
+
     def close(self) -> None:
         if self.file is not None:
             self.file.close()
@@ -143,6 +171,12 @@ class _Metrics:
             self.board.close()
         if self.wandb is not None:
             self.wandb.finish()
+        if self.lines is not None:
+            try:
+                self.sync()
+            finally:
+                shutil.rmtree(self.staging, ignore_errors=True)  # type: ignore[arg-type]
+                self.lines = None
 
 
 def eval_slice(corpus, eval_bytes: int) -> list[bytes]:
@@ -216,6 +250,8 @@ class _Run:
         self.segments = eval_slice(corpus, cfg.eval.eval_bytes) if cfg.eval.every else []
         self.t_start = time.perf_counter()
         self.last_loss, self.last_eval, self.stopped_by_signal = float("nan"), None, False
+        self.signum: int | None = None  # the signal that stopped this process, if its own
+        self.profile_staging: Path | None = None  # (a run in a store: the trace's local directory)
         self.stats_log: dict[str, int] = {}  # the batches' host-side counts since the last log line
         self.input_wait_s = 0.0  # time spent waiting for batches since the last log line
         self.finished_agreed: bool | None = None  # the loop's last finished decision, as every process agreed
@@ -290,6 +326,8 @@ class _Run:
         }
         self.ckpt.save(step, self.trainer.state_tree(), meta)
         self.last_good_step = step
+        if self.metrics is not None:
+            self.metrics.sync()  # (a run in an object store: its records up to this checkpoint)
 
     def bytes_seen(self) -> float:
         return self.trainer.step * self.task.positions_per_step() * self.task.bytes_per_position()
@@ -302,6 +340,24 @@ class _Run:
             if self.budgeted
             else self.trainer.step >= self.cfg.train.steps
         )
+
+    def _profile_dir(self) -> Path:
+        """Where jax.profiler writes its trace: the run's ``profile/``, or for a run in an object
+        store a local staging directory uploaded there when the window ends."""
+        if not self.files.remote:
+            return self.run_dir / "profile"
+        staging = self.profile_staging = Path(tempfile.mkdtemp(prefix="bytelm-profile-"))
+        return staging
+
+    def _stop_profile(self) -> None:
+        jax.profiler.stop_trace()
+        staging = self.profile_staging
+        if staging is not None:
+            try:
+                upload_directory(staging, self.run_dir / "profile")
+            finally:
+                shutil.rmtree(staging, ignore_errors=True)
+                self.profile_staging = None
 
     def _write(self, record: dict) -> None:
         """A record to ``metrics.jsonl`` (once the loop has opened it)."""
@@ -404,7 +460,7 @@ class _Run:
             batch = next(batches)
             self.input_wait_s += time.perf_counter() - t_wait
             if window is not None and trainer.step + 1 == window[0]:
-                jax.profiler.start_trace(str(self.run_dir / "profile"))
+                jax.profiler.start_trace(str(self._profile_dir()))
                 profiling = True
             for key, n in batch.pop(STATS_KEY, {}).items():
                 self.stats_log[key] = self.stats_log.get(key, 0) + n
@@ -412,7 +468,7 @@ class _Run:
             m = trainer.train_step(batch)  # dispatched: the device runs it while the host goes on
             if profiling and trainer.step >= window[1]:  # type: ignore[index]
                 jax.block_until_ready(m)
-                jax.profiler.stop_trace()
+                self._stop_profile()
                 profiling = False
                 log.info("profile of steps %d:%d written to %s", *window, self.run_dir / "profile")  # type: ignore[misc]
             steps_since_log += 1
@@ -459,7 +515,7 @@ class _Run:
             if signalled:
                 if self.last_good_step != trainer.step:  # (a step saved on schedule is not saved twice)
                     self.save(trainer.step)
-                self.stopped_by_signal = True
+                self.stopped_by_signal, self.signum = True, flag.signum
                 if flag.signum is not None:
                     log.warning(
                         "signal %d: saved checkpoint at step %d and stopped", flag.signum, trainer.step
@@ -474,7 +530,7 @@ class _Run:
             if last:
                 break
         if profiling:  # (the run ended inside the window)
-            jax.profiler.stop_trace()
+            self._stop_profile()
         if pending is not None:
             settle()
         clock.stop()
@@ -509,6 +565,7 @@ class _Run:
             self.last_eval,
             self.stopped_by_signal,
             self.clock.spent(),
+            signum=self.signum,
             trainer=self.trainer,
         )
 
@@ -548,19 +605,17 @@ def train(
     of this invocation (tests use it to simulate an interruption). ``allow_cpu=False`` (``bytelm
     train`` without ``--allow-cpu``): a run that would take more than a day on this CPU stops
     before anything is allocated, saying how to get JAX's accelerator build."""
-    if re.match(r"[A-Za-z][A-Za-z0-9+.-]+:/", str(run_dir)):  # gs://..., s3://... (a Path keeps one slash)
-        raise UserError(
-            f"the run directory {run_dir} is a URL; bytelm writes runs to a file system (for a bucket, mount "
-            "it, e.g. with gcsfuse, and give the mounted path: every host must see the same directory)"
-        )
-    run_dir = Path(run_dir)
+    run_dir = run_path(run_dir)
     files = RunDir(run_dir)
+    if files.remote:  # (a missing bucket or no permission: said before anything is written)
+        check_output_url(run_dir, "the run directory")
     if files.converted():
         raise UserError(
             f"{run_dir} holds a converted checkpoint (parameters only, no optimizer state): training does "
             "not resume from it; train into a new --out"
         )
-    check_output_dir(run_dir, "the run directory")
+    if not files.remote:
+        check_output_dir(run_dir, "the run directory")
     with files.lock() if is_primary() else contextlib.nullcontext():  # one writer at a time
         check_run_config(run_dir, cfg)
         finished = _finished_result(run_dir, cfg)

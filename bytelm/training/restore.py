@@ -10,11 +10,11 @@ from pathlib import Path
 import jax
 from flax import nnx
 
-from bytelm.config import Config, load_config
+from bytelm.config import Config, load_run_config
 from bytelm.data import load_corpus_from_config
 from bytelm.errors import UserError
 from bytelm.families import ARTEFACT_KINDS, FAMILIES, Task, task_class
-from bytelm.rundir import RunDir
+from bytelm.rundir import RunDir, run_path
 from bytelm.training.checkpoint import Checkpointer
 from bytelm.training.trainer import Trainer, check_fingerprints, default_mesh
 
@@ -43,7 +43,7 @@ def _restore_artefact_run(value: str, field: str, kind) -> tuple[nnx.Module, dic
             f"model.{field} is empty: point it at the run directory of the {kind.noun} (train one with "
             f"'{kind.made_by}')"
         )
-    run_dir = Path(value)
+    run_dir = run_path(value)
     record = RunDir(run_dir).info(
         what="a finished run directory", how=f"train the {kind.noun} first ({kind.made_by})"
     )
@@ -67,18 +67,18 @@ def restore_trainer(
     cfg = _run_config(run_dir)
     if corpus is None and load_corpus:
         corpus = load_corpus_from_config(cfg.data)
-    return _restore(Path(run_dir), cfg, corpus, step)
+    return _restore(run_path(run_dir), cfg, corpus, step)
 
 
 def restore_model(run_dir: str | Path, *, step: int | None = None) -> nnx.Module:
     """The model of ``run_dir`` with its latest (or ``step``) weights (their average with
     ``train.ema_decay``), its corpus not loaded."""
-    trainer = _restore(Path(run_dir), _run_config(run_dir), None, step)
+    trainer = _restore(run_path(run_dir), _run_config(run_dir), None, step)
     return nnx.merge(trainer.graphdef, trainer.params)
 
 
 def _run_config(run_dir: str | Path) -> Config:
-    return load_config(RunDir(run_dir).require_config())
+    return load_run_config(run_dir)
 
 
 def _restore(run_dir: Path, cfg: Config, corpus, step: int | None) -> Trainer:

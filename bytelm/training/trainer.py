@@ -18,7 +18,7 @@ import numpy as np
 from flax import nnx
 
 from bytelm.bpb import score_segments
-from bytelm.config import Config, config_to_dict, load_config
+from bytelm.config import Config, config_to_dict, load_run_config
 from bytelm.errors import UserError
 from bytelm.families import STATS_KEY, Task
 from bytelm.models.core import is_hashed_ngram_table, is_lookup_table
@@ -63,6 +63,9 @@ class TrainResult:
     train_s: float | None = (
         None  # training time (compilation included, evaluations not), summed across resumes
     )
+    # the signal this process received (SIGINT: a user's Ctrl-C; SIGTERM: a scheduler's notice), None
+    # when another process's signal stopped the job or none did
+    signum: int | None = None
     # the trainer at the end of this invocation (None when the run had finished before): its state is
     # the last checkpoint's, so evaluating it equals evaluating the restored run, without the restore
     trainer: Trainer | None = dataclasses.field(default=None, repr=False, compare=False)
@@ -89,7 +92,7 @@ def check_run_config(run_dir: Path, cfg: Config) -> None:
     if not rd.has_config():
         return
     try:
-        old = config_to_dict(load_config(rd.require_config()))
+        old = config_to_dict(load_run_config(rd))
     except UserError as e:
         raise UserError(
             f"the run directory {run_dir} has an unreadable config ({e}); use a new --out"

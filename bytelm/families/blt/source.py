@@ -8,7 +8,7 @@ import math
 from pathlib import Path
 
 from bytelm.errors import UserError
-from bytelm.rundir import RunDir
+from bytelm.rundir import RunDir, run_path
 
 ENTROPY_FAMILY = "byte"
 BLT_FAMILY = "blt"
@@ -72,7 +72,7 @@ def _read_run_json(run_dir: Path) -> dict:
 
 def read_patch_source(run_dir: str | Path) -> PatchSource:
     """Resolve ``run_dir`` (a BLT run or an entropy-model run) to its entropy run and settings."""
-    run_dir = Path(run_dir)
+    run_dir = run_path(run_dir)
     info = _read_run_json(run_dir)
     family = info.get("family")
     if family == ENTROPY_FAMILY:
@@ -95,7 +95,7 @@ def read_patch_source(run_dir: str | Path) -> PatchSource:
             "a threshold; was its training interrupted before patching was set up? Re-run 'bytelm train' on "
             "it"
         )
-    entropy_path = Path(entropy_run)
+    entropy_path = run_path(entropy_run)
     if not entropy_path.is_absolute() and not entropy_path.is_dir() and (run_dir / entropy_path).is_dir():
         entropy_path = run_dir / entropy_path
     if not entropy_path.is_dir():
