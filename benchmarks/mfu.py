@@ -17,6 +17,12 @@ multiply-adds the model needs per position, attention counted over the keys a po
   bytelm/training/peak.py (None where the device is not in it; CPU never is);
 - **measured**: the best of 5 square matmuls (4096, the model's compute dtype) on one device.
 
+Beside it, for the decoder LMs (``byte``, ``bpe``), ``mfu_palm_datasheet``: the PaLM paper's
+convention (Chowdhery et al. 2022, appendix B), ``6 N + 12 L H Q T`` FLOPs per token (``N`` the
+non-embedding parameters, ``L`` layers, ``H Q`` = ``d_model``, ``T`` the context): attention over
+the full ``T x T`` scores, the causal half included, so it reads higher than ours at long context;
+no norms, no head beyond ``N``.
+
 Family notes. ``bpe``: the byte LM's trunk over 32,768 token ids (random ids; no tokenizer is
 needed to time a step; the FLOPs count its head). ``blt``: patch boundaries every
 ``target_patch_len`` bytes instead of an entropy model's (the model's step at that mean patch
@@ -121,7 +127,11 @@ def family_step(size: str, family: str, overrides: list[str], batch: int | None,
         jax.block_until_ready(metrics["loss"])
         return time.perf_counter() - t0
 
+    palm = None
+    if family in ("byte", "bpe"):  # PaLM (Chowdhery et al. 2022, appendix B): 6N + 12 L H Q T per token
+        palm = (6 * trainer.param_counts["non_embedding"] + 12 * m.n_layers * m.d_model * T) * B * T
     info = {
+        "palm_flops_per_step": palm,
         "params": trainer.param_counts["total"],
         "non_embedding_params": trainer.param_counts["non_embedding"],
         "flops_per_step": task.train_flops_per_position() * B * T,
@@ -197,6 +207,10 @@ def main(argv: list[str] | None = None) -> int:
             else info["positions_per_step"] / step_s,  # bpe: tokens, not bytes
             "mfu_measured": info["flops_per_step"] / step_s / peak_m,
             "mfu_datasheet": (info["flops_per_step"] / step_s / (sheet * n)) if sheet else None,
+            # the PaLM convention beside ours (module docstring): decoder LMs only
+            "mfu_palm_datasheet": (info["palm_flops_per_step"] / step_s / (sheet * n))
+            if sheet and info.get("palm_flops_per_step")
+            else None,
         }
         result["families"][family] = row
         sheet_txt = f"{row['mfu_datasheet']:.3f}" if sheet else "n/a"

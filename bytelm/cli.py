@@ -47,7 +47,7 @@ from bytelm.progress import ProgressBar
 from bytelm.rundir import RunDir, run_path
 from bytelm.sampling.sampler import SamplingOptions
 from bytelm.training import distributed
-from bytelm.training.host import configure_cpu_devices
+from bytelm.training.host import configure_cpu_devices, keep_jax_off_absent_tpu, quiet_libtpu_without_tpu
 from bytelm.training.loop import train
 from bytelm.training.restore import restore_model
 from bytelm.training.trainer import TrainingDiverged
@@ -319,7 +319,7 @@ def add_train(sub) -> None:
         p,
         "Run the same command on every host: each process trains on its slice of every batch, the mesh spans "
         "all hosts' devices, process 0 alone writes the run's records, checkpoints are written together. "
-        "--out must be a directory every host sees (a shared file system).",
+        "--out must be a place every host sees: a shared file system, or a bucket (gs://BUCKET/RUN).",
     )
     _add_config_options(p, with_config=False)
     p.set_defaults(func=cmd_train)
@@ -397,6 +397,203 @@ def cmd_train(args: argparse.Namespace) -> int:
     # a user's Ctrl-C exits as an interrupted command; a scheduler's SIGTERM (a preemption notice, to
     # this process or another of the job) ends in a checkpoint, a clean stop: 0, as schedulers expect
     return EXIT_SIGNAL if result.stopped_by_signal and result.signum == signal.SIGINT else 0
+
+
+# -- compile ----------------------------------------------------------------------------------------
+def add_compile(sub) -> None:
+    p = sub.add_parser(
+        "compile",
+        help="compile a config's train and eval steps for a TPU slice, here, and say whether they fit",
+        description="Build the training step and the evaluation step of CONFIG from shapes alone (no "
+        "weights, no data) on the abstract devices of a TPU slice and compile them ahead of time, on this "
+        "machine: no TPU is needed, only libtpu (pip install -e '.[tpu]'). Prints, per program, XLA's memory "
+        "per chip (arguments, outputs, temporaries; the total against the chip's HBM), the compile time, "
+        "the collectives XLA placed (count and bytes per step; with --slices, the transfers over the "
+        "data-centre network), XLA's FLOPs beside bytelm's analytic count, and ends with one JSON line. "
+        "Exit status 1 when a program does not fit, with a one-line diagnosis. See docs/scaling.md.",
+    )
+    p.add_argument(
+        "config",
+        help="TOML config file, or a shipped config by name (small/byte, base/blt, ...)",
+    )
+    p.add_argument(
+        "--topology",
+        required=True,
+        metavar="NAME",
+        help="the slice: GENERATION-SIZE as Cloud TPU names it (v5e-256, v6e-256: chips; v4-64, v5p-128: "
+        "TensorCores) or GENERATION:SHAPE (v5e:16x16, v5p:4x4x4)",
+    )
+    p.add_argument(
+        "--slices",
+        type=int,
+        default=1,
+        metavar="K",
+        help="K slices joined by the data-centre network (multi-slice); the data axis spans them (default 1)",
+    )
+    p.add_argument(
+        "--chips-per-host",
+        type=int,
+        default=4,
+        choices=(4, 8),
+        help="chips per host: 4 (a 2x2 board, as in multi-host slices) or 8 (default 4)",
+    )
+    p.add_argument(
+        "--vocab-size",
+        type=int,
+        metavar="N",
+        help="a subword LM's vocabulary size, when its tokenizer directory (model.tokenizer) is not here",
+    )
+    p.add_argument(
+        "--sweep",
+        action="append",
+        default=[],
+        metavar="KEY=V1,V2,...",
+        help="compile every combination of these values (repeatable; e.g. --sweep train.batch_size=128,256 "
+        "--sweep model.remat=none,block --sweep train.mesh_fsdp=4,8) and print them side by side: memory, "
+        "the roofline bound of the step time and of bytes per second per chip",
+    )
+    p.add_argument("--json", metavar="FILE", help="also write the whole report (every figure) to FILE")
+    _add_config_options(p, with_config=False)
+    p.set_defaults(func=cmd_compile)
+
+
+def _gib(n: float) -> str:
+    return f"{n / (1 << 30):.2f} GiB"
+
+
+def cmd_compile(args: argparse.Namespace) -> int:
+    from bytelm.training.aot import diagnosis  # noqa: PLC0415
+    from bytelm.training.topology import parse_topology  # noqa: PLC0415
+
+    if args.json:
+        check_output_file(args.json, "--json")
+    quiet_libtpu_without_tpu()
+    # (the persistent cache would store these TPU programs, then fail to read them back with no TPU)
+    jax.config.update("jax_enable_compilation_cache", False)
+    topology = parse_topology(args.topology)
+    if args.sweep:
+        return _compile_sweep(args, topology)
+    report = _compile_report(args, topology, [])
+    c, t = report["config"], report["topology"]
+    mesh = " x ".join(f"{k} {v}" for k, v in c["mesh"].items())
+    print(
+        f"{args.config} ({c['family']}, {c['params'] / 1e6:.1f}M parameters, batch {c['batch_size']} x "
+        f"{c['seq_len']}) on {t['slices']} x {t['name']} ({t['libtpu']}, {t['chips']} chips, "
+        f"{_gib(t['hbm_bytes'])} HBM each), mesh {mesh}"
+    )
+    for prog in report["programs"]:
+        m = prog["memory"]
+        used = [
+            f"{k} {v['count']} ({_gib(v['bytes'])})" for k, v in prog["collectives"].items() if v["count"]
+        ]
+        print(
+            f"  {prog['name']}: {_gib(m['total'])} per chip (arguments {_gib(m['arguments'])}, outputs "
+            f"{_gib(m['outputs'])}, reused {_gib(m['aliased'])}, temporaries {_gib(m['temporaries'])}, code "
+            f"{_gib(m['code'])}); compiled in {prog['compile_s']:.1f}s"
+        )
+        print(f"    collectives per step: {', '.join(used) if used else 'none'}")
+    train = report["programs"][0]
+    xla = train["xla_flops"]
+    analytic = report["analytic_train_flops_per_device"]
+    counted = f"{xla:.4g}" if xla is not None else "n/a (not compiled)"
+    print(
+        f"  FLOPs per chip per step: XLA {counted}, analytic {analytic:.4g}"
+        + (f" (XLA / analytic {xla / analytic:.3f})" if xla and analytic else "")
+        + ("; XLA counts a scanned stack's loop body once" if report["config"].get("scan_layers") else "")
+    )
+    r = report["roofline"]
+    terms = ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in r["seconds"].items())
+    rate = r["bytes_per_s_per_chip_upper_bound"]
+    print(
+        "  roofline (an estimate from datasheet peaks, a lower bound): step >= "
+        f"{r['step_s_lower_bound'] * 1e3:.1f} ms, {r['binding']}-bound ({terms})"
+        + (f"; at most {rate:,.0f} bytes/s per chip" if rate else "")
+    )
+    verdict = "fits" if report["fits"] else "does not fit"
+    print(f"  {verdict}: {report['hbm_free_fraction']:.1%} of HBM free at the larger program")
+    if args.json:
+        atomic_write_text(args.json, json.dumps(report, indent=1))
+    headline = {
+        "config": args.config,
+        "topology": t["name"],
+        "slices": t["slices"],
+        "fits": report["fits"],
+        "hbm_free_fraction": round(report["hbm_free_fraction"], 4),
+        "train_bytes_per_chip": train["memory"]["total"],
+        "eval_bytes_per_chip": report["programs"][1]["memory"]["total"],
+        "compile_s": round(sum(p["compile_s"] for p in report["programs"]), 2),
+        "xla_flops_per_chip": xla,
+        "analytic_flops_per_chip": analytic,
+        "collectives": {k: v["count"] for k, v in train["collectives"].items() if v["count"]},
+        "step_s_lower_bound": r["step_s_lower_bound"],
+        "bytes_per_s_per_chip_upper_bound": rate,
+    }
+    print(json.dumps(headline))
+    if not report["fits"]:
+        print(f"bytelm: {args.config} on {t['name']}: {diagnosis(report)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _compile_report(args: argparse.Namespace, topology, extra: list[str]) -> dict:
+    """The compile report of the command's config with ``extra`` overrides."""
+    from bytelm.training.aot import compile_for_topology  # noqa: PLC0415
+
+    cfg = load_config(args.config, [*args.overrides, *extra])
+    return compile_for_topology(
+        cfg, topology, slices=args.slices, chips_per_host=args.chips_per_host, vocab_size=args.vocab_size
+    )
+
+
+def _compile_sweep(args: argparse.Namespace, topology) -> int:
+    """``bytelm compile --sweep``: every combination of the swept values, one row each."""
+
+    axes = []
+    for item in args.sweep:
+        key, sep, values = item.partition("=")
+        if not sep or not key.strip() or not values.strip():
+            raise UserError(f"--sweep {item!r}: give KEY=V1,V2,... (e.g. train.batch_size=128,256)")
+        axes.append([f"{key.strip()}={v.strip()}" for v in values.split(",") if v.strip()])
+    rows: list[dict] = []
+    for combo in itertools.product(*axes):
+        label = " ".join(combo)
+        try:
+            report = _compile_report(args, topology, list(combo))
+        except UserError as e:
+            rows.append({"settings": label, "error": str(e)})
+            print(f"{label}: {e}", file=sys.stderr)
+            continue
+        train, r = report["programs"][0], report["roofline"]
+        rows.append(
+            {
+                "settings": label,
+                "fits": report["fits"],
+                "train_bytes_per_chip": train["memory"]["total"],
+                "hbm_free_fraction": round(report["hbm_free_fraction"], 4),
+                "compile_s": round(train["compile_s"] + report["programs"][1]["compile_s"], 2),
+                "step_s_lower_bound": r["step_s_lower_bound"],
+                "binding": r["binding"],
+                "bytes_per_s_per_chip_upper_bound": r["bytes_per_s_per_chip_upper_bound"],
+            }
+        )
+    where = f"{args.slices} x {topology.name} ({topology.chips} chips per slice)"
+    print(f"{args.config} on {where}; the roofline columns are an estimate (a lower bound of the step time)")
+    print(f"| {'settings':40s} | fits | GiB/chip | HBM free | step >= ms | bound   | bytes/s/chip <= |")
+    for row in rows:
+        if "error" in row:
+            print(f"| {row['settings']:40s} | error: {row['error'][:90]}")
+            continue
+        rate = row["bytes_per_s_per_chip_upper_bound"]
+        print(
+            f"| {row['settings']:40s} | {'yes' if row['fits'] else 'no':4s} | "
+            f"{row['train_bytes_per_chip'] / (1 << 30):8.2f} | {row['hbm_free_fraction']:8.1%} | "
+            f"{row['step_s_lower_bound'] * 1e3:10.1f} | {row['binding']:7s} | "
+            + (f"{rate:15,.0f} |" if rate else f"{'-':>15s} |")
+        )
+    if args.json:
+        atomic_write_text(args.json, json.dumps(rows, indent=1))
+    print(json.dumps({"config": args.config, "topology": topology.name, "sweep": rows}))
+    return 0
 
 
 # -- patch ------------------------------------------------------------------------------------------
@@ -1259,6 +1456,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_data_prepare(data_sub)
     add_data_export_heldout(data_sub)
     add_train(sub)
+    add_compile(sub)
     add_patch(sub)
     tok = sub.add_parser(
         "tokenizer",
@@ -1363,6 +1561,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("-v/--verbose and -q/--quiet cannot be given together")
     _configure_logging(args.verbose, args.quiet)
     _enable_compilation_cache()
+    keep_jax_off_absent_tpu()  # (libtpu installed, no TPU here: the CPU, without libtpu's complaints)
     configure_cpu_devices()  # before the first computation starts JAX's CPU backend
     func: Callable[[argparse.Namespace], int] = args.func
     try:

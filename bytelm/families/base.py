@@ -105,6 +105,18 @@ class Task:
         self.modules = dict(modules or {})  # restored run artefacts, by config field
         self.records = dict(records or {})  # their run records (what making them cost), by config field
 
+    @classmethod
+    def for_shapes(cls, cfg, *, vocab_size: int | None = None) -> Task:
+        """A task that builds the model and describes its batches without a corpus or artefacts
+        (``bytelm compile``: programs compiled ahead of time from shapes alone). ``vocab_size``: a
+        subword vocabulary's size where its tokenizer is not at hand."""
+        return cls(cfg, None)
+
+    def batch_shapes(self, rows: int) -> dict[str, tuple[tuple[int, ...], type]]:
+        """The arrays of a batch of ``rows`` training windows, as :meth:`train_batches` and
+        :meth:`decorate` make them: name -> (shape, dtype)."""
+        return {"ids": ((rows, self.cfg.train.seq_len + 1), np.int32)}
+
     def require_corpus(self) -> Corpus:
         """The task's corpus; :class:`UserError` for a task built without one (restored to sample or
         export)."""

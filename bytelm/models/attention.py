@@ -7,6 +7,8 @@ looking at the backend. The long-sequence CPU paths live here too:
 - :func:`halving_causal_attention`: causal self-attention that skips the masked half of the
   scores by recursive halving, merging the parts exactly through their log-sum-exp;
 - :func:`blocked_causal_attention`: query blocks over the keys they can see (sliding windows).
+
+And the TPU's: :func:`splash_attention` (Pallas splash attention, per shard under a mesh).
 """
 
 from __future__ import annotations
@@ -41,6 +43,15 @@ def attend(
     else takes XLA).
     """
     T = q_BxTxHxK.shape[1]
+    if (
+        implementation == "splash"
+        and mask_BxTxS is None
+        and T == k_BxSxHxK.shape[1]
+        and T % SPLASH_MIN_BLOCK == 0
+    ):
+        return splash_attention(
+            q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, causal=causal, window=window, segments_BxT=segments_BxT
+        )
     if implementation == "halving" and causal and mask_BxTxS is None and T >= 2 * block:
         if window <= 0:
             return halving_causal_attention(
@@ -62,6 +73,89 @@ def attend(
         if implementation == "cudnn" and mask_BxTxS is None and _cudnn_head_dim(q_BxTxHxK.shape[-1])
         else "xla",
     )
+
+
+SPLASH_MIN_BLOCK = 128  # splash's tiles: a multiple of 128 positions (the TPU's lanes)
+SPLASH_BLOCK = 512  # its tile where the length allows (MaxText's default for long sequences)
+
+
+def splash_attention(
+    q_BxTxHxK: jax.Array,
+    k_BxTxHxK: jax.Array,
+    v_BxTxHxK: jax.Array,
+    *,
+    causal: bool,
+    window: int = 0,
+    segments_BxT: jax.Array | None = None,
+) -> jax.Array:
+    """Self-attention by Pallas splash attention: causal (or full), a sliding window of ``window``
+    positions (the current one included), and documents (``segments_BxT``) as its segment ids; the
+    score scale ``1/sqrt(K)`` of :func:`jax.nn.dot_product_attention`. Under a mesh (``jax.set_mesh``)
+    the kernel runs per shard: rows over ``data x fsdp`` and heads over ``tensor``, where they divide
+    (a Pallas kernel is opaque to XLA's partitioner). Off a TPU it runs in Pallas's interpreter."""
+    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
+    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as sm
+
+    B, T, H, K = q_BxTxHxK.shape
+    interpret = jax.default_backend() != "tpu"
+    block = SPLASH_BLOCK if T % SPLASH_BLOCK == 0 else SPLASH_MIN_BLOCK
+    block = min(block, T)
+
+    def kernel_for(heads: int):
+        one: sm.Mask
+        if window > 0:
+            one = sm.LocalMask((T, T), window_size=(window - 1, 0 if causal else window - 1), offset=0)
+        elif causal:
+            one = sm.CausalMask((T, T))
+        else:
+            one = sm.FullMask((T, T))
+        sizes = sk.BlockSizes(
+            block_q=block, block_kv=block, block_kv_compute=block,
+            block_q_dkv=block, block_kv_dkv=block, block_kv_dkv_compute=block,
+            block_q_dq=block, block_kv_dq=block,
+        )  # fmt: skip
+        return sk.make_splash_mha(
+            sm.MultiHeadMask([one] * heads),
+            block_sizes=sizes,
+            head_shards=1,
+            q_seq_shards=1,
+            interpret=interpret,
+        )
+
+    scale = 1.0 / np.sqrt(K)
+
+    def local(q, k, v, seg):
+        kernel = kernel_for(q.shape[2])
+        to_heads = lambda x: x.transpose(0, 2, 1, 3)  # noqa: E731 (B x H x T x K, the kernel's layout)
+        qh = to_heads((q.astype(jnp.float32) * scale).astype(q.dtype))
+        if seg is None:
+            out = jax.vmap(kernel)(qh, to_heads(k), to_heads(v))
+        else:
+            ids = seg.astype(jnp.int32)
+            out = jax.vmap(lambda a, b, c, s: kernel(a, b, c, segment_ids=sk.SegmentIds(q=s, kv=s)))(
+                qh, to_heads(k), to_heads(v), ids
+            )
+        return to_heads(out).astype(q.dtype)
+
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty or all(size == 1 for size in mesh.shape.values()):
+        return local(q_BxTxHxK, k_BxTxHxK, v_BxTxHxK, segments_BxT)
+    from jax.sharding import PartitionSpec as P
+
+    rows = tuple(a for a in ("data", "fsdp") if a in mesh.shape)
+    if B % int(np.prod([mesh.shape[a] for a in rows])):
+        rows = ()
+    heads = "tensor" if "tensor" in mesh.shape and H % mesh.shape["tensor"] == 0 else None
+    qkv = P(rows or None, None, heads, None)
+    if segments_BxT is None:
+        unsegmented = jax.shard_map(
+            lambda q, k, v: local(q, k, v, None), in_specs=(qkv, qkv, qkv), out_specs=qkv, check_vma=False
+        )
+        return unsegmented(q_BxTxHxK, k_BxTxHxK, v_BxTxHxK)
+    segmented = jax.shard_map(
+        local, in_specs=(qkv, qkv, qkv, P(rows or None, None)), out_specs=qkv, check_vma=False
+    )
+    return segmented(q_BxTxHxK, k_BxTxHxK, v_BxTxHxK, segments_BxT)
 
 
 def _cudnn_head_dim(head_dim: int) -> bool:

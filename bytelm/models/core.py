@@ -23,6 +23,7 @@ from flax import nnx
 from bytelm.constants import BOS_ID, PAD_ID
 from bytelm.models.attention import attend
 from bytelm.models.kernels import REMAT_POLICIES, Kernels
+from bytelm.models.partitioning import constrain, gathered
 
 Dtype = jnp.dtype
 COMPUTE_DTYPES = {
@@ -238,9 +239,9 @@ class Attention(nnx.Module):
         """Queries from ``x`` and keys and values from ``src`` (both already in the compute dtype),
         ``B x T x H x K``, before the rotary positions; QK-normalised with ``qk_norm``."""
         dt = self.dtype
-        q_BxTxHxK = jnp.einsum("btd,dhk->bthk", x, self.wq[...].astype(dt))
-        k_BxSxHxK = jnp.einsum("bsd,dhk->bshk", src, self.wk[...].astype(dt))
-        v_BxSxHxK = jnp.einsum("bsd,dhk->bshk", src, self.wv[...].astype(dt))
+        q_BxTxHxK = jnp.einsum("btd,dhk->bthk", x, gathered(self.wq).astype(dt))
+        k_BxSxHxK = jnp.einsum("bsd,dhk->bshk", src, gathered(self.wk).astype(dt))
+        v_BxSxHxK = jnp.einsum("bsd,dhk->bshk", src, gathered(self.wv).astype(dt))
         if self.q_norm is not None and self.k_norm is not None:
             q_BxTxHxK, k_BxSxHxK = self.q_norm(q_BxTxHxK), self.k_norm(k_BxSxHxK)
         return q_BxTxHxK, k_BxSxHxK, v_BxSxHxK
@@ -277,7 +278,7 @@ class Attention(nnx.Module):
             segments_BxT=segments_BxT,
             implementation=self.implementation,
         )
-        return jnp.einsum("bthk,hkd->btd", out_BxTxHxK, self.wo[...].astype(dt))
+        return jnp.einsum("bthk,hkd->btd", out_BxTxHxK, gathered(self.wo).astype(dt))
 
 
 class MLP(nnx.Module):
@@ -301,16 +302,22 @@ class MLP(nnx.Module):
 
     def __call__(self, x_BxTxD: jax.Array) -> jax.Array:
         dt = self.dtype
-        x_NxD = x_BxTxD.astype(dt).reshape(-1, x_BxTxD.shape[-1])
-        w = (self.w_gate[...].astype(dt), self.w_up[...].astype(dt), self.w_down[...].astype(dt))
+        x_NxD = constrain(x_BxTxD.astype(dt).reshape(-1, x_BxTxD.shape[-1]), ("batch", "embed"))
+        w = (
+            gathered(self.w_gate).astype(dt),
+            gathered(self.w_up).astype(dt),
+            gathered(self.w_down).astype(dt),
+        )
         out_NxD = swiglu_mlp(x_NxD, *w) if self.backward == "manual" else swiglu(x_NxD, *w)
-        return out_NxD.reshape(x_BxTxD.shape)
+        return constrain(out_NxD, ("batch", "embed")).reshape(x_BxTxD.shape)
 
 
 def swiglu(x_NxD, w_gate_DxF, w_up_DxF, w_down_FxD):
-    """``(silu(x W_gate) * (x W_up)) W_down``, the reference that :func:`swiglu_mlp` equals."""
-    gate_NxF = x_NxD @ w_gate_DxF
-    return (gate_NxF * jax.nn.sigmoid(gate_NxF) * (x_NxD @ w_up_DxF)) @ w_down_FxD
+    """``(silu(x W_gate) * (x W_up)) W_down``, the reference that :func:`swiglu_mlp` equals (the
+    hidden activations placed rows x ``mlp``: :func:`bytelm.models.partitioning.constrain`)."""
+    gate_NxF = constrain(x_NxD @ w_gate_DxF, ("batch", "mlp"))
+    up_NxF = constrain(x_NxD @ w_up_DxF, ("batch", "mlp"))
+    return (gate_NxF * jax.nn.sigmoid(gate_NxF) * up_NxF) @ w_down_FxD
 
 
 @jax.custom_vjp
@@ -556,8 +563,8 @@ class Embed(nnx.Module):
         """Rows for integer ``ids``; a floating ``ids`` array is read as one-hot weights over rows
         (``ids @ table``), which lets causality tests take gradients with respect to the inputs."""
         if jnp.issubdtype(ids.dtype, jnp.floating):
-            return ids @ self.table[...]
-        return jnp.take(self.table[...], ids, axis=0)
+            return ids @ gathered(self.table)
+        return jnp.take(gathered(self.table), ids, axis=0)
 
 
 # A polynomial rolling hash of the ids of an n-gram in wrapping uint32 arithmetic, with the

@@ -11,9 +11,18 @@ when it is built, and hands the result to its layers.
   head dimensions cuDNN does not take, not a multiple of 8 or over 128, keep the XLA path).
 - ``halving``: causal self-attention that skips the masked half of the score matrix by recursive
   halving (or query blocks, under a sliding window) when the sequence is long; XLA otherwise.
-- ``auto``: ``cudnn`` on GPU in bfloat16/float16 (``xla`` in float32), ``xla`` on TPU (XLA's fused
-  attention), ``halving`` on CPU, where XLA evaluates the full masked score matrix
-  (``benchmarks/RESULTS.md`` at 3372114).
+- ``splash``: Pallas splash attention (``jax.experimental.pallas.ops.tpu.splash_attention``, TPU):
+  block-sparse flash attention that skips the blocks a causal, sliding-window or document mask
+  removes and never builds the score matrix; bf16 inputs with float32 accumulation. Under a mesh
+  it runs per shard (``shard_map``: the batch over ``data x fsdp``, heads over ``tensor``). Calls
+  with an explicit mask (BLT's cross-attention) and lengths not a multiple of 128 keep the XLA
+  path; off a TPU it runs in Pallas's interpreter (the tests).
+- ``auto``: ``cudnn`` on GPU in bfloat16/float16 (``xla`` in float32), ``splash`` on TPU (``xla``
+  before, whose dense float32 scores of a ``base`` preset took about 4 GiB per layer), ``halving``
+  on CPU, where XLA evaluates the full masked score matrix (``benchmarks/RESULTS.md`` at 3372114).
+
+:func:`target_backend` makes the choice for another backend than the one this process runs
+(``bytelm compile`` builds TPU programs on a CPU machine).
 
 ``mlp`` (:func:`bytelm.models.core.swiglu`):
 
@@ -33,8 +42,11 @@ when it is built, and hands the result to its layers.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 import logging
+from collections.abc import Iterator
 
 import jax
 
@@ -47,6 +59,20 @@ REMAT_POLICIES = {
     "block": None,
     "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
 }  # (None: save nothing)
+
+
+_TARGET: contextvars.ContextVar[str | None] = contextvars.ContextVar("bytelm_target_backend", default=None)
+
+
+@contextlib.contextmanager
+def target_backend(backend: str) -> Iterator[None]:
+    """Resolve kernels for ``backend`` ("tpu", "gpu", "cpu") inside the block, not for the backend this
+    process runs: models built inside are the ones that backend would train."""
+    token = _TARGET.set(backend)
+    try:
+        yield
+    finally:
+        _TARGET.reset(token)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,10 +94,13 @@ def resolve_kernels(
     ``backend`` (default: JAX's default backend). Raises ``ValueError`` for a kernel the backend
     or dtype cannot run (an explicit ``cudnn`` where cuDNN cannot run falls back to ``xla`` with a
     warning: kernels change speed, not results, so a run stays usable on another backend)."""
-    backend = backend or jax.default_backend()
+    backend = backend or _TARGET.get() or jax.default_backend()
     half = dtype in ("bfloat16", "float16")
     if attention == "auto":
-        attention = {"gpu": "cudnn" if half else "xla", "cpu": "halving"}.get(backend, "xla")
+        attention = {"gpu": "cudnn" if half else "xla", "cpu": "halving", "tpu": "splash"}.get(backend, "xla")
+    if attention == "splash" and backend != "tpu":
+        log.warning("model.attention = 'splash' needs a TPU (backend %s): using 'xla'", backend)
+        attention = "xla"
     if attention == "cudnn" and (backend != "gpu" or not half):
         # kernels change speed, not results: a run trained with cuDNN stays usable on a CPU
         log.warning(
@@ -80,8 +109,8 @@ def resolve_kernels(
             dtype,
         )
         attention = "xla"
-    if attention not in ("xla", "cudnn", "halving"):
-        raise ValueError(f"unknown attention kernel {attention!r}: use auto, xla, cudnn or halving")
+    if attention not in ("xla", "cudnn", "halving", "splash"):
+        raise ValueError(f"unknown attention kernel {attention!r}: use auto, xla, cudnn, halving or splash")
     if mlp == "auto":
         mlp = "manual" if backend == "cpu" else "autodiff"
     if mlp not in ("autodiff", "manual"):

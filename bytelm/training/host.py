@@ -62,3 +62,48 @@ def huge_page_malloc_env(environ: dict[str, str] | None = None) -> dict[str, str
     tunables = environ.get("GLIBC_TUNABLES")
     environ["GLIBC_TUNABLES"] = f"{tunables}:{HUGE_PAGE_TUNABLE}" if tunables else HUGE_PAGE_TUNABLE
     return environ
+
+
+# -- libtpu on a machine without a TPU ----------------------------------------------------------
+def accelerator_present() -> bool:
+    """A TPU (``/dev/accel*``, ``/dev/vfio/N``) or an NVIDIA GPU (``/dev/nvidia0``) on this machine."""
+    import glob  # noqa: PLC0415
+
+    return bool(glob.glob("/dev/accel*") or glob.glob("/dev/vfio/[0-9]*") or os.path.exists("/dev/nvidia0"))
+
+
+def libtpu_installed() -> bool:
+    import importlib.util  # noqa: PLC0415
+
+    return importlib.util.find_spec("libtpu") is not None
+
+
+def keep_jax_off_absent_tpu() -> None:
+    """With libtpu installed (``.[tpu]``, which ``bytelm compile`` needs) on a machine with no
+    accelerator, JAX would try a TPU first at every start, and libtpu print its complaints: take the
+    CPU directly. A ``JAX_PLATFORMS`` the user set wins. Before JAX starts its backends."""
+    if os.environ.get("JAX_PLATFORMS") or accelerator_present() or not libtpu_installed():
+        return
+    import jax  # noqa: PLC0415
+
+    jax.config.update("jax_platforms", "cpu")
+
+
+# what libtpu asks of a TPU VM's metadata server; on a machine without a TPU (compiling ahead of time
+# for a described topology, which they do not change) placeholders keep it from printing errors; and
+# its one-process lock (/tmp/libtpu_lockfile), which guards a real TPU, would keep two compilations
+# (two test workers) from running at once
+_NO_TPU_HOST = {
+    "TPU_ACCELERATOR_TYPE": "v5litepod-4",
+    "TPU_WORKER_HOSTNAMES": "localhost",
+    "TPU_SKIP_MDS_QUERY": "1",
+    "ALLOW_MULTIPLE_LIBTPU_LOAD": "1",
+}
+
+
+def quiet_libtpu_without_tpu() -> None:
+    """Before libtpu first loads, on a machine without a TPU: see :data:`_NO_TPU_HOST`."""
+    if accelerator_present():
+        return
+    for key, value in _NO_TPU_HOST.items():
+        os.environ.setdefault(key, value)

@@ -1,8 +1,7 @@
-"""Device mesh and the logical-axis -> mesh-axis rules table (docs/architecture.md, Meshes and sharding).
-
-Models tag weights with logical axes (``embed``, ``mlp``, ``heads``, ``kv``, ``vocab``); this
-module alone knows mesh axes (``data``, ``fsdp``, ``tensor``). A dimension is sharded over a mesh
-axis only when its size divides evenly; otherwise it stays replicated.
+"""Device meshes, and the placement of the train state on them (docs/architecture.md, Meshes and
+sharding): parameters by their logical axes through the rules table of
+:mod:`bytelm.models.partitioning` (re-exported here), the optimizer state with its parameters,
+batches over ``data x fsdp``.
 """
 
 from __future__ import annotations
@@ -10,24 +9,13 @@ from __future__ import annotations
 import math
 
 import jax
-import numpy as np
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from bytelm.errors import UserError
+from bytelm.models.partitioning import MESH_AXES, RULES, constrain, gathered, logical_to_spec
 
-MESH_AXES = ("data", "fsdp", "tensor")
-
-# logical axis -> mesh axis (or tuple of mesh axes); None = replicated
-RULES: dict[str, str | tuple[str, ...] | None] = {
-    "batch": ("data", "fsdp"),
-    "embed": "fsdp",
-    "mlp": "tensor",
-    "heads": "tensor",
-    "kv": None,
-    "vocab": "tensor",
-    "layers": None,  # the layer axis of a scanned stack (model.scan_layers)
-}
+__all__ = ["MESH_AXES", "RULES", "constrain", "gathered", "logical_to_spec"]
 
 
 def mesh_shape(sizes: tuple[int, int, int], n_devices: int) -> tuple[int, int, int]:
@@ -54,31 +42,13 @@ def mesh_shape(sizes: tuple[int, int, int], n_devices: int) -> tuple[int, int, i
 
 
 def make_mesh(train_cfg, devices=None) -> Mesh:
+    """The config's mesh over ``devices`` (default: all), laid out on the TPU topology (and across
+    slices) by :func:`bytelm.training.topology.device_mesh`."""
+    from bytelm.training.topology import device_mesh  # noqa: PLC0415
+
     devices = list(devices if devices is not None else jax.devices())
     shape = mesh_shape((train_cfg.mesh_data, train_cfg.mesh_fsdp, train_cfg.mesh_tensor), len(devices))
-    return Mesh(np.asarray(devices).reshape(shape), MESH_AXES)
-
-
-def _axis_size(mesh: Mesh, axis) -> int:
-    if axis is None:
-        return 1
-    if isinstance(axis, tuple):
-        return math.prod(mesh.shape[a] for a in axis)
-    return mesh.shape[axis]
-
-
-def logical_to_spec(axes: tuple[str | None, ...], shape: tuple[int, ...], mesh: Mesh) -> PartitionSpec:
-    out: list[str | tuple[str, ...] | None] = []
-    used: set[str] = set()
-    for name, dim in zip(axes, shape):
-        axis = RULES.get(name) if name else None
-        members = {a for a in (axis if isinstance(axis, tuple) else (axis,)) if a is not None}
-        if axis is None or dim % _axis_size(mesh, axis) or members & used or _axis_size(mesh, axis) == 1:
-            out.append(None)
-        else:
-            out.append(axis)
-            used |= members
-    return PartitionSpec(*out)
+    return device_mesh(shape, devices, MESH_AXES)
 
 
 def param_shardings(abstract_state: nnx.State, mesh: Mesh):
@@ -93,6 +63,28 @@ def param_shardings(abstract_state: nnx.State, mesh: Mesh):
         return v.replace(NamedSharding(mesh, spec))
 
     return jax.tree.map(one, abstract_state, is_leaf=lambda x: isinstance(x, nnx.Variable))
+
+
+def state_shardings(abstract_state, params) -> object:
+    """Shardings for an optimizer state (``abstract_state``, e.g. ``jax.eval_shape(tx.init, params)``):
+    a leaf that holds a parameter's statistics (its path ends with that parameter's path, and its
+    shape is the parameter's: Adam's moments, Muon's momentum) is placed as the parameter is, so
+    FSDP shards it too; anything else (step counts, scalars) is replicated. (Left to XLA, the state
+    made by ``tx.init`` depends on no parameter's value and comes out replicated: each chip would
+    hold every moment of the model.)"""
+    placed = {}
+    for path, leaf in jax.tree_util.tree_leaves_with_path(params):
+        placed[jax.tree_util.keystr(path)] = (leaf.shape, leaf.sharding)
+    mesh = next(iter(placed.values()))[1].mesh if placed else None
+
+    def one(path, leaf):
+        key = jax.tree_util.keystr(path)
+        for name, (shape, sharding) in placed.items():
+            if key.endswith(name) and tuple(leaf.shape) == tuple(shape):
+                return sharding
+        return NamedSharding(mesh, PartitionSpec())
+
+    return jax.tree_util.tree_map_with_path(one, abstract_state)
 
 
 def batch_sharding(mesh: Mesh, ndim: int) -> NamedSharding:

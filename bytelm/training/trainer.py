@@ -26,7 +26,7 @@ from bytelm.rundir import RunDir
 from bytelm.training.distributed import gather_rows
 from bytelm.training.optim import schedule_plan
 from bytelm.training.programs import StepSpec, ema_weight, shared_init, shared_programs
-from bytelm.training.sharding import batch_sharding, make_mesh, param_shardings
+from bytelm.training.sharding import batch_sharding, make_mesh, param_shardings, state_shardings
 
 log = logging.getLogger(__name__)
 
@@ -186,18 +186,19 @@ class Trainer:
         self._lr = self.programs.lr
         # the step at which the schedule ends: train.steps, or what a time-budgeted run plans
         self.horizon = cfg.train.steps
-        # Every leaf on the mesh from the start (the step counts too, replicated): a leaf that only
-        # lands on the mesh after the first step would make the second step compile again.
-        replicated = jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec())
+        # Every leaf on the mesh from the start, placed as the parameters are (FSDP shards Adam's moments
+        # too), the step counts replicated (sharding.state_shardings): a leaf that only lands on the mesh
+        # after the first step would make the second step compile again.
+        abstract_opt = jax.eval_shape(self.programs.opt_init, self.params)
+        self.opt_shardings = state_shardings(abstract_opt, self.params)
         if init:
-            self.opt_state = jax.tree.map(
-                lambda x: (
-                    x if isinstance(x.sharding, jax.sharding.NamedSharding) else jax.device_put(x, replicated)
-                ),
-                self.programs.opt_init(self.params),
-            )
+            self.opt_state = jax.jit(self.tx.init, out_shardings=self.opt_shardings)(self.params)
         else:
-            self.opt_state = jax.eval_shape(self.programs.opt_init, self.params)
+            self.opt_state = jax.tree.map(
+                lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                abstract_opt,
+                self.opt_shardings,
+            )
         # train.ema_decay: the weight average (what evaluate scores; the checkpoints' "ema"), else None
         self.ema = None
         if cfg.train.ema_decay > 0:

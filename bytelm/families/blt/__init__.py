@@ -15,7 +15,7 @@ from flax import nnx
 
 from bytelm.data import WindowBatches
 from bytelm.errors import UserError
-from bytelm.families.base import STATS_KEY, Trunk
+from bytelm.families.base import STATS_KEY, Task, Trunk
 from bytelm.families.blt.config import BLTConfig
 from bytelm.families.blt.decoder import BLTDecoder
 from bytelm.families.blt.flops import entropy_forward_flops_per_id, forward_flops_per_byte
@@ -63,6 +63,21 @@ class BLTTask(ByteTask):
         # one fixed row width (the training window) for training and evaluation rows alike, so a
         # segment's entropies, and hence its patches, never depend on its batch
         self.entropy_model = EntropyModel(self.modules["entropy_run"], width=cfg.train.seq_len + 1)
+
+    @classmethod
+    def for_shapes(cls, cfg, *, vocab_size=None):
+        """Without the entropy model (it patches on the host, outside the compiled step); its FLOPs
+        counted at the target patch length."""
+        task = cls.__new__(cls)
+        Task.__init__(task, cfg, None)
+        task.max_patches = cfg.model.patches_for(cfg.train.seq_len)
+        task.space = cfg.model.patching == "space"
+        task.entropy_model = None
+        task.__dict__["_patching"] = (None, None)  # (no patcher; FLOPs at the target patch length)
+        return task
+
+    def batch_shapes(self, rows):
+        return {**super().batch_shapes(rows), "patch_lengths": ((rows, self.max_patches), np.int32)}
 
     def _calibration_sample(self) -> np.ndarray:
         return WindowBatches(

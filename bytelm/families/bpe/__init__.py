@@ -50,14 +50,36 @@ class TokenTask(Task):
                 "DIR)"
             )
         self.tokenizer = load_tokenizer(cfg.model.tokenizer)
-        n = self.tokenizer.n_vocab
+        n = self.n_vocab = self.tokenizer.n_vocab
         lengths = [len(self.tokenizer.token_bytes(i)) for i in range(n)]
         self.id_bytes = np.asarray([0] * BYTE_OFFSET + lengths, np.int32)  # bytes per model id
         self._stream = None
         self._bytes_per_token = None
 
+    @classmethod
+    def for_shapes(cls, cfg, *, vocab_size=None):
+        """The tokenizer's size from its directory, else ``vocab_size``; nothing else of it is needed."""
+        if vocab_size is None:
+            try:
+                return cls(cfg, None)
+            except UserError as e:
+                raise UserError(
+                    f"{e}; or give the vocabulary's size (bytelm compile ... --vocab-size N) to compile "
+                    "without it"
+                ) from None
+        task = cls.__new__(cls)
+        Task.__init__(task, cfg, None)
+        task.tokenizer = None
+        task.n_vocab = int(vocab_size)
+        task.id_bytes = None
+        task._stream = task._bytes_per_token = None
+        return task
+
+    def batch_shapes(self, rows):
+        return {**super().batch_shapes(rows), "nbytes": ((rows, self.cfg.train.seq_len), np.int32)}
+
     def build_model(self, rngs: nnx.Rngs) -> nnx.Module:
-        return TokenLM(self.cfg.model, self.tokenizer.n_vocab, rngs=rngs)
+        return TokenLM(self.cfg.model, self.n_vocab, rngs=rngs)
 
     def decoder(self, model: nnx.Module) -> Decoder:
         return token_decoder(model, self.tokenizer, self.cfg.train.seq_len)
@@ -112,7 +134,7 @@ class TokenTask(Task):
         return self._bytes_per_token
 
     def forward_flops_per_position(self) -> float:
-        n_valid = self.tokenizer.n_vocab + BYTE_OFFSET
+        n_valid = self.n_vocab + BYTE_OFFSET
         return decoder_lm_forward_flops_per_position(self.cfg.model, n_valid, self.cfg.train.seq_len)
 
     def fingerprints(self) -> dict[str, tuple[str, str]]:
