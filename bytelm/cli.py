@@ -468,8 +468,6 @@ def cmd_compile(args: argparse.Namespace) -> int:
     if args.json:
         check_output_file(args.json, "--json")
     quiet_libtpu_without_tpu()
-    # (the persistent cache would store these TPU programs, then fail to read them back with no TPU)
-    jax.config.update("jax_enable_compilation_cache", False)
     topology = parse_topology(args.topology)
     if args.sweep:
         return _compile_sweep(args, topology)

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import os
+import socket
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -72,6 +75,33 @@ def subprocess_env(n_devices: int, **extra: str) -> dict[str, str]:
         "JAX_PLATFORMS": "cpu",
         **extra,
     }
+
+
+def spawn_two(script: str, *args, devices: int = 1, env_of=lambda pid: {}) -> list[subprocess.Popen]:
+    """``script`` as process 0 and process 1 of a job on a fresh localhost port: its ``argv`` is the
+    port, the process index and ``args``; ``devices`` simulated CPU devices each (``env_of(pid)``:
+    more environment)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    return [
+        subprocess.Popen(
+            [sys.executable, "-c", script, str(port), str(pid), *map(str, args)],
+            env=subprocess_env(devices, **env_of(pid)),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for pid in range(2)
+    ]
+
+
+def finished(procs: list[subprocess.Popen], timeout: float = 300) -> list[tuple[str, str]]:
+    """Each process's ``(stdout, stderr)`` once all have exited, every one with status 0."""
+    outs = [p.communicate(timeout=timeout) for p in procs]
+    for pid, (p, (out, err)) in enumerate(zip(procs, outs)):
+        assert p.returncode == 0, f"process {pid} failed:\n{out[-2000:]}\n{err[-4000:]}"
+    return outs
 
 
 TESTS_DIR = os.path.dirname(os.path.abspath(__file__))  # for subprocesses that import param_gap

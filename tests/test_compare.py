@@ -329,36 +329,9 @@ def test_two_process_compare_writes_the_one_process_report(corpus_dir, one_proce
     process 0 prepares the corpus, trains the tokenizer and writes the report, every run trains and is
     scored on all 4 devices. Each model's steps, FLOPs and bytes equal one process's, and its BPB too, to
     the float32 reassociation of a data-parallel program (measured: 3e-8)."""
-    import socket
-    import subprocess
-    import sys
+    from conftest import finished, spawn_two
 
-    from conftest import subprocess_env
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    procs = [
-        subprocess.Popen(
-            [
-                sys.executable,
-                "-c",
-                TWO_PROCESSES,
-                str(port),
-                str(pid),
-                f"files:{corpus_dir}",
-                str(tmp_path / "two"),
-            ],
-            env=subprocess_env(2),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for pid in range(2)
-    ]
-    outs = [p.communicate(timeout=600) for p in procs]
-    for pid, (p, (out, err)) in enumerate(zip(procs, outs)):
-        assert p.returncode == 0, f"process {pid} failed:\n{out[-2000:]}\n{err[-4000:]}"
+    outs = finished(spawn_two(TWO_PROCESSES, f"files:{corpus_dir}", tmp_path / "two", devices=2), timeout=600)
     assert "| blt" in outs[0][0] and "| blt" not in outs[1][0]  # one table, from process 0
     one = json.loads((one_process[0] / "report.json").read_text())
     two = json.loads((tmp_path / "two" / "report.json").read_text())

@@ -16,15 +16,13 @@ from __future__ import annotations
 import json
 import re
 import signal
-import socket
 import subprocess
-import sys
 import textwrap
 
 import jax
 import numpy as np
 import pytest
-from conftest import subprocess_env, word_corpus
+from conftest import finished, spawn_two, word_corpus
 from flax import nnx
 
 from bytelm.config import load_config
@@ -50,29 +48,10 @@ WORKER = textwrap.dedent(
 )
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _job(jobs: list) -> list[dict]:
     """Run ``jobs`` (``[run_dir, overrides, stop_after]``) in turn as one two-process job; what
     each job's ``train`` returned, as both processes saw it."""
-    port = _free_port()
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-c", WORKER, str(port), str(pid), json.dumps(jobs)],
-            env=subprocess_env(2),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for pid in range(2)
-    ]
-    outs = [p.communicate(timeout=600) for p in procs]
-    for pid, (p, (out, err)) in enumerate(zip(procs, outs)):
-        assert p.returncode == 0, f"process {pid} failed:\n{out}\n{err[-4000:]}"
+    outs = finished(spawn_two(WORKER, json.dumps(jobs), devices=2), timeout=600)
     seen = [[json.loads(line) for line in out.splitlines() if line.startswith("{")] for out, _ in outs]
     reads = [[r.pop("reads") for r in process] for process in seen]
     assert seen[0] == seen[1] and len(seen[0]) == len(jobs)
@@ -262,27 +241,10 @@ SIGNALLED = textwrap.dedent(
 )
 
 
-def _spawn(script: str, *args, devices: int = 1, env_of=lambda pid: {}) -> list[subprocess.Popen]:
-    """``script`` as process 0 and process 1 of a job on a fresh port: ``argv`` is the port, the
-    process index and ``args``; ``devices`` simulated CPU devices each (``env_of(pid)``: more
-    environment)."""
-    port = _free_port()
-    return [
-        subprocess.Popen(
-            [sys.executable, "-c", script, str(port), str(pid), *map(str, args)],
-            env=subprocess_env(devices, **env_of(pid)),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for pid in range(2)
-    ]
-
-
 def _two(out, overrides, at: int, *, rates=(1.0, 1.0), lrs: list | None = None) -> list[dict]:
     """The job on two processes (``rates``: each one's clock rate, a test-only skew); what each
     process's train() returned, and (into ``lrs``) each process's learning rate per step."""
-    procs = _spawn(
+    procs = spawn_two(
         SIGNALLED,
         out,
         json.dumps(overrides),
@@ -382,10 +344,7 @@ def test_two_process_eval_writes_the_one_process_report(tmp_path, capsys):
     overrides = _tiny_byte(corpus, **{"train.steps": 3})
     train(load_config(None, overrides), tmp_path / "run")
     assert cli.main(["eval", str(tmp_path / "run"), "--json", str(tmp_path / "one.json")]) == 0
-    procs = _spawn(EVAL, tmp_path / "run", tmp_path / "two.json", devices=2)
-    outs = [p.communicate(timeout=300) for p in procs]
-    for pid, (p, (out, err)) in enumerate(zip(procs, outs)):
-        assert p.returncode == 0, f"process {pid} failed:\n{out}\n{err[-4000:]}"
+    outs = finished(spawn_two(EVAL, tmp_path / "run", tmp_path / "two.json", devices=2))
     # one table, from process 0 (Gloo's C++ threads print connection lines too, at times cut mid-line)
     assert "report:" in outs[0][0] and "BPB" in outs[0][0]
     assert "report:" not in outs[1][0] and "BPB" not in outs[1][0]
@@ -430,7 +389,7 @@ def test_a_host_killed_while_a_checkpoint_is_written_resumes_from_the_last_compl
     overrides = _tiny_byte(corpus, **{"train.steps": 6, "train.checkpoint_every": 2})
 
     def job(kill_at: int):
-        return _spawn(KILLED, tmp_path / "two", json.dumps(overrides), kill_at)
+        return spawn_two(KILLED, tmp_path / "two", json.dumps(overrides), kill_at)
 
     first = job(kill_at=4)
     first[1].wait(timeout=240)
@@ -444,9 +403,7 @@ def test_a_host_killed_while_a_checkpoint_is_written_resumes_from_the_last_compl
     steps = sorted(int(p.name) for p in (tmp_path / "two" / "checkpoints").iterdir() if p.name.isdigit())
     assert 2 in steps and max(steps) <= 4, steps
     again = job(kill_at=0)
-    outs = [p.communicate(timeout=300) for p in again]
-    for pid, (p, (out, err)) in enumerate(zip(again, outs)):
-        assert p.returncode == 0, f"process {pid} failed:\n{out}\n{err[-4000:]}"
+    for out, _ in finished(again):
         assert json.loads(out.strip().splitlines()[-1]) == {"step": 6}
     one = train(load_config(None, overrides), tmp_path / "one").trainer
     params_two = _flat(restore_model(tmp_path / "two"))
@@ -479,10 +436,7 @@ def test_two_process_sample_prints_the_one_process_bytes_once(tmp_path, capsysbi
         == 0
     )
     one = capsysbinary.readouterr().out
-    procs = _spawn(SAMPLE, tmp_path / "run", devices=2)
-    outs = [p.communicate(timeout=300) for p in procs]
-    for pid, (p, (out, err)) in enumerate(zip(procs, outs)):
-        assert p.returncode == 0, f"process {pid} failed:\n{out}\n{err[-4000:]}"
+    outs = finished(spawn_two(SAMPLE, tmp_path / "run", devices=2))
 
     def printed(stdout: str) -> str:  # (Gloo's C++ threads print connection lines on stdout too)
         return "".join(line for line in stdout.splitlines(keepends=True) if not line.startswith("[Gloo]"))

@@ -217,8 +217,15 @@ def compile_for_topology(
 ) -> dict:
     """Compile the training step and the evaluation step of ``cfg`` for ``slices`` slices of
     ``topology``; the report :func:`bytelm.cli` prints (see the module docstring)."""
-    with target_backend("tpu"):  # (the kernels a TPU would run: splash attention, XLA's MLP)
-        return _compile_for_topology(cfg, topology, slices, chips_per_host, vocab_size)
+    # the kernels a TPU would run (splash attention, XLA's MLP); and no persistent compilation cache,
+    # which would store these TPU programs and then fail to read them back without a TPU
+    previous = getattr(jax.config, "jax_enable_compilation_cache")  # noqa: B009 (no typed attribute)
+    jax.config.update("jax_enable_compilation_cache", False)
+    try:
+        with target_backend("tpu"):
+            return _compile_for_topology(cfg, topology, slices, chips_per_host, vocab_size)
+    finally:
+        jax.config.update("jax_enable_compilation_cache", previous)
 
 
 def _compile_for_topology(

@@ -56,10 +56,19 @@ class Programs:
         self.train_step_ema = jax.jit(self._step_ema_fn, donate_argnums=(0, 1, 5))
         self.score_positions = jax.jit(self._score_positions_fn)
         self.opt_init = jax.jit(self.tx.init)
+        self._placed_inits: dict = {}
         schedule = learning_rate_schedule(spec)
         self.lr = jax.jit(
             lambda count, plan: schedule(count, plan["horizon"], plan["peak"], plan["warmup"])
         )  # one call, not a dozen eager ops
+
+    def placed_opt_init(self, mesh, shardings):
+        """The optimizer's initialisation with its state placed by ``shardings`` (a function of this
+        model shape and ``mesh``: :func:`bytelm.training.sharding.state_shardings`), jitted once per mesh."""
+        init = self._placed_inits.get(mesh)
+        if init is None:
+            init = self._placed_inits[mesh] = jax.jit(self.tx.init, out_shardings=shardings)
+        return init
 
     def _scores(self, params, batch, dropout_key=None):
         return nnx.merge(self.graphdef, params).score(batch, dropout_key=dropout_key)

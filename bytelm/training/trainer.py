@@ -192,7 +192,7 @@ class Trainer:
         abstract_opt = jax.eval_shape(self.programs.opt_init, self.params)
         self.opt_shardings = state_shardings(abstract_opt, self.params)
         if init:
-            self.opt_state = jax.jit(self.tx.init, out_shardings=self.opt_shardings)(self.params)
+            self.opt_state = self.programs.placed_opt_init(self.mesh, self.opt_shardings)(self.params)
         else:
             self.opt_state = jax.tree.map(
                 lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
