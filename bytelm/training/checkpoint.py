@@ -51,7 +51,8 @@ def _quiet_restore_noise() -> None:
     coroutines and tasks, collected unawaited, add "Exception ignored in <coroutine ...>" tracebacks,
     asyncio's "Task (or Future) exception was never retrieved" and "never awaited" warnings. That is
     noise about a failure already reported: those alone are dropped, everything else goes on as
-    before. (Installed at the first failed restore; again if something replaced the hook since.)"""
+    before. (Installed at the first restore, since a restore can fail at any time; again if something
+    replaced the hook since.)"""
     previous = sys.unraisablehook
     if getattr(previous, "bytelm_restore_noise", False):
         return
@@ -62,9 +63,7 @@ def _quiet_restore_noise() -> None:
 
     hook.bytelm_restore_noise = True  # type: ignore[attr-defined]
     sys.unraisablehook = hook
-    # (the same error can also reach stderr as a bare traceback, not an unraisable one: seen once in
-    # a full CI-style run, in the damaged-checkpoint test of tests/test_robustness.py; not reproduced
-    # in three runs of that test alone)
+    # (the same error can also reach the hooks below rather than the unraisable one)
     previous_excepthook = sys.excepthook
 
     def excepthook(kind, value, tb):
@@ -179,6 +178,10 @@ class Checkpointer:
         return out["state"][key], out["meta"]
 
     def _restore(self, step: int, state_args) -> dict:
+        # (before the restore, not after it fails: a read tensorstore still has in flight can finish
+        # into the closed loop while the failure is still on its way up here; that race put a bare
+        # traceback on stderr in one CI run of tests/test_robustness.py)
+        _quiet_restore_noise()
         try:
             out = self.manager.restore(
                 step, args=ocp.args.Composite(state=state_args, meta=ocp.args.JsonRestore())
@@ -187,7 +190,6 @@ class Checkpointer:
                 raise ValueError(f"its meta record is {out['meta']!r}, not step {step}'s")
             return out
         except Exception as e:  # (orbax and tensorstore raise many kinds: each means "not restorable")
-            _quiet_restore_noise()
             first = str(e).strip().splitlines()[0] if str(e).strip() else ""
             raise CheckpointUnreadable(step, self.directory, f"{type(e).__name__}: {first[:300]}") from None
 
