@@ -29,6 +29,9 @@ class SegmentScores:
 
     nats: np.ndarray  # float64 (n_segments,)
     nbytes: np.ndarray  # int64 (n_segments,)
+    # float64 (n_segments,): the positions of the model's main network for each segment, where the
+    # model decides them (H-Net's chunks); None: the family's task counts them from its batches
+    global_steps: np.ndarray | None = None
 
     @property
     def total_nats(self) -> float:
@@ -56,19 +59,23 @@ def score_segments(
     batches: Iterable[tuple[dict, int]],
     segment_lengths: Sequence[int],
 ) -> SegmentScores:
-    """Run ``score_rows(batch) -> (nats_B, bytes_B)`` over ``batches`` of ``(batch, n_real_rows)``.
+    """Run ``score_rows(batch) -> (nats_B, bytes_B[, global_steps_B])`` over ``batches`` of
+    ``(batch, n_real_rows)`` (the third, where a model counts its main network's positions itself).
 
     Rows beyond ``n_real_rows`` are padding and dropped. Raises ``RuntimeError`` if the bytes a
     model scored for a segment differ from the segment's length.
     """
-    nats, nbytes = [], []
+    nats, nbytes, steps = [], [], []
     for batch, n_real in batches:
-        row_nats, row_bytes = score_rows(batch)
+        row_nats, row_bytes, *row_steps = score_rows(batch)
         nats.append(np.asarray(row_nats, np.float64)[:n_real])
         nbytes.append(np.rint(np.asarray(row_bytes, np.float64)[:n_real]).astype(np.int64))
+        if row_steps and row_steps[0] is not None:
+            steps.append(np.asarray(row_steps[0], np.float64)[:n_real])
     scores = SegmentScores(
         np.concatenate(nats) if nats else np.zeros(0),
         np.concatenate(nbytes) if nbytes else np.zeros(0, np.int64),
+        np.concatenate(steps) if steps and len(steps) == len(nats) else None,
     )
     expected = np.asarray(segment_lengths, np.int64)
     if scores.nbytes.shape != expected.shape or not np.array_equal(scores.nbytes, expected):

@@ -78,6 +78,21 @@ FAMILIES = {
         "model.ngram_sizes": "3,4",
         "model.max_patches": 65,
     },
+    "hnet": {
+        "model.family": "hnet",
+        "model.local_d_model": 32,
+        "model.local_heads": 2,
+        "model.local_mlp_dim": 64,
+        "model.encoder_layers": 1,
+        "model.decoder_layers": 1,
+        "model.local_window": 16,
+        "model.global_d_model": 48,
+        "model.global_layers": 1,
+        "model.global_heads": 2,
+        "model.global_mlp_dim": 64,
+        "model.target_chunk_len": 3.0,
+        "model.chunk_slots": 1.0,  # (windows overflow: the slot rule must not depend on the batch either)
+    },
 }
 
 
@@ -132,6 +147,8 @@ def test_segment_scores_and_patches_do_not_depend_on_the_batch(family, corpus_di
             assert lengths == ref_lengths and len(lengths) == len(segments)
         np.testing.assert_array_equal(got.nbytes, ref.nbytes)
         np.testing.assert_allclose(got.nats, ref.nats, rtol=1e-5)
+        if family == "hnet":  # the chunks the model made of each segment (its global steps)
+            np.testing.assert_array_equal(got.global_steps, ref.global_steps)
         assert abs(got.bpb - ref.bpb) <= 1e-6
     # other companions, another order: segment i's result is its own
     order = np.random.default_rng(0).permutation(len(segments))[: len(segments) // 2]

@@ -135,6 +135,8 @@ def evaluate_trainer(
             progress(done[0], len(eval_set.data))
 
     scores = trainer.evaluate(eval_set.data, on_batch=on_batch)
+    if scores.global_steps is not None:  # (the model counted them: H-Net's chunks)
+        return scores, scores.global_steps, trainer.task.stats_record(stats)
     return scores, np.concatenate(steps) if steps else np.zeros(0), trainer.task.stats_record(stats)
 
 

@@ -19,6 +19,15 @@ class Scores(NamedTuple):
     nll_BxT: jax.Array  # float32 nats of each scored position (0 where masked)
     mask_BxT: jax.Array  # float32 1 = scored
     nbytes_BxT: jax.Array  # float32 bytes of text each position covers (1 per byte, token length per token)
+    # training only: a scalar added to the mean NLL that training minimises (a family's regulariser,
+    # H-Net's ratio loss); never part of BPB
+    aux: jax.Array | None = None
+    # scalar sums a family reports in the training log (summed over micro-batches and log intervals;
+    # its task's stats_record turns them into rates)
+    stats: dict | None = None
+    # per row: the positions of the model's main (most expensive) network, where the model decides
+    # them itself (H-Net's innermost chunks); None: the task counts them from the batch
+    steps_B: jax.Array | None = None
 
 
 def token_nll(logits_BxTxV: jax.Array, targets_BxT: jax.Array) -> jax.Array:

@@ -441,6 +441,9 @@ class _Run:
             step, m = pending
             pending = None
             loss = float(m["loss"])
+            for key, value in (m.get("stats") or {}).items():  # a family's counts from its model (H-Net)
+                self.stats_log[key] = self.stats_log.get(key, 0) + float(value)
+                self.stats_run[key] = self.stats_run.get(key, 0) + float(value)
             if not math.isfinite(loss):
                 self.write_status("diverged", diverged_at_step=step, last_good_checkpoint=self.last_good_step)
                 raise TrainingDiverged(

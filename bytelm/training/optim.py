@@ -17,7 +17,8 @@ fan_out))``, Liu et al. 2025, "Muon is Scalable for LLM Training", arXiv:2502.16
 learning rate, schedule, weight decay and clipping apply; embeddings, output heads, norms and
 other vectors keep Adam (``beta1``, ``beta2``).
 
-``train.embedding_lr_scale`` multiplies the step of the lookup tables (embeddings and hashed
+A parameter whose variable carries the metadata ``lr_scale`` (a model's own multiplier: H-Net's
+per-stage rates) takes its step times that. ``train.embedding_lr_scale`` multiplies the step of the lookup tables (embeddings and hashed
 n-gram tables, whose rows see a gradient only where their id occurs) under either optimizer; their
 weight decay scales with it, as AdamW's does with its learning rate.
 """
@@ -83,7 +84,15 @@ def _scale_by_schedule_at_horizon(schedule) -> optax.GradientTransformationExtra
     def update(updates, state, params=None, *, plan, **extra):
         del params, extra
         step_size = -schedule(state.count, plan["horizon"], plan["peak"], plan["warmup"])
-        updates = jax.tree.map(lambda g: jnp.asarray(step_size, g.dtype) * g, updates)
+
+        def scaled(g):
+            # a parameter's own multiplier (metadata "lr_scale": H-Net's per-stage rates), else 1
+            scale = g.get_metadata().get("lr_scale", 1.0) if _is_variable(g) else 1.0
+            value = g.get_value() if _is_variable(g) else g
+            out = jnp.asarray(step_size * scale, value.dtype) * value
+            return g.replace(out) if _is_variable(g) else out
+
+        updates = jax.tree.map(scaled, updates, is_leaf=_is_variable)
         return updates, optax.ScaleByScheduleState(count=optax.safe_increment(state.count))
 
     return optax.GradientTransformationExtraArgs(init, update)

@@ -74,8 +74,13 @@ class Programs:
         return nnx.merge(self.graphdef, params).score(batch, dropout_key=dropout_key)
 
     def _sums(self, params, batch, dropout_key=None):
+        """``(objective, (nll, count, nbytes, stats))``: the objective is the summed NLL plus a
+        family's auxiliary loss times the (constant) count, so that after the division by the
+        count the gradient is that of ``mean NLL + aux``."""
         s = self._scores(params, batch, dropout_key)
-        return jnp.sum(s.nll_BxT), (jnp.sum(s.mask_BxT), jnp.sum(s.nbytes_BxT))
+        nll, count = jnp.sum(s.nll_BxT), jnp.sum(s.mask_BxT)
+        objective = nll if s.aux is None else nll + s.aux * jax.lax.stop_gradient(count)
+        return objective, (nll, count, jnp.sum(s.nbytes_BxT), dict(s.stats or {}))
 
     def _step_fn(self, params, opt_state, batch, plan, seed_step=None):
         """One optimizer step. ``seed_step`` (uint32 ``[train.seed, step]``) keys the step's dropout
@@ -85,19 +90,22 @@ class Programs:
         grad_fn = jax.value_and_grad(self._sums, has_aux=True)
         key = None if seed_step is None else dropout_key(seed_step)
         if accum == 1:
-            (nll, (count, nbytes)), grads = grad_fn(params, batch, key)
+            (_, (nll, count, nbytes, stats)), grads = grad_fn(params, batch, key)
         else:
             micro = jax.tree.map(lambda x: x.reshape(accum, x.shape[0] // accum, *x.shape[1:]), batch)
+            stats_shape = jax.eval_shape(lambda mb: self._sums(params, mb)[1][3], jax.tree.map(lambda x: x[0], micro))
 
             def body(carry, xs):
-                g_acc, nll_acc, c_acc, b_acc = carry
+                g_acc, nll_acc, c_acc, b_acc, s_acc = carry
                 mb, i = xs
-                (nll, (c, b)), g = grad_fn(params, mb, None if key is None else jax.random.fold_in(key, i))
-                return (jax.tree.map(jnp.add, g_acc, g), nll_acc + nll, c_acc + c, b_acc + b), None
+                (_, (nll, c, b, s)), g = grad_fn(params, mb, None if key is None else jax.random.fold_in(key, i))
+                s_acc = jax.tree.map(jnp.add, s_acc, s)
+                return (jax.tree.map(jnp.add, g_acc, g), nll_acc + nll, c_acc + c, b_acc + b, s_acc), None
 
             zeros = jax.tree.map(jnp.zeros_like, params)
-            (grads, nll, count, nbytes), _ = jax.lax.scan(
-                body, (zeros, 0.0, 0.0, 0.0), (micro, jnp.arange(accum, dtype=jnp.int32))
+            stats0 = jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), stats_shape)
+            (grads, nll, count, nbytes, stats), _ = jax.lax.scan(
+                body, (zeros, 0.0, 0.0, 0.0, stats0), (micro, jnp.arange(accum, dtype=jnp.int32))
             )
         count = jnp.maximum(count, 1.0)
         grads = jax.tree.map(lambda g: g / count, grads)
@@ -109,6 +117,7 @@ class Programs:
             "grad_norm": jnp.sqrt(sum(jnp.sum(g * g) for g in jax.tree.leaves(grads))),
             "positions": count,
             "bytes": nbytes,
+            "stats": stats,  # a family's summed counts (Scores.stats): the loop adds them to its log's
         }
         return params, opt_state, metrics
 
@@ -120,7 +129,7 @@ class Programs:
 
     def _score_positions_fn(self, params, batch):
         s = self._scores(params, batch)
-        return s.nll_BxT, s.nbytes_BxT
+        return s.nll_BxT, s.nbytes_BxT, s.steps_B
 
 
 def ema_weight(decay: float, step: int) -> float:

@@ -286,12 +286,14 @@ class Trainer:
             # per-position values summed here in float64, in one fixed order: a segment's total does
             # not pick up the float32 reduction order of a program shaped by its batch
             # (every process builds the same global batch, scores its rows, and gets every row back)
-            nll_BxT, nbytes_BxT = self._score_positions(
+            nll_BxT, nbytes_BxT, steps_B = self._score_positions(
                 self.model_params, self.device_batch(batch, whole=True)
             )
-            return gather_rows(nll_BxT).astype(np.float64).sum(axis=1), gather_rows(nbytes_BxT).astype(
-                np.float64
-            ).sum(axis=1)
+            return (
+                gather_rows(nll_BxT).astype(np.float64).sum(axis=1),
+                gather_rows(nbytes_BxT).astype(np.float64).sum(axis=1),
+                None if steps_B is None else gather_rows(steps_B).astype(np.float64),
+            )
 
         def observed(batches):
             for batch, n_real in batches:

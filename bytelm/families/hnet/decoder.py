@@ -1,0 +1,281 @@
+"""H-Net's cached decoding, batched: every row its own positions, caches and chunk state.
+
+One call per byte runs, for each row, the stage-1 encoder step (its key/value cache), the router
+against the row's previous encoder output, and, **only when some row closes a chunk**
+(``jax.lax.cond``), the inner network's step for the rows that close one (a second stage's own
+encoder, router and, when a row closes a chunk there too, the main network); the rows that close
+none keep their caches and their moving average. Then the average times the straight-through
+factor, the residual, the decoder step and the head. A prompt is fed by the same step under
+``jax.lax.scan`` (one call), so the prefill and each later byte follow one rule, the rule of the full
+pass: :class:`HNetDecoder.recompute` (``HNet.__call__``) is the reference the cache must equal
+(``tests/test_hnet.py``).
+
+Within the training context a stage keeps at most its training window's chunk slots (the causal slot
+rule of training); past the context the caches slide (ring buffers) and the slot limit is lifted.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from bytelm.constants import BOS_ID, NUM_BYTE_IDS, PAD_ID
+from bytelm.families.hnet.model import P_CLAMP, HNet, straight_through
+from bytelm.models.attention import attend
+from bytelm.models.core import Block, Transformer, apply_rotary, head_logits, rotary_tables
+from bytelm.sampling.decoders import Decoder, allowed_ids, byte_of_unit, byte_units, host_i32, jit_call
+
+
+class RowCache(NamedTuple):
+    """A layer's keys and values, each row with its own slots' positions (-1: empty)."""
+
+    k_BxSxHxK: jax.Array
+    v_BxSxHxK: jax.Array
+    pos_BxS: jax.Array
+
+
+def row_caches(stack: Transformer, batch: int, slots: int) -> list[RowCache]:
+    out = []
+    for block in stack.layer_blocks():
+        a = block.attn
+        shape = (batch, slots, a.n_heads, a.head_dim)
+        out.append(
+            RowCache(jnp.zeros(shape, a.dtype), jnp.zeros(shape, a.dtype), jnp.full((batch, slots), -1, jnp.int32))
+        )
+    return out
+
+
+def block_step(
+    block: Block,
+    x_Bx1xD: jax.Array,
+    cache: RowCache,
+    pos_B: jax.Array,
+    active_B: jax.Array,
+    window: int,
+    doc_B: jax.Array | None,
+) -> tuple[jax.Array, RowCache]:
+    """One position per row (row ``b`` at its position ``pos_B[b]``) through ``block``, written into
+    the cache of the ``active`` rows only; ``doc_B``: where each row's document starts (nothing
+    before it is attended), None: no document mask."""
+    attn = block.attn
+    dt = attn.dtype
+    h = block.attn_norm(x_Bx1xD).astype(dt)
+    q, k, v = attn.project(h, h)
+    cos, sin = rotary_tables(pos_B[:, None], 1, attn.head_dim, attn.rope_base)
+    q = apply_rotary(q, cos[:, :, None], sin[:, :, None])
+    k = apply_rotary(k, cos[:, :, None], sin[:, :, None])
+    S = cache.pos_BxS.shape[1]
+    write_BxS = (jnp.arange(S)[None, :] == (pos_B % S)[:, None]) & active_B[:, None]
+    k_cache = jnp.where(write_BxS[..., None, None], k.astype(cache.k_BxSxHxK.dtype), cache.k_BxSxHxK)
+    v_cache = jnp.where(write_BxS[..., None, None], v.astype(cache.v_BxSxHxK.dtype), cache.v_BxSxHxK)
+    pos_BxS = jnp.where(write_BxS, pos_B[:, None], cache.pos_BxS)
+    allowed_BxS = (pos_BxS >= 0) & (pos_BxS <= pos_B[:, None])
+    if window > 0:
+        allowed_BxS &= pos_BxS > (pos_B - window)[:, None]
+    if doc_B is not None:
+        allowed_BxS &= pos_BxS >= doc_B[:, None]
+    out = attend(q, k_cache, v_cache, causal=False, mask_BxTxS=allowed_BxS[:, None, :], implementation="xla")
+    attn_out = jnp.einsum("bthk,hkd->btd", out, attn.wo[...].astype(dt))
+    y = x_Bx1xD + attn_out.astype(x_Bx1xD.dtype)
+    return y + block.mlp(block.mlp_norm(y)).astype(y.dtype), RowCache(k_cache, v_cache, pos_BxS)
+
+
+def stack_step(stack: Transformer, x_Bx1xD, caches: list[RowCache], pos_B, active_B, doc_B=None):
+    new = []
+    for block, cache in zip(stack.layer_blocks(), caches):
+        x_Bx1xD, cache = block_step(block, x_Bx1xD, cache, pos_B, active_B, stack.window, doc_B)
+        new.append(cache)
+    return x_Bx1xD, new
+
+
+def init_state(model: HNet, batch: int, context: int) -> dict:
+    """Empty per-row state: each stage's caches (its training window's positions), moving average,
+    previous encoder output and chunk count, and the main network's cache."""
+    slots = model.cfg.slot_plan(context)
+    stages, positions = [], context
+    for stage, n_slots in zip(model.stages(), slots):
+        stages.append(
+            {
+                "enc": row_caches(stage.encoder, batch, positions),
+                "dec": row_caches(stage.decoder, batch, positions),
+                "pos": jnp.zeros((batch,), jnp.int32),
+                "doc": jnp.zeros((batch,), jnp.int32),  # where the row's current document starts
+                "chunks": jnp.zeros((batch,), jnp.int32),
+                "h_prev": jnp.zeros((batch, stage.d), jnp.float32),
+                "z": jnp.zeros((batch, stage.d), jnp.float32),
+            }
+        )
+        positions = n_slots
+    main = model.stages()[-1].inner
+    return {
+        "stages": stages,
+        "main": {
+            "cache": row_caches(main.stack, batch, positions),
+            "pos": jnp.zeros((batch,), jnp.int32),
+            "doc": jnp.zeros((batch,), jnp.int32),
+        },
+    }
+
+
+def _main_step(main, x_Bx1xD, start_B, active_B, ms, documents: bool):
+    doc_B = jnp.where(start_B & active_B, ms["pos"], ms["doc"])
+    y, cache = stack_step(
+        main.stack, main.widen(x_Bx1xD), ms["cache"], ms["pos"], active_B, doc_B if documents else None
+    )
+    return main.norm(y)[..., : main.d_in], {
+        "cache": cache,
+        "pos": ms["pos"] + active_B.astype(jnp.int32),
+        "doc": doc_B,
+    }
+
+
+def _stage_step(stages, level, x_Bx1xD, start_B, active_B, within_B, states, ms, slots):
+    """Level ``level``'s step; ``states``: the states of levels ``level ..``. Returns its output, the
+    updated states of levels ``level ..`` and the main network's state."""
+    stage, st = stages[level], states[0]
+    act = active_B.astype(jnp.int32)
+    documents = stage.cfg.document_mask
+    first_B = start_B | (st["pos"] == 0)
+    doc_B = jnp.where(first_B & active_B, st["pos"], st["doc"])
+    mask_doc = doc_B if documents else None
+    h, enc = stack_step(stage.encoder, stage.widen(x_Bx1xD), st["enc"], st["pos"], active_B, mask_doc)
+    h = stage.encoder_norm(h)
+    h_B = h[:, 0].astype(jnp.float32)
+    p_B = jnp.where(first_B, 1.0, stage.route(st["h_prev"], h_B))
+    b_B = (p_B > 0.5) & ((st["chunks"] < slots[level]) | ~within_B)
+    close_B = b_B & active_B
+
+    def run(args):
+        inner_states, ms = args
+        if level + 1 < len(stages):
+            zhat, inner_states, ms = _stage_step(
+                stages, level + 1, h, first_B, close_B, within_B, inner_states, ms, slots
+            )
+        else:
+            zhat, ms = _main_step(stage.inner, h, first_B, close_B, ms, documents)
+        P_B = jnp.clip(p_B, P_CLAMP, 1.0 - P_CLAMP)
+        z_new = P_B[:, None] * zhat[:, 0].astype(jnp.float32) + jnp.where(first_B, 0.0, 1.0 - P_B)[:, None] * st["z"]
+        return jnp.where(close_B[:, None], z_new, st["z"]), inner_states, ms
+
+    def skip(args):
+        return st["z"], *args
+
+    z_B, inner_states, ms = jax.lax.cond(jnp.any(close_B), run, skip, (states[1:], ms))
+    c_B = jnp.where(b_B, p_B, 1.0 - p_B)
+    out = z_B * straight_through(c_B)[:, None] + h_B @ stage.residual[...]
+    y, dec = stack_step(
+        stage.decoder, out[:, None].astype(stage.dtype), st["dec"], st["pos"], active_B, mask_doc
+    )
+    y = stage.decoder_norm(y)[..., : stage.d_in]
+    new = {
+        "enc": enc,
+        "dec": dec,
+        "pos": st["pos"] + act,
+        "doc": doc_B,
+        "chunks": st["chunks"] + close_B.astype(jnp.int32),
+        "h_prev": jnp.where(active_B[:, None], h_B, st["h_prev"]),
+        "z": z_B,
+    }
+    return y, [new, *inner_states], ms
+
+
+def model_step(model: HNet, ids_B, active_B, state, context: int):
+    """One byte per active row: the logits of the next (``B x V``) and the new state."""
+    x = model.embed(ids_B[:, None]).astype(model.dtype)
+    within_B = state["stages"][0]["pos"] < context
+    y, stages, ms = _stage_step(
+        model.stages(),
+        0,
+        x,
+        ids_B == BOS_ID,
+        active_B,
+        within_B,
+        state["stages"],
+        state["main"],
+        model.cfg.slot_plan(context),
+    )
+    logits = head_logits(y, model.head[...], NUM_BYTE_IDS, model.dtype)[:, 0]
+    return logits, {"stages": stages, "main": ms}
+
+
+class HNetSampler:
+    """Batched cached decoding: :meth:`prefill` a batch of prompts (id lists of any lengths), then
+    :meth:`step` one id per row; both return each row's next-id logits (``B x V``)."""
+
+    def __init__(self, model: HNet, context: int):
+        self.model, self.context = model, context
+
+        def prefill(m, ids_BxL, lengths_B, state):
+            def body(carry, t):
+                state, last = carry
+                active = t < lengths_B
+                logits, state = model_step(m, ids_BxL[:, t], active, state, context)
+                return (state, jnp.where(active[:, None], logits, last)), None
+
+            last0 = jnp.zeros((ids_BxL.shape[0], m.vocab_rows), jnp.float32)
+            (state, last), _ = jax.lax.scan(body, (state, last0), jnp.arange(ids_BxL.shape[1]))
+            return last, state
+
+        def step(m, ids_B, state):
+            return model_step(m, ids_B, jnp.ones(ids_B.shape, bool), state, context)
+
+        self._prefill = jit_call(prefill, model, donate=(2,))
+        self._step = jit_call(step, model, donate=(1,))
+
+    def prefill(self, prompts: list[list[int]]) -> np.ndarray:
+        B, longest = len(prompts), max(len(p) for p in prompts)
+        L = -(-longest // 32) * 32  # (a few prefill shapes, not one per prompt length)
+        ids = np.full((B, L), PAD_ID, np.int32)
+        for i, p in enumerate(prompts):
+            ids[i, : len(p)] = p
+        logits, self.state = self._prefill(
+            ids, host_i32([len(p) for p in prompts]), init_state(self.model, B, self.context)
+        )
+        return np.asarray(logits)
+
+    def step(self, ids: list[int]) -> np.ndarray:
+        logits, self.state = self._step(host_i32(ids), self.state)
+        return np.asarray(logits)
+
+    def chunks(self) -> list[np.ndarray]:
+        """Per stage (outside in), each row's chunks so far."""
+        return [np.asarray(s["chunks"]) for s in self.state["stages"]]
+
+
+class HNetDecoder(Decoder):
+    """H-Net: ``[BOS, bytes...]``; the batched sampler with one row."""
+
+    def __init__(self, model: HNet, context: int):
+        self.model, self.context = model, context
+        self.allowed_V = allowed_ids(NUM_BYTE_IDS)
+        self.sampler = HNetSampler(model, context)
+        self._forward = jit_call(lambda m, ids: m(ids), model)
+
+    def start(self, prompt: bytes) -> np.ndarray:
+        ids = [BOS_ID, *byte_units(prompt)]
+        self._check_prompt(len(ids), self.context)
+        return self._valid(self.sampler.prefill([ids])[0])
+
+    def step(self, unit: int) -> np.ndarray:
+        return self._valid(self.sampler.step([unit])[0])
+
+    def recompute(self, prompt: bytes, units: list[int]) -> np.ndarray:
+        ids = [BOS_ID, *byte_units(prompt), *units]
+        self._check_recompute(len(ids), self.context)
+        row = np.full((1, self.context), PAD_ID, np.int32)
+        row[0, : len(ids)] = ids
+        return self._valid(self._forward(row)[0, len(ids) - 1])
+
+    def unit_bytes(self, unit: int) -> bytes:
+        return byte_of_unit(unit)
+
+    @property
+    def global_calls(self) -> int:  # type: ignore[override]
+        """The main network's steps so far (one per innermost chunk)."""
+        return int(np.asarray(self.sampler.state["main"]["pos"])[0]) if hasattr(self.sampler, "state") else 0
+
+    def stats(self) -> dict:
+        return {"chunks_per_stage": [int(c[0]) for c in self.sampler.chunks()]}

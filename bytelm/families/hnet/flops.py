@@ -1,0 +1,47 @@
+"""H-Net's analytic FLOPs, by the convention of :mod:`bytelm.models.flops`."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from bytelm.models.flops import head_flops, mean_attended, stack_forward_flops_per_position
+
+
+def router_flops(d: int) -> float:
+    """Per position: the two ``d x d`` projections (``4 d^2``) and the cosine (``q.k``, ``|q|^2``,
+    ``|k|^2``: ``6 d``)."""
+    return 4.0 * d * d + 6.0 * d
+
+
+def forward_flops_per_byte(mcfg, seq_len: int, chunk_lens: Sequence[float]) -> float:
+    """An H-Net over windows of ``seq_len`` input positions, each stage chunking at the mean length
+    ``chunk_lens[s]`` (positions of its level per chunk: the target N before training, the measured
+    rate after it).
+
+    Per position of a stage of width ``d``: its encoder and decoder (sliding window over its
+    positions), the router (:func:`router_flops`), the float32 residual projection (``2 d^2``). Per
+    chunk: the dechunking average (``z = P zhat + (1 - P) z_prev``, two multiply-adds per value:
+    ``4 d``, elementwise but the model's own recurrence, so counted). The main network runs at the
+    innermost chunk rate, causal over a window's chunks; the head at every byte. Zero by the
+    convention: the chunk gather and the scatter back to positions (they move values, no
+    multiply-adds), the learned padding of the widths, the straight-through factor and the norms.
+    """
+    T = float(seq_len)
+    total = head_flops(mcfg.local_d_model, mcfg.vocab_multiple) * T
+    positions = T
+    for spec, length in zip(mcfg.stage_specs(), chunk_lens):
+        d = spec.d_model
+        attended = mean_attended(max(round(positions), 1), spec.window)
+        per_position = (
+            stack_forward_flops_per_position(d, spec.encoder_layers, spec.mlp_dim, attended)
+            + stack_forward_flops_per_position(d, spec.decoder_layers, spec.mlp_dim, attended)
+            + router_flops(d)
+            + 2.0 * d * d
+        )
+        chunks = positions / float(length)
+        total += per_position * positions + 4.0 * d * chunks
+        positions = chunks
+    main = stack_forward_flops_per_position(
+        mcfg.global_d_model, mcfg.global_layers, mcfg.global_mlp_dim, mean_attended(max(round(positions), 1))
+    )
+    return (total + main * positions) / T

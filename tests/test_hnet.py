@@ -1,0 +1,264 @@
+"""H-Net (bytelm/families/hnet): the paper's equations against a numpy transcription, a whole stage
+against numpy, causality with overflowing windows, the cached (batched) decoder against the full
+pass, the router's gradients and the per-stage learning rates."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from bytelm.config import TrainConfig
+from bytelm.constants import BOS_ID, NUM_BYTE_IDS, PAD_ID
+from bytelm.families.hnet.config import HNetConfig
+from bytelm.families.hnet.decoder import HNetSampler
+from bytelm.families.hnet.model import (
+    HNet,
+    chunk_positions,
+    ema_scan,
+    keep_boundaries,
+    ratio_loss,
+    router_probs,
+)
+from bytelm.training.optim import make_optimizer, schedule_plan
+from bytelm.training.programs import StepSpec
+
+RNG = np.random.default_rng(7)
+
+
+def tiny(stages=1, **kw):
+    base = dict(
+        stages=stages,
+        local_d_model=32,
+        local_heads=2,
+        local_mlp_dim=64,
+        encoder_layers=1,
+        decoder_layers=1,
+        local_window=8,
+        middle_d_model=40,
+        middle_heads=2,
+        middle_mlp_dim=64,
+        middle_encoder_layers=1,
+        middle_decoder_layers=1,
+        middle_window=4,
+        global_d_model=48,
+        global_layers=1,
+        global_heads=2,
+        global_mlp_dim=64,
+        target_chunk_len=3.0,
+        inner_target_chunk_len=2.0,
+        chunk_slots=1.0,  # few slots: windows overflow
+    )
+    return HNetConfig(**{**base, **kw})
+
+
+def scrambled(cfg, seed=0):
+    """A model whose routers are random (identity routers mark few boundaries at initialisation)."""
+    m = HNet(cfg, rngs=nnx.Rngs(seed))
+    for i, stage in enumerate(m.stages()):
+        stage.wq[...] = jax.random.normal(jax.random.key(seed + 10 + i), stage.wq.shape)
+        stage.residual[...] = 0.1 * jax.random.normal(jax.random.key(seed + 20 + i), stage.residual.shape)
+    return m
+
+
+def random_ids(B, T, seed=0):
+    ids = np.random.default_rng(seed).integers(4, NUM_BYTE_IDS, (B, T)).astype(np.int32)
+    ids[:, 0] = BOS_ID
+    return ids
+
+
+# -- the equations -------------------------------------------------------------------------------
+def np_router(q, k, starts):
+    B, T, _ = q.shape
+    p = np.ones((B, T))
+    for b in range(B):
+        for t in range(1, T):
+            cos = q[b, t - 1] @ k[b, t] / (np.linalg.norm(q[b, t - 1]) * np.linalg.norm(k[b, t]))
+            p[b, t] = min(max((1 - cos) / 2, 0.0), 1.0)
+    p[starts] = 1.0
+    return p
+
+
+def np_ratio_loss(b, p, valid, N):
+    F = b[valid].mean()
+    G = p[valid].mean()
+    return N / (N - 1) * ((N - 1) * F * G + (1 - F) * (1 - G))
+
+
+def np_chunks(b, slots):
+    return [[t for t in np.flatnonzero(row)][:slots] for row in b]
+
+
+def np_ema(zhat, p, restart):
+    P = np.clip(p, 1e-4, 1 - 1e-4)
+    z = np.zeros_like(zhat)
+    for b in range(zhat.shape[0]):
+        prev = np.zeros(zhat.shape[-1])
+        for j in range(zhat.shape[1]):
+            prev = P[b, j] * zhat[b, j] + (0.0 if restart[b, j] else 1 - P[b, j]) * prev
+            z[b, j] = prev
+    return z
+
+
+def test_router_ratio_loss_chunks_and_ema_equal_the_paper_in_numpy():
+    B, T, D = 3, 20, 8
+    q, k = RNG.normal(size=(B, T, D)), RNG.normal(size=(B, T, D))
+    starts = RNG.random((B, T)) < 0.1
+    p = np.asarray(router_probs(jnp.asarray(q), jnp.asarray(k), jnp.asarray(starts)))
+    np.testing.assert_allclose(p, np_router(q, k, starts), atol=1e-6)
+    assert (p[:, 0] == 1).all()
+    b = p > 0.5
+    valid = RNG.random((B, T)) < 0.8
+    for N in (2.0, 6.0):
+        got, F, G = ratio_loss(jnp.asarray(b), jnp.asarray(p, jnp.float32), jnp.asarray(valid), N)
+        np.testing.assert_allclose(float(got), np_ratio_loss(b, p, valid, N), rtol=1e-6)
+    # the loss is 1 at F = G = 1/N and larger elsewhere (its minimum, the paper's motivation)
+    N = 4.0
+    at = lambda F, G: N / (N - 1) * ((N - 1) * F * G + (1 - F) * (1 - G))  # noqa: E731
+    assert abs(at(1 / N, 1 / N) - 1) < 1e-12 and at(0.5, 0.5) > 1 and at(0.1, 0.1) > 1
+    slots = 5
+    keep = np.asarray(keep_boundaries(jnp.asarray(b), slots))
+    pos, n = chunk_positions(jnp.asarray(keep), slots)
+    want = np_chunks(b, slots)
+    for row in range(B):
+        assert np.flatnonzero(keep[row]).tolist() == want[row]
+        assert int(n[row]) == len(want[row])
+        assert np.asarray(pos[row, : len(want[row])]).tolist() == want[row]
+    zhat = RNG.normal(size=(B, 7, D))
+    pj = RNG.random((B, 7))
+    pj[:, 0] = 1.0
+    restart = RNG.random((B, 7)) < 0.3
+    got = np.asarray(ema_scan(jnp.asarray(zhat), jnp.asarray(pj), jnp.asarray(restart)))
+    np.testing.assert_allclose(got, np_ema(zhat, pj, restart), atol=1e-6)
+
+
+def np_rms(x, scale, eps):
+    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * scale
+
+
+def test_a_stage_with_empty_stacks_equals_its_numpy_transcription():
+    """Encoder, main network and decoder of zero layers (each then just its RMSNorm) leave the
+    stage's own parts: padding, router, slot rule, gather, EMA, plug-back, straight-through factor,
+    residual, slice. The whole forward pass in numpy, position by position."""
+    cfg = tiny(encoder_layers=0, decoder_layers=0, global_layers=0, local_window=0, chunk_slots=1.5)
+    m = scrambled(cfg, seed=3)
+    stage, main = m.stage, m.stage.inner
+    B, T = 2, 24
+    x = RNG.normal(size=(B, T, cfg.local_d_model)).astype(np.float32)
+    starts = np.zeros((B, T), bool)
+    starts[:, 0] = True
+    starts[1, 9] = True
+    out = stage(jnp.asarray(x), jnp.asarray(starts), jnp.ones((B, T), bool), None, None)
+    eps = cfg.norm_eps
+    wq, wk, wr = (np.asarray(a[...], np.float64) for a in (stage.wq, stage.wk, stage.residual))
+    pad = np.asarray(main.pad[...])
+    gscale = np.asarray(main.norm.scale[...])
+    h = np_rms(x.astype(np.float64), np.asarray(stage.encoder_norm.scale[...]), eps)
+    p = np_router(h @ wq, h @ wk, starts)
+    slots = cfg.slots_for(T, cfg.target_chunk_len)
+    want = np.zeros((B, T, cfg.local_d_model))
+    for b in range(B):
+        kept = np_chunks(p[b : b + 1] > 0.5, slots)[0]
+        chunk = h[b, kept]
+        widened = np.concatenate([chunk, np.broadcast_to(pad, (len(kept), pad.size))], axis=1)
+        zhat = np_rms(widened, gscale, eps)[:, : cfg.local_d_model]
+        z = np_ema(zhat[None], p[b, kept][None], starts[b, kept][None])[0]
+        for t in range(T):
+            j = sum(1 for s in kept if s <= t) - 1
+            c = p[b, t] if t in kept else 1 - p[b, t]
+            pre = z[j] * (c + (1 - c)) + h[b, t] @ wr
+            want[b, t] = np_rms(pre, np.asarray(stage.decoder_norm.scale[...]), eps)
+    np.testing.assert_allclose(np.asarray(out.y_BxTxD), want, atol=2e-5)
+    assert int(np.asarray(out.chunk_positions[0][1]).max()) >= 2  # several chunks per row
+
+
+# -- causality, the cache, batches ---------------------------------------------------------------
+@pytest.mark.parametrize("stages", [1, 2])
+def test_bytes_after_t_change_no_log_probability_up_to_t(stages):
+    m = scrambled(tiny(stages))
+    B, T = 2, 32
+    ids = random_ids(B, T, seed=stages)
+    full = np.asarray(m(jnp.asarray(ids)))
+    s = m.score({"ids": jnp.asarray(np.concatenate([ids, ids[:, :1]], axis=1))})
+    assert float(s.stats["s1_overflow_windows"]) > 0  # the slot rule is at work in these windows
+    for t in (3, 11, 20):
+        changed = ids.copy()
+        changed[:, t + 1 :] = np.random.default_rng(t).integers(4, NUM_BYTE_IDS, (B, T - t - 1))
+        got = np.asarray(m(jnp.asarray(changed)))
+        np.testing.assert_allclose(got[:, : t + 1], full[:, : t + 1], atol=1e-6)
+        assert np.abs(got[:, t + 1 :] - full[:, t + 1 :]).max() > 1e-3  # (the later ones do move)
+
+
+@pytest.mark.parametrize("stages", [1, 2])
+def test_the_batched_cache_equals_the_full_pass_at_every_step(stages):
+    """Rows with prompts of different lengths (a document start inside one), fed byte by byte after
+    the prefill: every step's logits equal the full pass over the same prefix (1e-4), overflowing
+    windows included, and the inner stages ran only at chunk ends."""
+    m = scrambled(tiny(stages), seed=1)
+    T = 28
+    ids = random_ids(3, T, seed=5)
+    ids[2, 6] = BOS_ID  # a second document in a row's prompt: the router and the average restart
+    lengths = [1, 4, 9]
+    sampler = HNetSampler(m, T)
+    forward = jax.jit(lambda x: m(x))
+
+    def reference(row, n):
+        x = np.full((1, T), PAD_ID, np.int32)
+        x[0, :n] = ids[row, :n]
+        return np.asarray(forward(x))[0, n - 1]
+
+    logits = sampler.prefill([ids[i, :n].tolist() for i, n in enumerate(lengths)])
+    worst = 0.0
+    for step in range(T - max(lengths)):
+        for i, n in enumerate(lengths):
+            worst = max(worst, float(np.abs(logits[i] - reference(i, n + step)).max()))
+        logits = sampler.step([int(ids[i, n + step]) for i, n in enumerate(lengths)])
+    assert worst < 1e-4
+    chunks = sampler.chunks()
+    slots = m.cfg.slot_plan(T)
+    assert (chunks[0] <= slots[0]).all() and chunks[0].max() == slots[0]  # the slot rule held
+    main_pos = np.asarray(sampler.state["main"]["pos"])
+    np.testing.assert_array_equal(main_pos, chunks[-1])  # the main network ran once per innermost chunk
+
+
+# -- training ------------------------------------------------------------------------------------
+def test_the_router_learns_through_the_straight_through_factor_and_the_ratio_loss():
+    m = scrambled(tiny())
+    ids = jnp.asarray(np.concatenate([random_ids(2, 32), np.full((2, 1), 10, np.int32)], axis=1))
+    graphdef, params = nnx.split(m, nnx.Param)
+
+    def loss(params, weight):
+        model = nnx.merge(graphdef, params)
+        s = model.score({"ids": ids})
+        return jnp.sum(s.nll_BxT) / jnp.sum(s.mask_BxT) + weight * s.aux
+
+    for weight in (0.0, 1.0):
+        g = jax.grad(loss)(params, weight)
+        assert float(jnp.abs(g["stage"]["wq"][...]).max()) > 0  # through c + sg(1 - c) (and the loss)
+        assert float(jnp.abs(g["stage"]["residual"][...]).max()) > 0
+    g0, g1 = (jax.grad(loss)(params, w)["stage"]["wk"][...] for w in (0.0, 1.0))
+    assert float(jnp.abs(g1 - g0).max()) > 0  # the ratio loss moves the router too
+
+
+def test_per_stage_learning_rates_scale_each_stage_s_adam_step():
+    m = HNet(tiny(lr_scales=(3.0, 1.0)), rngs=nnx.Rngs(0))
+    params = nnx.state(m, nnx.Param)
+    train = TrainConfig(learning_rate=1e-3, weight_decay=0.0, grad_clip=0.0, warmup_steps=0)
+    tx = make_optimizer(StepSpec.of(train))
+    grads = jax.tree.map(jnp.ones_like, params)
+    updates, _ = tx.update(grads, tx.init(params), params, plan=schedule_plan(train, 100))
+    flat = {k: float(jnp.abs(v.get_value()).max()) for k, v in nnx.to_flat_state(updates)}
+    outer, inner = flat[("stage", "wq")], flat[("stage", "inner", "norm", "scale")]
+    assert outer == pytest.approx(3.0 * inner, rel=1e-5)  # Adam's first step has the same size everywhere
+    assert flat[("embed", "table")] == pytest.approx(outer, rel=1e-5)
+
+
+def test_bad_configs_are_refused_naming_the_field():
+    with pytest.raises(ValueError, match="model.stages"):
+        tiny(stages=3)
+    with pytest.raises(ValueError, match="model.global_d_model"):
+        tiny(global_d_model=16, global_heads=2)
+    with pytest.raises(ValueError, match="model.lr_scales"):
+        tiny(lr_scales=(1.0,))
+    with pytest.raises(ValueError, match="target_chunk_len"):
+        tiny(target_chunk_len=1.0)
