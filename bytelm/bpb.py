@@ -55,7 +55,7 @@ class SegmentScores:
 
 
 def score_segments(
-    score_rows: Callable[[dict], tuple[np.ndarray, np.ndarray]],
+    score_rows: Callable[[dict], tuple],
     batches: Iterable[tuple[dict, int]],
     segment_lengths: Sequence[int],
 ) -> SegmentScores:
@@ -67,7 +67,8 @@ def score_segments(
     """
     nats, nbytes, steps = [], [], []
     for batch, n_real in batches:
-        row_nats, row_bytes, *row_steps = score_rows(batch)
+        row = tuple(score_rows(batch))
+        row_nats, row_bytes, row_steps = row[0], row[1], row[2:]
         nats.append(np.asarray(row_nats, np.float64)[:n_real])
         nbytes.append(np.rint(np.asarray(row_bytes, np.float64)[:n_real]).astype(np.int64))
         if row_steps and row_steps[0] is not None:

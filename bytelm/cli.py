@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import jax
+from flax import nnx
 
 from bytelm.atomic import atomic_write_text
 from bytelm.baselines import KINDS, is_saved, load_tokenizer
@@ -49,7 +50,7 @@ from bytelm.sampling.sampler import SamplingOptions
 from bytelm.training import distributed
 from bytelm.training.host import configure_cpu_devices, keep_jax_off_absent_tpu, quiet_libtpu_without_tpu
 from bytelm.training.loop import train
-from bytelm.training.restore import restore_model
+from bytelm.training.restore import restore_model, restore_trainer
 from bytelm.training.trainer import TrainingDiverged
 
 EXIT_USER_ERROR = 2
@@ -677,6 +678,80 @@ def cmd_patch(args: argparse.Namespace) -> int:
             threshold=result.threshold,
             monotonic_threshold=result.monotonic_threshold,
             title=f"entropy patching, {source.entropy_run.name}",
+        )
+        rows.append(("png", args.png))
+    _print_rows(rows)
+    return 0
+
+
+# -- chunks ---------------------------------------------------------------------------------------
+def add_chunks(sub) -> None:
+    p = sub.add_parser(
+        "chunks",
+        help="show the chunks an H-Net run learned to make of a text",
+        description="Run an H-Net (family 'hnet') on a text and print the text with '|' between the chunks "
+        "its router makes, one line per stage (stage 2's chunks are groups of stage 1's), with each stage's "
+        "mean chunk length on this text. Bytes that are not printable, or UTF-8 split across chunks, are "
+        "shown escaped. The text must fit the model's context (train.seq_len - 1 bytes after the BOS).",
+    )
+    p.add_argument("run_dir", metavar="RUN_DIR", help="an H-Net run directory")
+    text = p.add_mutually_exclusive_group(required=True)
+    text.add_argument("--text", metavar="TEXT", help="the text to chunk")
+    text.add_argument("--file", metavar="PATH", help="chunk the bytes of this file")
+    p.add_argument(
+        "--step", type=int, metavar="N", help="use checkpoint N (default: the newest that restores)"
+    )
+    p.add_argument(
+        "--png",
+        metavar="PATH",
+        help="also draw stage 1's boundary probability per byte, the 0.5 threshold and its chunk boundaries "
+        "to PATH",
+    )
+    p.set_defaults(func=cmd_chunks)
+
+
+def cmd_chunks(args: argparse.Namespace) -> int:
+    from bytelm.families.hnet.model import HNet
+    from bytelm.families.hnet.show import chunk_text
+
+    if args.png:
+        check_output_file(args.png, "--png")
+    if args.file is not None:
+        try:
+            data = Path(args.file).read_bytes()
+        except OSError as e:
+            raise UserError(f"cannot read --file {args.file}: {e.strerror}; give a readable file") from None
+    else:
+        data = os.fsencode(args.text)
+    trainer = restore_trainer(args.run_dir, load_corpus=False, step=args.step)
+    model = nnx.merge(trainer.graphdef, trainer.model_params)
+    if not isinstance(model, HNet):
+        raise UserError(
+            f"{args.run_dir} is not an H-Net run (its model is {type(model).__name__}); 'bytelm chunks' "
+            "shows an H-Net's learned chunks ('bytelm patch' shows a BLT's entropy patches)"
+        )
+    result = chunk_text(model, data, trainer.cfg.train.seq_len)
+    rows = []
+    for stage in range(len(result.starts)):
+        print(f"stage {stage + 1}: " + format_patches(result.chunks(stage)))
+        rows.append(
+            (
+                f"stage {stage + 1} chunks",
+                f"{len(result.chunks(stage))}, mean {result.mean_chunk_len(stage):.3f} bytes "
+                f"(target N = {model.cfg.targets()[stage]:g} {'bytes' if stage == 0 else 'stage-1 chunks'})",
+            )
+        )
+    if args.png:
+        plot_entropies(
+            args.png,
+            data,
+            result.probs,
+            result.starts[0],
+            threshold=0.5,
+            title=f"H-Net stage 1 chunks, {Path(args.run_dir).name}",
+            quantity="boundary probability p",
+            unit="chunk",
+            units="chunks",
         )
         rows.append(("png", args.png))
     _print_rows(rows)
@@ -1456,6 +1531,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_train(sub)
     add_compile(sub)
     add_patch(sub)
+    add_chunks(sub)
     tok = sub.add_parser(
         "tokenizer",
         help="train and use the subword baseline tokenizers (byte-level BPE or Unigram)",

@@ -158,7 +158,7 @@ def test_cpu_recipes_cover_every_family_and_score_inside_their_context():
 
 def test_small_and_base_presets_have_the_sizes_they_promise():
     """configs/small: about 100M-parameter models of every family (one GPU); configs/base: about 1B
-    (the global model of MegaByte and BLT; several hosts, FSDP, one preset with tensor parallelism).
+    (the global model of MegaByte and BLT, the main network of H-Net; several hosts, FSDP, one preset with tensor parallelism).
     Counted on the abstract models (no weights are allocated). Embedding tables (BLT's hashed
     n-grams, the subword vocabulary) are lookups and are not counted."""
     from flax import nnx
@@ -166,6 +166,7 @@ def test_small_and_base_presets_have_the_sizes_they_promise():
     from bytelm.families.blt.model import BLT
     from bytelm.families.bpe.model import TokenLM
     from bytelm.families.byte.model import ByteLM
+    from bytelm.families.hnet.model import HNet
     from bytelm.families.megabyte.model import MegaByte
     from bytelm.training.trainer import count_params
 
@@ -173,17 +174,22 @@ def test_small_and_base_presets_have_the_sizes_they_promise():
         "byte": ByteLM,
         "megabyte": MegaByte,
         "blt": BLT,
+        "hnet": HNet,
         "bpe": lambda m, rngs: TokenLM(m, 32768, rngs=rngs),
     }
     expected = {"small": (80e6, 130e6), "base": (0.95e9, 1.2e9)}
     for size, (lo, hi) in expected.items():
-        for family in ("byte", "bpe", "megabyte", "blt"):
+        for family in ("byte", "bpe", "megabyte", "blt", "hnet"):
             cfg = load_config(f"{size}/{family}")
             model = nnx.eval_shape(lambda: builders[cfg.model.family](cfg.model, rngs=nnx.Rngs(0)))
             counts = count_params(nnx.state(model, nnx.Param))
             trunk = counts["non_embedding"]
-            if family in ("megabyte", "blt"):  # the global model alone
-                stack = model.global_stack if family == "megabyte" else model.latent.stack
+            if family in ("megabyte", "blt", "hnet"):  # the global (main) model alone
+                stack = {
+                    "megabyte": lambda: model.global_stack,
+                    "blt": lambda: model.latent.stack,
+                    "hnet": lambda: model.main_network().stack,
+                }[family]()
                 trunk = count_params(nnx.state(stack, nnx.Param))["non_embedding"]
             assert lo <= trunk <= hi, (size, family, trunk)
             assert cfg.model.dtype == "bfloat16" and cfg.train.seq_len >= cfg.data.segment_bytes

@@ -262,3 +262,108 @@ def test_bad_configs_are_refused_naming_the_field():
         tiny(lr_scales=(1.0,))
     with pytest.raises(ValueError, match="target_chunk_len"):
         tiny(target_chunk_len=1.0)
+
+
+# -- the family end to end: train, evaluate, chunks, sample, size rule ---------------------------
+TINY_RUN = {
+    "model.family": "hnet",
+    "model.local_d_model": 32,
+    "model.local_heads": 2,
+    "model.local_mlp_dim": 64,
+    "model.encoder_layers": 1,
+    "model.decoder_layers": 1,
+    "model.local_window": 16,
+    "model.global_d_model": 48,
+    "model.global_layers": 1,
+    "model.global_heads": 2,
+    "model.global_mlp_dim": 64,
+    "model.target_chunk_len": 4.0,
+    "data.segment_bytes": 48,
+    "data.max_eval_bytes": 2400,
+    "data.heldout_fraction": 0.2,
+    "train.batch_size": 4,
+    "train.seq_len": 64,
+    "train.steps": 3,
+    "train.warmup_steps": 1,
+    "train.log_every": 1,
+    "train.checkpoint_every": 100,
+    "train.peak_flops": 1e11,
+    "eval.every": 0,
+    "eval.batch_size": 4,
+}
+
+
+@pytest.fixture(scope="module")
+def hnet_run(tmp_path_factory):
+    from conftest import word_corpus
+
+    from bytelm.config import load_config
+    from bytelm.training.loop import train
+
+    root = tmp_path_factory.mktemp("hnet")
+    corpus = word_corpus(root / "corpus", n_docs=40, words_per_doc=120, two_dirs=True)
+    overrides = [f"{k}={v}" for k, v in {"data.source": f"files:{corpus}", **TINY_RUN}.items()]
+    train(load_config(None, overrides), root / "run")
+    return root / "run"
+
+
+def test_a_run_logs_its_chunk_rates_and_its_evaluation_counts_the_model_s_chunks(hnet_run, tmp_path):
+    import json
+
+    from bytelm import cli
+
+    info = json.loads((hnet_run / "run.json").read_text())
+    assert 1.0 < info["s1_mean_chunk_len"] < 64 and 0 <= info["s1_overflow_windows"] <= 1
+    train_records = [json.loads(x) for x in (hnet_run / "metrics.jsonl").read_text().splitlines()]
+    assert all(
+        "s1_mean_chunk_len" in r and "s1_ratio_loss" in r for r in train_records if r["kind"] == "train"
+    )
+    assert cli.main(["eval", str(hnet_run), "--json", str(tmp_path / "r.json")]) == 0
+    (model,) = json.loads((tmp_path / "r.json").read_text())["models"]
+    assert model["family"] == "hnet" and model["note"].startswith("train chunks")
+    assert len(model["dirs"]) == 2
+    for group in model["dirs"].values():  # per directory: bytes per innermost chunk, counted by the model
+        assert group["global_steps"] >= group["segments"]  # (every segment is at least one chunk)
+        assert group["mean_bytes_per_global_step"] == pytest.approx(group["bytes"] / group["global_steps"])
+    assert model["mean_bytes_per_global_step"] == pytest.approx(
+        model["bytes"] / sum(g["global_steps"] for g in model["dirs"].values())
+    )
+
+
+def test_bytelm_chunks_shows_each_stage_s_chunks_and_refuses_other_families(hnet_run, tmp_path, capsys):
+    from bytelm import cli
+
+    text = "the quick brown fox jumps over the lazy dog"
+    assert cli.main(["chunks", str(hnet_run), "--text", text, "--png", str(tmp_path / "c.png")]) == 0
+    out = capsys.readouterr().out
+    line = next(x for x in out.splitlines() if x.startswith("stage 1: "))
+    assert line[len("stage 1: ") :].replace("|", "") == text  # the chunks cover the text exactly
+    assert (tmp_path / "c.png").stat().st_size > 1000
+    assert cli.main(["chunks", str(hnet_run), "--text", "x" * 200]) == 2  # longer than the context
+    assert "context" in capsys.readouterr().err
+
+
+def test_sampling_an_h_net_run_streams_bytes(hnet_run, capsys):
+    import json
+
+    from bytelm import cli
+
+    assert (
+        cli.main(["sample", str(hnet_run), "--prompt", "the", "--max-bytes", "12", "--greedy", "--stats"])
+        == 0
+    )
+    stats = json.loads(capsys.readouterr().err.strip().splitlines()[-1])
+    assert stats["family"] == "hnet" and stats["generated_bytes"] <= 12 and stats["chunks_per_stage"][0] >= 1
+
+
+@pytest.mark.parametrize("stages", [1, 2])
+def test_the_size_rule_builds_valid_configs_at_every_budget(stages):
+    from bytelm.experiments.spec import SizeRule
+    from bytelm.families.hnet import HNetTask
+
+    rule = SizeRule()
+    for budget in (5e11, 2e12, 1e15, 1e20):
+        trunk = rule.sizes(budget)
+        cfg = HNetTask.sized(tiny(stages), trunk, {"target_chunk_len": 8.0})
+        assert cfg.global_d_model == trunk.main.d_model and cfg.local_d_model == trunk.local.d_model
+        assert cfg.target_chunk_len == 8.0 and cfg.encoder_layers == 1  # depths stay

@@ -225,7 +225,7 @@ class Task:
         and what it needs besides (here nothing; BLT: its entropy model's training and forward passes)."""
         return Ledger(self.train_flops_per_position() * self.positions_per_step())
 
-    def stats_record(self, sums: Mapping[str, int]) -> dict:
+    def stats_record(self, sums: Mapping[str, float]) -> dict:
         """Rates for logs and reports from the summed ``batch["stats"]`` counts of :meth:`decorate`
         (``{}`` for families whose pipeline keeps none)."""
         return {}

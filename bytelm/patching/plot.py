@@ -34,9 +34,14 @@ def plot_entropies(
     threshold: float | None = None,
     monotonic_threshold: float | None = None,
     title: str | None = None,
+    quantity: str = "entropy H (nats)",
+    unit: str = "patch",
+    units: str = "patches",
 ) -> Path:
     """Write a PNG of ``entropies[j]`` (nats) per byte ``j`` of ``data`` with vertical lines where
-    ``starts[j]`` (``j >= 1``) begins a patch and the global threshold as a horizontal line."""
+    ``starts[j]`` (``j >= 1``) begins a patch and the global threshold as a horizontal line.
+    ``quantity``, ``unit`` and ``units`` name what is plotted and what the lines start (``bytelm chunks``: an
+    H-Net router's boundary probability, and chunks)."""
     path = Path(path)
     if not path.parent.is_dir():
         raise UserError(f"cannot write {path}: the directory {path.parent} does not exist; create it first")
@@ -51,7 +56,7 @@ def plot_entropies(
     FigureCanvasAgg(fig)
     ax = fig.add_subplot(1, 1, 1)
     x = np.arange(n)
-    ax.plot(x, h, color="tab:blue", marker="o", markersize=3, linewidth=1, label="entropy H (nats)")
+    ax.plot(x, h, color="tab:blue", marker="o", markersize=3, linewidth=1, label=quantity)
     for j in np.flatnonzero(starts[1:]) + 1:
         ax.axvline(j - 0.5, color="tab:gray", linewidth=0.8, linestyle="--")
     if threshold is not None:
@@ -61,9 +66,9 @@ def plot_entropies(
     ax.set_xlim(-0.5, n - 0.5)
     top = max(float(h.max()) if n else 0.0, threshold if threshold is not None else 0.0)
     ax.set_ylim(0, 1.1 * top if top > 0 else 1.0)
-    ax.set_ylabel("entropy (nats)")
-    ax.set_xlabel("bytes (dashed lines: patch boundaries)")
-    subtitle = f"{int(starts.sum())} patches, mean {n / max(int(starts.sum()), 1):.2f} bytes"
+    ax.set_ylabel(quantity)
+    ax.set_xlabel(f"bytes (dashed lines: {unit} boundaries)")
+    subtitle = f"{int(starts.sum())} {units}, mean {n / max(int(starts.sum()), 1):.2f} bytes"
     if monotonic_threshold is not None:
         subtitle += f", monotonic threshold {monotonic_threshold:.3g}"
     ax.set_title(f"{title} ({subtitle})" if title else subtitle, fontsize=9)

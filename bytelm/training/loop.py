@@ -218,7 +218,7 @@ class _Run:
         self.ckpt = Checkpointer(self.files.checkpoints_path, keep=cfg.train.keep_checkpoints)
         self.wall0, self.train_s0, self.horizon0 = 0.0, 0.0, None
         # the batches' host-side counts over the whole run (kept in checkpoints)
-        self.stats_run: dict[str, int] = {}
+        self.stats_run: dict[str, float] = {}
         self.last_good_step: int | None = None
         if self.ckpt.steps():
             self.last_good_step, _, skipped = self.ckpt.restore_newest(self._resume)
@@ -252,7 +252,7 @@ class _Run:
         self.last_loss, self.last_eval, self.stopped_by_signal = float("nan"), None, False
         self.signum: int | None = None  # the signal that stopped this process, if its own
         self.profile_staging: Path | None = None  # (a run in a store: the trace's local directory)
-        self.stats_log: dict[str, int] = {}  # the batches' host-side counts since the last log line
+        self.stats_log: dict[str, float] = {}  # the batches' host-side counts since the last log line
         self.input_wait_s = 0.0  # time spent waiting for batches since the last log line
         self.finished_agreed: bool | None = None  # the loop's last finished decision, as every process agreed
 

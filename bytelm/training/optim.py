@@ -17,10 +17,11 @@ fan_out))``, Liu et al. 2025, "Muon is Scalable for LLM Training", arXiv:2502.16
 learning rate, schedule, weight decay and clipping apply; embeddings, output heads, norms and
 other vectors keep Adam (``beta1``, ``beta2``).
 
-A parameter whose variable carries the metadata ``lr_scale`` (a model's own multiplier: H-Net's
-per-stage rates) takes its step times that. ``train.embedding_lr_scale`` multiplies the step of the lookup tables (embeddings and hashed
+``train.embedding_lr_scale`` multiplies the step of the lookup tables (embeddings and hashed
 n-gram tables, whose rows see a gradient only where their id occurs) under either optimizer; their
-weight decay scales with it, as AdamW's does with its learning rate.
+weight decay scales with it, as AdamW's does with its learning rate. A parameter whose variable
+carries the metadata ``lr_scale`` (a model's own multiplier: H-Net's per-stage rates) takes its
+step times that (in the schedule's scaling: no optimizer state of its own).
 """
 
 from __future__ import annotations

@@ -93,12 +93,16 @@ class Programs:
             (_, (nll, count, nbytes, stats)), grads = grad_fn(params, batch, key)
         else:
             micro = jax.tree.map(lambda x: x.reshape(accum, x.shape[0] // accum, *x.shape[1:]), batch)
-            stats_shape = jax.eval_shape(lambda mb: self._sums(params, mb)[1][3], jax.tree.map(lambda x: x[0], micro))
+            stats_shape = jax.eval_shape(
+                lambda mb: self._sums(params, mb)[1][3], jax.tree.map(lambda x: x[0], micro)
+            )
 
             def body(carry, xs):
                 g_acc, nll_acc, c_acc, b_acc, s_acc = carry
                 mb, i = xs
-                (_, (nll, c, b, s)), g = grad_fn(params, mb, None if key is None else jax.random.fold_in(key, i))
+                (_, (nll, c, b, s)), g = grad_fn(
+                    params, mb, None if key is None else jax.random.fold_in(key, i)
+                )
                 s_acc = jax.tree.map(jnp.add, s_acc, s)
                 return (jax.tree.map(jnp.add, g_acc, g), nll_acc + nll, c_acc + c, b_acc + b, s_acc), None
 

@@ -202,7 +202,7 @@ class BLTTask(ByteTask):
             per_step_name="entropy model forward over the training bytes",
         )
 
-    def stats_record(self, sums: Mapping[str, int]) -> dict:
+    def stats_record(self, sums: Mapping[str, float]) -> dict:
         if not sums.get("windows"):
             return {}
         return {

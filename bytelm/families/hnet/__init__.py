@@ -77,13 +77,16 @@ class HNetTask(ByteTask):
                 return {}
             measured.append(positions / chunks)
             out[k + "mean_chunk_len"] = positions / chunks
-            out[k + "overflow_windows"] = sums.get(k + "overflow_windows", 0.0) / max(sums.get(k + "windows", 1.0), 1.0)
+            out[k + "overflow_windows"] = sums.get(k + "overflow_windows", 0.0) / max(
+                sums.get(k + "windows", 1.0), 1.0
+            )
             out[k + "dropped_boundaries"] = sums.get(k + "dropped", 0.0) / positions
             out[k + "ratio_loss"] = sums.get(k + "ratio_loss", 0.0) / max(sums.get(k + "windows", 1.0), 1.0)
             out[k + "p_mean"] = sums.get(k + "p_sum", 0.0) / positions
-        out["flops_at_measured_rate"] = forward_flops_per_byte(
-            self.cfg.model, self.cfg.train.seq_len, measured
-        ) / self.forward_flops_per_position()
+        out["flops_at_measured_rate"] = (
+            forward_flops_per_byte(self.cfg.model, self.cfg.train.seq_len, measured)
+            / self.forward_flops_per_position()
+        )
         return out
 
     @classmethod
@@ -95,4 +98,3 @@ class HNetTask(ByteTask):
         overflow = max(run_info.get(f"s{s}_overflow_windows", 0.0) for s in range(1, len(lengths) + 1))
         chunks = " x ".join(f"{x:.2f}" for x in lengths)
         return f"train chunks {chunks} (per stage), overflow {100 * overflow:.1f}% of windows"
-

@@ -43,7 +43,9 @@ def row_caches(stack: Transformer, batch: int, slots: int) -> list[RowCache]:
         a = block.attn
         shape = (batch, slots, a.n_heads, a.head_dim)
         out.append(
-            RowCache(jnp.zeros(shape, a.dtype), jnp.zeros(shape, a.dtype), jnp.full((batch, slots), -1, jnp.int32))
+            RowCache(
+                jnp.zeros(shape, a.dtype), jnp.zeros(shape, a.dtype), jnp.full((batch, slots), -1, jnp.int32)
+            )
         )
     return out
 
@@ -109,7 +111,7 @@ def init_state(model: HNet, batch: int, context: int) -> dict:
             }
         )
         positions = n_slots
-    main = model.stages()[-1].inner
+    main = model.main_network()
     return {
         "stages": stages,
         "main": {
@@ -157,7 +159,10 @@ def _stage_step(stages, level, x_Bx1xD, start_B, active_B, within_B, states, ms,
         else:
             zhat, ms = _main_step(stage.inner, h, first_B, close_B, ms, documents)
         P_B = jnp.clip(p_B, P_CLAMP, 1.0 - P_CLAMP)
-        z_new = P_B[:, None] * zhat[:, 0].astype(jnp.float32) + jnp.where(first_B, 0.0, 1.0 - P_B)[:, None] * st["z"]
+        z_new = (
+            P_B[:, None] * zhat[:, 0].astype(jnp.float32)
+            + jnp.where(first_B, 0.0, 1.0 - P_B)[:, None] * st["z"]
+        )
         return jnp.where(close_B[:, None], z_new, st["z"]), inner_states, ms
 
     def skip(args):

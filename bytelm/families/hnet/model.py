@@ -129,6 +129,7 @@ class StageOut(NamedTuple):
     aux: jax.Array  # the sum over this stage and those inside it of their ratio losses
     stats: dict  # scalar sums per stage (s1_..., s2_...)
     boundaries: list  # each stage's kept boundaries (outside in), ``B x T`` at this stage's positions
+    probs: list  # each stage's router probabilities p, likewise
     chunk_positions: list  # each stage's slot -> position map (``B x M``) and filled slots (``B``)
 
 
@@ -176,7 +177,7 @@ class Main(nnx.Module):
 
     def __call__(self, x_BxTxD, starts_BxT, valid_BxT, segments_BxT, drop: Dropout | None) -> StageOut:
         y = self.norm(self.stack(self.widen(x_BxTxD), segments_BxT=segments_BxT, drop=drop))
-        return StageOut(y[..., : self.d_in], jnp.zeros((), jnp.float32), {}, [], [])
+        return StageOut(y[..., : self.d_in], jnp.zeros((), jnp.float32), {}, [], [], [])
 
 
 class Stage(nnx.Module):
@@ -237,7 +238,9 @@ class Stage(nnx.Module):
         B, T = starts_BxT.shape
         M = self.slots(T)
         base = 8 * self.level  # dropout sites of this stage
-        h = self.encoder_norm(self.encoder(self.widen(x_BxTxD), segments_BxT=segments_BxT, drop=drop_at(drop, base)))
+        h = self.encoder_norm(
+            self.encoder(self.widen(x_BxTxD), segments_BxT=segments_BxT, drop=drop_at(drop, base))
+        )
         # router
         q = h.astype(jnp.float32) @ self.wq[...]
         k = h.astype(jnp.float32) @ self.wk[...]
@@ -259,7 +262,9 @@ class Stage(nnx.Module):
         spread_BxTxD = jnp.take_along_axis(z_BxMxD, index_BxT[..., None], axis=1)
         c_BxT = jnp.where(keep_BxT, p_BxT, 1.0 - p_BxT)
         out = spread_BxTxD * straight_through(c_BxT)[..., None] + h.astype(jnp.float32) @ self.residual[...]
-        y = self.decoder_norm(self.decoder(out.astype(self.dtype), segments_BxT=segments_BxT, drop=drop_at(drop, base + 2)))
+        y = self.decoder_norm(
+            self.decoder(out.astype(self.dtype), segments_BxT=segments_BxT, drop=drop_at(drop, base + 2))
+        )
         # the ratio loss and the statistics, over the real positions
         loss, _, _ = ratio_loss(b_BxT, p_BxT, valid_BxT, self.target)
         s = f"s{self.level + 1}_"
@@ -279,6 +284,7 @@ class Stage(nnx.Module):
             loss + inner.aux,
             {**stats, **inner.stats},
             [keep_BxT, *inner.boundaries],
+            [p_BxT, *inner.probs],
             [(pos_BxM, n_B), *inner.chunk_positions],
         )
 
@@ -327,28 +333,37 @@ class HNet(nnx.Module):
             steps_B=_innermost_real_chunks(out.chunk_positions, inputs != PAD_ID),
         )
 
-    def byte_boundaries(self, ids_BxT: jax.Array) -> list[jax.Array]:
-        """Each stage's kept boundaries as byte positions (``B x T`` bool), outside in: where the
-        chunks of stage ``s`` start."""
+    def byte_boundaries(self, ids_BxT: jax.Array) -> tuple[list[jax.Array], jax.Array]:
+        """``(starts, p)``: each stage's kept boundaries as input positions (``B x T`` bool, outside in:
+        where the chunks of stage ``s`` start), and stage 1's router probabilities (``B x T``)."""
         _, out = self.forward(ids_BxT)
         B, T = ids_BxT.shape
         result = []
-        to_bytes = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32)[None, :], (B, T))  # level -> byte position
+        to_input = jnp.broadcast_to(
+            jnp.arange(T, dtype=jnp.int32)[None, :], (B, T)
+        )  # a level's position -> input's
         for level, keep in enumerate(out.boundaries):
             if level:
-                pos_BxM, _ = out.chunk_positions[level - 1]
-                to_bytes = jnp.take_along_axis(to_bytes, pos_BxM, axis=1)
-            marks = jnp.zeros((B, T), bool).at[jnp.arange(B)[:, None], to_bytes].max(keep)
-            result.append(marks)
-        return result
+                pos_BxM, n_B = out.chunk_positions[level - 1]
+                to_input = jnp.take_along_axis(to_input, pos_BxM, axis=1)
+                keep = keep & (jnp.arange(keep.shape[1])[None, :] < n_B[:, None])
+            result.append(jnp.zeros((B, T), bool).at[jnp.arange(B)[:, None], to_input].max(keep))
+        return result, out.probs[0]
 
     # -- decoding (bytelm/families/hnet/decoder.py) ------------------------------------------------
     def stages(self) -> list[Stage]:
-        out, s = [], self.stage
+        """The stages, from the outside in."""
+        out: list[Stage] = []
+        s: Stage | Main = self.stage
         while isinstance(s, Stage):
             out.append(s)
             s = s.inner
         return out
+
+    def main_network(self) -> Main:
+        inner = self.stages()[-1].inner
+        assert isinstance(inner, Main)
+        return inner
 
 
 def _innermost_real_chunks(chunk_positions: list, valid_BxT: jax.Array) -> jax.Array:

@@ -1,0 +1,168 @@
+"""H-Net's speed, each figure against a peer measured in the same run.
+
+``train``     Training throughput at T = 2048 (batch 4) against the flat byte LM that MegaByte and BLT
+              are measured against (``benchmarks/train_step.py``: 6 x 256, full attention). The
+              H-Net's main network is that same 6 x 256 stack, over chunks of N = 6 bytes (slots for
+              twice the expected chunks, as the presets); its stage 1 is 128 wide (encoder 2 and
+              decoder 2 blocks, sliding window 64). A training step's cost does not depend on where
+              the router puts boundaries (the chunk slots are static), so random bytes do. Paired,
+              alternating timing in two worker processes (train_step.py's): ``hnet_vs_flat`` is the
+              median per-round ratio of the flat model's step time to the H-Net's (the same bytes per
+              step: the ratio of bytes/s). Target (the H-Net issue): >= 2.
+``generate``  Cached decoding against full recomputation (as ``benchmarks/generate.py`` for the other
+              families): the tiny H-Net (``configs/tiny/hnet.toml``) trained ``--train-steps`` steps on
+              the stdlib corpus here (so its router makes chunks of a trained length; the figure is
+              reported), then ``--max-bytes`` bytes generated after a 64-byte stdlib prompt at a
+              context of ``--context`` with the caches, and again by recomputing the full pass for
+              every byte (one padded width, one compiled program). ``hnet_cached_speedup`` = the
+              recomputation's time over the cache's. Target: >= 5.
+
+The last line is one JSON object of the headline figures. About 6 minutes on a 2-core CPU.
+
+    python benchmarks/hnet.py [--only train,generate] [--steps 6] [--train-steps 120]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+
+import numpy as np
+from results import record
+from train_step import FLAT, Worker, alternate, cpu_model, seconds, spread
+
+HNET = [
+    "model.family=hnet",
+    "model.stages=1",
+    "model.local_d_model=128",
+    "model.local_heads=2",
+    "model.local_mlp_dim=352",
+    "model.encoder_layers=2",
+    "model.decoder_layers=2",
+    "model.local_window=64",
+    "model.global_d_model=256",
+    "model.global_layers=6",
+    "model.global_heads=4",
+    "model.global_mlp_dim=704",
+    "model.target_chunk_len=6.0",
+    "model.chunk_slots=2.0",
+]
+
+
+def train_section(steps: int, result: dict) -> None:
+    T, B = 2048, 4
+    with (
+        Worker("jax", model_overrides=FLAT, batch=B, seq_len=T) as flat,
+        Worker("jax", model_overrides=HNET, batch=B, seq_len=T) as hnet,
+    ):
+        ft, ht = alternate(flat, hnet, steps)
+        info_flat, info_hnet = flat.info, hnet.info
+    ratios = spread([f / h for f, h in zip(seconds(ft, "step_s"), seconds(ht, "step_s"))])
+    dt_f, dt_h = float(np.median(seconds(ft, "step_s"))), float(np.median(seconds(ht, "step_s")))
+    for name, dt, info in (("flat byte LM", dt_f, info_flat), ("H-Net N=6", dt_h, info_hnet)):
+        print(
+            f"{name:<13} T={T} B={B} params={info['params']:,}: {B * T / dt:,.0f} bytes/s, "
+            f"{info['flops_per_step'] / (B * T) / 1e6:.1f} MFLOP/byte (analytic, training)"
+        )
+    print(
+        f"H-Net / flat bytes/s per round: median {ratios['median']} (min {ratios['min']}, max "
+        f"{ratios['max']})"
+    )
+    result.update(
+        hnet_vs_flat=ratios["median"],
+        hnet_vs_flat_min=ratios["min"],
+        hnet_vs_flat_max=ratios["max"],
+        hnet_t2048_bytes_s=round(B * T / dt_h),
+        flat_t2048_bytes_s=round(B * T / dt_f),
+        hnet_params=info_hnet["params"],
+        flat_params=info_flat["params"],
+    )
+
+
+def generate_section(train_steps: int, max_bytes: int, context: int, result: dict) -> None:
+    from flax import nnx
+
+    from bytelm.config import load_config, resolve_config_path
+    from bytelm.constants import EOS_ID
+    from bytelm.data import load_corpus
+    from bytelm.families.hnet.decoder import HNetDecoder
+    from bytelm.generate import generate
+    from bytelm.sampling.sampler import SamplingOptions, choose
+    from bytelm.training.loop import train
+    from bytelm.training.restore import restore_trainer
+
+    run = tempfile.mkdtemp(prefix="bytelm-hnet-bench-")
+    cfg = load_config(
+        resolve_config_path("tiny/hnet"),
+        [
+            f"train.steps={train_steps}",
+            "eval.every=0",
+            "train.checkpoint_every=100000",
+            "train.peak_flops=1e11",
+        ],
+    )
+    t0 = time.perf_counter()
+    train(cfg, run)
+    print(f"tiny H-Net trained {train_steps} steps in {time.perf_counter() - t0:.0f} s")
+    trainer = restore_trainer(run, load_corpus=False)
+    model = nnx.merge(trainer.graphdef, trainer.model_params)
+    decoder = HNetDecoder(model, context)
+    decoder.allowed_V[EOS_ID] = False  # every measurement generates exactly max_bytes bytes
+    corpus = load_corpus("stdlib")
+    prompt = bytes(corpus.train_stream[1000:1064].astype(np.uint8))
+    options = SamplingOptions(seed=0, top_k=0)
+
+    def recompute(n: int) -> bytes:
+        rng = np.random.default_rng(options.seed)
+        units: list[int] = []
+        while len(units) < n:
+            units.append(choose(decoder.recompute(prompt, units), decoder.allowed_V, options, rng))
+        return b"".join(decoder.unit_bytes(u) for u in units)
+
+    generate(decoder, prompt, max_bytes=32, options=options)  # compile
+    recompute(2)
+    t0 = time.perf_counter()
+    cached = generate(decoder, prompt, max_bytes=max_bytes, options=options)
+    cached_s = time.perf_counter() - t0
+    chunks = decoder.stats()["chunks_per_stage"][0]
+    t0 = time.perf_counter()
+    full = recompute(max_bytes)
+    full_s = time.perf_counter() - t0
+    mean_chunk = (1 + len(prompt) + max_bytes - 1) / max(chunks, 1)
+    print(
+        f"H-Net (tiny) generation at context {context}: cached {max_bytes / cached_s:.1f} B/s, recompute "
+        f"{max_bytes / full_s:.1f} B/s, speedup {full_s / cached_s:.1f}x; same sample {cached == full}; "
+        f"{chunks} stage-1 chunks over the prompt and generated bytes (mean {mean_chunk:.2f} bytes)"
+    )
+    result.update(
+        hnet_cached_speedup=round(full_s / cached_s, 2),
+        hnet_cached_bytes_s=round(max_bytes / cached_s, 1),
+        hnet_recompute_bytes_s=round(max_bytes / full_s, 1),
+        hnet_same_sample=cached == full,
+        hnet_generated_mean_chunk_len=round(mean_chunk, 3),
+        hnet_train_steps=train_steps,
+    )
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--only", default="train,generate", help="comma-separated sections: train, generate")
+    p.add_argument("--steps", type=int, default=6, help="alternating timing rounds (train)")
+    p.add_argument("--train-steps", type=int, default=120, help="training steps of the generating model")
+    p.add_argument("--max-bytes", type=int, default=256, help="bytes generated per measurement")
+    p.add_argument("--context", type=int, default=1024, help="the decoder's context (positions)")
+    args = p.parse_args()
+    sections = set(args.only.split(","))
+    result: dict = {"cpu": cpu_model()}
+    if "train" in sections:
+        train_section(args.steps, result)
+    if "generate" in sections:
+        generate_section(args.train_steps, args.max_bytes, args.context, result)
+    print(json.dumps(result))
+    record("hnet", result)
+
+
+if __name__ == "__main__":
+    main()
