@@ -3,7 +3,7 @@
 docs/scaling.md: memory per chip and HBM free, compile seconds, the collectives of a train step,
 XLA's FLOPs over the analytic count, and the roofline estimate.
 
-    python benchmarks/compile_table.py [--reports DIR] [--topologies v5e-256,v5p-128,v6e-256]
+    python benchmarks/compile_table.py [--reports DIR] [--topologies v5e-256,v5p-128,v6e-256] [--configs C,...]
 
 ``--reports DIR``: read the ``--json`` reports a previous run left in DIR (``<config>-<slice>.json``,
 ``/`` as ``_``) instead of compiling again; missing ones are compiled. The BPE presets compile at
@@ -26,8 +26,8 @@ from pathlib import Path
 from results import record
 
 CONFIGS = [
-    "small/byte", "small/bpe", "small/megabyte", "small/blt", "small/entropy",
-    "base/byte", "base/byte_tp", "base/bpe", "base/megabyte", "base/blt", "base/entropy",
+    "small/byte", "small/bpe", "small/megabyte", "small/blt", "small/entropy", "small/hnet",
+    "base/byte", "base/byte_tp", "base/bpe", "base/megabyte", "base/blt", "base/entropy", "base/hnet",
 ]  # fmt: skip
 GIB = 1 << 30
 
@@ -75,6 +75,12 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--reports", help="where the --json reports are kept (default: a new temporary directory)")
     p.add_argument("--topologies", default="v5e-256,v5p-128,v6e-256")
+    p.add_argument(
+        "--configs",
+        default=",".join(CONFIGS),
+        help="comma-separated presets (default: every small and base preset); the table and the JSON "
+        "line then cover these alone",
+    )
     args = p.parse_args(argv)
     reports = Path(args.reports or tempfile.mkdtemp(prefix="bytelm-compile-"))
     reports.mkdir(parents=True, exist_ok=True)
@@ -85,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     ]
     headline: dict = {"cases": {}}
     for topology in args.topologies.split(","):
-        for config in CONFIGS:
+        for config in args.configs.split(","):
             report, extra = report_for(config, topology, reports)
             if report is None:
                 lines.append(f"| `{config}` | {topology} | did not compile | | | | | | | |")
