@@ -97,4 +97,7 @@ class HNetTask(ByteTask):
             return ""
         overflow = max(run_info.get(f"s{s}_overflow_windows", 0.0) for s in range(1, len(lengths) + 1))
         chunks = " x ".join(f"{x:.2f}" for x in lengths)
-        return f"train chunks {chunks} (per stage), overflow {100 * overflow:.1f}% of windows"
+        note = f"train chunks {chunks} (per stage), overflow {100 * overflow:.1f}% of windows"
+        ratio = run_info.get("flops_at_measured_rate")
+        # (FLOPs are planned at the targets N; at the rates the router learned they would be this)
+        return note + (f", FLOPs at the learned rates {ratio:.2f}x planned" if ratio else "")
