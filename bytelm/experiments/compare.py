@@ -58,6 +58,7 @@ import logging
 from pathlib import Path
 
 from bytelm.atomic import atomic_write_text
+from bytelm.baselines import OWN_ENCODER
 from bytelm.config import shipped_configs
 from bytelm.errors import UserError
 from bytelm.evaluation.evaluator import unigram_baselines
@@ -278,7 +279,7 @@ class CompareRunner(Runner):
         """The subword tokenizer as the report records it: kind, encoder rule, size, pattern, directory."""
         tok = self.exp.tokenizer
         kind = tok.get("tokenizer.kind", "bpe")
-        encoder = tok.get("tokenizer.encoder") or ("ranks" if kind == "bpe" else "viterbi")
+        encoder = tok.get("tokenizer.encoder") or OWN_ENCODER[kind]
         return {
             "kind": kind,
             "encoder": encoder,

@@ -38,7 +38,7 @@ import jax
 import numpy as np
 
 from bytelm.atomic import atomic_directory, atomic_write_text
-from bytelm.baselines import is_saved, load_tokenizer, train_tokenizer
+from bytelm.baselines import OWN_ENCODER, is_saved, load_tokenizer, train_tokenizer
 from bytelm.bpb import SegmentScores
 from bytelm.config import Config, load_config, section_overrides, typed_fields, with_values
 from bytelm.errors import UserError
@@ -208,7 +208,7 @@ class Runner:
 
     def tokenizer_dir(self, cell: dict) -> Path:
         kind, encoder = tokenizer_kind(cell)
-        rule = "" if encoder in ("", "ranks", "viterbi") else f"-{encoder}"
+        rule = "" if encoder in ("", OWN_ENCODER[kind]) else f"-{encoder}"
         return (
             self.out
             / "tokenizers"
@@ -472,7 +472,7 @@ class Runner:
                     pattern=pattern,
                     progress=self.bar(f"tokenizer {tdir.name}"),
                 )
-                if encoder:
+                if encoder and encoder != made.encoder:
                     made = made.with_encoder(encoder)
                 with atomic_directory(tdir) as tmp:
                     made.save(tmp)

@@ -17,7 +17,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from bytelm.baselines import KINDS
+from bytelm.baselines import KINDS, encoders_of
 from bytelm.config import build_section
 from bytelm.errors import UserError
 from bytelm.families import Trunk
@@ -261,11 +261,11 @@ class _TokenizerTable:
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise ValueError(f"kind is {self.kind!r}; use one of {list(KINDS)}")
-        own = "ranks" if self.kind == "bpe" else "viterbi"
-        if self.encoder not in ("", "longest", own):
+        rules = encoders_of(self.kind)
+        if self.encoder not in ("", *rules):
             raise ValueError(
-                f"encoder is {self.encoder!r}: a {self.kind} tokenizer's rule is its own ('' or {own}) or "
-                "'longest'"
+                f"encoder is {self.encoder!r}: a {self.kind} tokenizer's rule is its own ('' or {rules[0]})"
+                + (" or 'longest'" if len(rules) > 1 else "")
             )
         if self.vocab_size < 1:
             raise ValueError(f"vocab_size must be >= 1, got {self.vocab_size}")
