@@ -27,6 +27,7 @@ import jax
 from bytelm.atomic import atomic_write_text
 from bytelm.baselines import KINDS, NATIVE_FILES, encoders_of, is_saved, load_tokenizer
 from bytelm.baselines.bpe import tokenizer_stats, train_bpe
+from bytelm.baselines.imported import import_tiktoken
 from bytelm.config import load_config
 from bytelm.data import default_cache_dir, load_corpus_from_config
 from bytelm.errors import UserError
@@ -864,11 +865,63 @@ def cmd_tokenizer_train(args: argparse.Namespace) -> int:
     return 0
 
 
+# -- tokenizer import -----------------------------------------------------------------------------
+def add_tokenizer_import(sub) -> None:
+    p = sub.add_parser(
+        "import",
+        help="import a tiktoken rank file as the subword baseline, with its own ids",
+        description="Read a tiktoken rank file (base64(token) rank per line; --pattern gives the split "
+        "pattern that goes with it) and write a tokenizer directory that encodes with ids identical to "
+        "tiktoken.Encoding(pat_str=PATTERN, mergeable_ranks=..., special_tokens={}). Use it like a "
+        "trained one: --tokenizer DIR, model.tokenizer = DIR, or 'dir = DIR' in a compare preset's "
+        "[tokenizer] table.",
+    )
+    p.add_argument("path", metavar="PATH", help="the tiktoken rank file (e.g. a ranks.tiktoken)")
+    p.add_argument(
+        "--pattern",
+        default="cl100k",
+        metavar="gpt2|cl100k|REGEX",
+        help="the split pattern the ranks were made with: 'cl100k' (default), 'gpt2', or a regex",
+    )
+    p.add_argument("--out", required=True, metavar="DIR", help="directory to write the tokenizer files into")
+    p.add_argument("--force", action="store_true", help="write over a tokenizer already in --out")
+    p.set_defaults(func=cmd_tokenizer_import)
+
+
+def cmd_tokenizer_import(args: argparse.Namespace) -> int:
+    check_output_dir(args.out, "--out")
+    if is_saved(args.out) and not args.force:
+        raise UserError(f"--out {args.out} holds a tokenizer already; give another directory, or --force")
+    if not Path(args.path).is_file():
+        raise UserError(f"{args.path} is not a file: give a tiktoken rank file")
+    if args.path.endswith(".json"):
+        raise UserError(
+            f"{args.path}: importing an HF tokenizer.json is not supported yet; give a tiktoken rank file "
+            "(base64(token) rank per line)"
+        )
+    tok = import_tiktoken(args.path, pattern=args.pattern)
+    tok.save(args.out, source_file=args.path)
+    _remove_stale_files(args.out, "imported")
+    _print_rows(
+        [
+            ("tokenizer", args.out),
+            ("source", f"{args.path} (tiktoken ranks)"),
+            ("kind", f"{tok.kind} (encoder: {tok.encoder}), ids as in the source"),
+            ("pattern", args.pattern),
+            ("ids", f"{tok.n_vocab:,}"),
+            ("fingerprint", tok.fingerprint),
+        ]
+    )
+    return 0
+
+
 def _remove_stale_files(out, kind: str) -> None:
     """--force over another kind: its native file could be read first, its tiktoken ranks mislead."""
     stale = [name for k, name in NATIVE_FILES.items() if k != kind]
-    if kind != "bpe":
+    if kind != "bpe" and kind != "imported":
         stale.append("ranks.tiktoken")
+    if kind != "imported":
+        stale.append("bytelm_imported.json")
     for name in stale:
         if (Path(out) / name).is_file():
             (Path(out) / name).unlink()
@@ -1509,7 +1562,13 @@ def build_parser() -> argparse.ArgumentParser:
     tok_sub = tok.add_subparsers(
         dest="tokenizer_command", metavar="SUBCOMMAND", required=True, help="tokenizer command"
     )
-    for add in (add_tokenizer_train, add_tokenizer_encode, add_tokenizer_decode, add_tokenizer_stats):
+    for add in (
+        add_tokenizer_train,
+        add_tokenizer_import,
+        add_tokenizer_encode,
+        add_tokenizer_decode,
+        add_tokenizer_stats,
+    ):
         add(tok_sub)
     add_eval(sub)
     add_compare(sub)

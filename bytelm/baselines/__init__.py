@@ -38,13 +38,15 @@ def encoders_of(kind: str) -> tuple[str, ...]:
 def is_saved(directory) -> bool:
     """Whether ``directory`` holds a complete saved tokenizer (its native file is written last)."""
     d = Path(directory)
-    return any((d / name).is_file() for name in NATIVE_FILES.values())
+    return any((d / name).is_file() for name in (*NATIVE_FILES.values(), "bytelm_imported.json"))
 
 
 def load_tokenizer(directory):
     """The tokenizer saved in ``directory``, BPE, Unigram or WordPiece (by its native file)."""
     from bytelm.baselines.bpe.io import NATIVE_FILE as BPE_FILE
     from bytelm.baselines.bpe.tokenizer import Tokenizer
+    from bytelm.baselines.imported import NATIVE_FILE as IMPORTED_FILE
+    from bytelm.baselines.imported import ImportedTokenizer
     from bytelm.baselines.unigram.tokenizer import NATIVE_FILE as UNIGRAM_FILE
     from bytelm.baselines.unigram.tokenizer import UnigramTokenizer
     from bytelm.baselines.wordpiece.tokenizer import NATIVE_FILE as WORDPIECE_FILE
@@ -57,6 +59,8 @@ def load_tokenizer(directory):
         )
     if not d.exists():
         raise UserError(f"tokenizer directory {d} does not exist; train one with 'bytelm tokenizer train'")
+    if (d / IMPORTED_FILE).is_file():
+        return ImportedTokenizer.load(d, load_tokenizer)
     if (d / WORDPIECE_FILE).is_file():
         return WordPieceTokenizer.load(d)
     if (d / UNIGRAM_FILE).is_file():
