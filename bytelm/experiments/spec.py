@@ -25,6 +25,7 @@ from bytelm.models.configs import StackConfig
 
 TOKENIZER_KEYS = ("tokenizer.vocab_size", "tokenizer.pattern")  # required of a subword cell
 TOKENIZER_OPTIONS = ("tokenizer.kind", "tokenizer.encoder")
+TOKENIZER_DIR = "tokenizer.dir"  # a tokenizer directory made elsewhere (trained or imported), used as is
 ROLES = (
     "compared",
     "entropy",
@@ -256,7 +257,8 @@ class _TokenizerTable:
     vocab_size: int = 4096
     pattern: str = "cl100k"
     kind: str = "bpe"
-    encoder: str = ""  # "": the kind's own rule (ranks / viterbi), or "longest"
+    encoder: str = ""  # "": the kind's own rule (ranks / viterbi / wordpiece), or "longest"
+    dir: str = ""  # a tokenizer directory (bytelm tokenizer train / import), relative to the preset
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -293,6 +295,15 @@ def load_preset(path: Path, *, seeds: int | None = None, time_budget_s: float | 
     raw = read_sections(path, "preset", ("compare", "tokenizer", "model"))
     comp = _section(f"preset {path}", "compare", _CompareTable, raw.get("compare", {}))
     tok = _section(f"preset {path}", "tokenizer", _TokenizerTable, raw.get("tokenizer", {}))
+    tokenizer = {f"tokenizer.{k}": v for k, v in dataclasses.asdict(tok).items() if k != "dir"}
+    if tok.dir:
+        others = sorted(set(raw.get("tokenizer", {})) - {"dir"})
+        if others:
+            raise UserError(
+                f"preset {path}: [tokenizer] gives dir = {tok.dir!r} and {', '.join(others)}: a given "
+                "directory is used as it is; remove the other keys (or dir, to train one)"
+            )
+        tokenizer = {TOKENIZER_DIR: str((Path(path).parent / tok.dir).absolute())}
     if not isinstance(raw.get("model", []), list):
         raise UserError(f"preset {path}: model must be [[model]] tables")
     members: list[Member] = []
@@ -332,7 +343,7 @@ def load_preset(path: Path, *, seeds: int | None = None, time_budget_s: float | 
         time_budget_s=time_budget_s or comp.time_budget_s,
         entropy=entropy[0] if entropy else None,
         entropy_budget=(entropy[0].flop_budget or comp.flop_budget) if entropy else 0.0,
-        tokenizer={f"tokenizer.{k}": v for k, v in dataclasses.asdict(tok).items()},
+        tokenizer=tokenizer,
     )
 
 
