@@ -45,12 +45,14 @@ class Tries:
         start, n = 0, len(word)
         root = self.roots[0]
         while start < n:
-            node, j = root, start
+            node: dict = root
+            j = start
             best = best_end = -1
             while j < n:
-                node = node.get(word[j])
-                if node is None:
+                child = node.get(word[j])
+                if child is None:
                     break
+                node = child
                 j += 1
                 i = node.get(-1)
                 if i is not None:
@@ -96,7 +98,7 @@ class WordPieceEncoder(FastEncoder):
         for c in chunks:
             if isinstance(c, int):
                 raise TypeError(f"a packed chunk key ({c}) has its ids from the ASCII path, not from here")
-            out.append(self._segment(c.encode("utf-8", "surrogateescape") if type(c) is str else c))
+            out.append(self._segment(c.encode("utf-8", "surrogateescape") if isinstance(c, str) else c))
         return out
 
     def _tokens_of_packed(self, keys: np.ndarray) -> list[tuple[int, ...]]:

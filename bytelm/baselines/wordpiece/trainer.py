@@ -109,10 +109,10 @@ def learn_wordpieces(
     id_of = {t: i for i, t in enumerate(tokens) if i >= first}
     words: list[list[int]] = []
     wcount: list[int] = []
-    for w, n in word_counts.items():
+    for word, n in word_counts.items():
         if n <= 0:
             continue
-        units = units_of(w, level)
+        units = units_of(word, level)
         words.append([id_of[(units[0], False)]] + [id_of[(u, True)] for u in units[1:]])
         wcount.append(n)
     f = [0] * len(tokens)  # token counts
@@ -161,7 +161,7 @@ def learn_wordpieces(
             learned.append(new)
             n_tokens += 1
         touched: set[int] = set()
-        for wi in where.get(k, ()).copy():
+        for wi in list(where.get(k, ())):
             w, n = words[wi], wcount[wi]
             merged = _merge(w, x, y, t)
             for u in w:
