@@ -26,8 +26,9 @@ import jax
 from flax import nnx
 
 from bytelm.atomic import atomic_write_text
-from bytelm.baselines import KINDS, is_saved, load_tokenizer
+from bytelm.baselines import KINDS, NATIVE_FILES, encoders_of, is_saved, load_tokenizer
 from bytelm.baselines.bpe import tokenizer_stats, train_bpe
+from bytelm.baselines.imported import import_tiktoken
 from bytelm.config import load_config
 from bytelm.data import default_cache_dir, load_corpus_from_config
 from bytelm.errors import UserError
@@ -92,8 +93,8 @@ def _add_tokenizer_option(p: argparse.ArgumentParser) -> None:
         "--tokenizer",
         required=True,
         metavar="DIR",
-        help="tokenizer directory written by 'bytelm tokenizer train' (holds bytelm_bpe.json or "
-        "bytelm_unigram.json)",
+        help="tokenizer directory written by 'bytelm tokenizer train' or 'bytelm tokenizer import' (holds "
+        "bytelm_bpe.json, bytelm_unigram.json or bytelm_wordpiece.json)",
     )
 
 
@@ -762,13 +763,16 @@ def cmd_chunks(args: argparse.Namespace) -> int:
 def add_tokenizer_train(sub) -> None:
     p = sub.add_parser(
         "train",
-        help="train a byte-level BPE or Unigram tokenizer on the train split of a corpus",
-        description="Learn a byte-level tokenizer on the train documents of --data and write its "
+        help="train a BPE, Unigram or WordPiece tokenizer on the train split of a corpus",
+        description="Learn a tokenizer on the train documents of --data and write its "
         "directory. --kind bpe (default): a merge list identical to HF tokenizers' BpeTrainer with the same "
         "pattern; files bytelm_bpe.json (native, versioned), tokenizer.json (HF tokenizers), ranks.tiktoken "
         "(tiktoken) and vocab.txt (human-readable). --kind unigram: a Unigram LM (seed substrings, EM over "
         "all segmentations, pruning; SentencePiece's algorithm on bytes); files bytelm_unigram.json, "
-        "tokenizer.json (HF Unigram model) and vocab.txt.",
+        "tokenizer.json (HF Unigram model) and vocab.txt. --kind wordpiece: merges chosen by the likelihood "
+        "score f(xy) / (f(x) f(y)), encoded by longest match with ## continuation pieces and a whole-word "
+        "[UNK] (BERT's WordPiece), byte-level or (--level char) character-level; files "
+        "bytelm_wordpiece.json, tokenizer.json (HF WordPiece model, same ids) and vocab.txt.",
     )
     _add_data_option(p)
     _add_config_options(p)
@@ -776,14 +780,28 @@ def add_tokenizer_train(sub) -> None:
         "--kind",
         choices=KINDS,
         default="bpe",
-        help="the algorithm: 'bpe' (ranked merges, default) or 'unigram' (Viterbi over scored pieces)",
+        help="the algorithm: 'bpe' (ranked merges, default), 'unigram' (Viterbi over scored pieces) or "
+        "'wordpiece' (longest match with ## pieces)",
     )
     p.add_argument(
         "--encoder",
-        choices=["ranks", "viterbi", "longest"],
+        choices=["ranks", "viterbi", "wordpiece", "longest"],
         help="the segmentation rule recorded with the tokenizer: the kind's own (bpe: 'ranks', unigram: "
-        "'viterbi'; the default) or 'longest' (greedy longest match over the same vocabulary, WordPiece's "
-        "rule)",
+        "'viterbi', wordpiece: 'wordpiece'; the default) or, for bpe and unigram, 'longest' (greedy longest "
+        "match over the same vocabulary, without WordPiece's ## marks)",
+    )
+    p.add_argument(
+        "--level",
+        choices=["byte", "char"],
+        default="byte",
+        help="wordpiece only: 'byte' (default; the 256 bytes as the alphabet, never [UNK]) or 'char' "
+        "(the characters seen in training, [UNK] for the rest, as BERT)",
+    )
+    p.add_argument(
+        "--max-input-chars-per-word",
+        type=int,
+        metavar="N",
+        help="wordpiece --level char only: a longer word becomes [UNK] (default 100, BERT's)",
     )
     p.add_argument(
         "--vocab-size",
@@ -836,15 +854,23 @@ def cmd_tokenizer_train(args: argparse.Namespace) -> int:
         raise UserError(f"--sample-mb must be >= 0 (0: the whole train split), got {args.sample_mb}")
     corpus = _load_corpus(_resolve_config(args).data)
     sample, sample_bytes = corpus.sample("train", int(args.sample_mb * 1e6))
-    own = "ranks" if args.kind == "bpe" else "viterbi"
-    if args.encoder not in (None, own, "longest"):
+    rules = encoders_of(args.kind)
+    if args.encoder not in (None, *rules):
         raise UserError(
-            f"--encoder {args.encoder} is not a rule of a {args.kind} tokenizer: use {own} (the default) or "
-            "longest"
+            f"--encoder {args.encoder} is not a rule of a {args.kind} tokenizer: use {rules[0]} (the default)"
+            + (" or longest" if len(rules) > 1 else "")
+        )
+    if args.kind != "wordpiece" and (args.level != "byte" or args.max_input_chars_per_word is not None):
+        raise UserError(f"--level and --max-input-chars-per-word are for --kind wordpiece, not {args.kind}")
+    if args.max_input_chars_per_word is not None and args.level != "char":
+        raise UserError(
+            "--max-input-chars-per-word is for --level char: a byte-level WordPiece has no [UNK] to turn "
+            "long words into"
         )
     count_bar = ProgressBar("pre-tokenizing", unit=" MB")
     learn_bar = ProgressBar(
-        "merging" if args.kind == "bpe" else "pruning", unit=" merges" if args.kind == "bpe" else " rounds"
+        "pruning" if args.kind == "unigram" else "merging",
+        unit=" rounds" if args.kind == "unigram" else " merges",
     )
     bars_open = [count_bar]
 
@@ -868,26 +894,35 @@ def cmd_tokenizer_train(args: argparse.Namespace) -> int:
     try:
         if args.kind == "bpe":
             tok = train_bpe(documents, **kwargs)
-        else:
+        elif args.kind == "unigram":
             from bytelm.baselines.unigram import train_unigram
 
             tok = train_unigram(documents, **kwargs)
+        else:
+            from bytelm.baselines.wordpiece import train_wordpiece
+
+            tok = train_wordpiece(
+                documents, level=args.level, max_input_chars_per_word=args.max_input_chars_per_word, **kwargs
+            )
     finally:
         for bar in bars_open:
             bar.close()
     if args.encoder == "longest":
         tok = tok.with_encoder("longest")
     tok.save(args.out)
-    # --force over the other kind: its native file would be read first, its tiktoken ranks mislead
-    for stale in ["bytelm_unigram.json"] if args.kind == "bpe" else ["bytelm_bpe.json", "ranks.tiktoken"]:
-        if (Path(args.out) / stale).is_file():
-            (Path(args.out) / stale).unlink()
+    _remove_stale_files(args.out, args.kind)
     short = (
         f" (not the {args.vocab_size:,} asked for: the corpus gave no more; train on more text for more)"
         if tok.n_vocab < args.vocab_size
         else ""
     )
-    learned = f"{len(tok.merges):,} merges" if args.kind == "bpe" else f"{tok.n_mergeable - 256:,} pieces"
+    if args.kind == "bpe":
+        learned = f"256 bytes + {len(tok.merges):,} merges"
+    elif args.kind == "unigram":
+        learned = f"256 bytes + {tok.n_mergeable - 256:,} pieces"
+    else:
+        unk = ", [UNK] included" if tok.unk_id is not None else ""
+        learned = f"{tok.n_mergeable:,} pieces ({tok.level}-level{unk})"
     _print_rows(
         [
             ("tokenizer", args.out),
@@ -898,11 +933,73 @@ def cmd_tokenizer_train(args: argparse.Namespace) -> int:
                 f"{len(sample):,} documents, {sample_bytes:,} bytes)",
             ),
             ("pattern", args.pattern),
-            ("ids", f"{tok.n_vocab:,} = 256 bytes + {learned} + {len(tok.special_tokens)} special{short}"),
+            ("ids", f"{tok.n_vocab:,} = {learned} + {len(tok.special_tokens)} special{short}"),
             ("fingerprint", tok.fingerprint),
         ]
     )
     return 0
+
+
+# -- tokenizer import -----------------------------------------------------------------------------
+def add_tokenizer_import(sub) -> None:
+    p = sub.add_parser(
+        "import",
+        help="import a tiktoken rank file as the subword baseline, with its own ids",
+        description="Read a tiktoken rank file (base64(token) rank per line; --pattern gives the split "
+        "pattern that goes with it) and write a tokenizer directory that encodes with ids identical to "
+        "tiktoken.Encoding(pat_str=PATTERN, mergeable_ranks=..., special_tokens={}). Use it like a "
+        "trained one: --tokenizer DIR, model.tokenizer = DIR, or 'dir = DIR' in a compare preset's "
+        "[tokenizer] table.",
+    )
+    p.add_argument("path", metavar="PATH", help="the tiktoken rank file (e.g. a ranks.tiktoken)")
+    p.add_argument(
+        "--pattern",
+        default="cl100k",
+        metavar="gpt2|cl100k|REGEX",
+        help="the split pattern the ranks were made with: 'cl100k' (default), 'gpt2', or a regex",
+    )
+    p.add_argument("--out", required=True, metavar="DIR", help="directory to write the tokenizer files into")
+    p.add_argument("--force", action="store_true", help="write over a tokenizer already in --out")
+    p.set_defaults(func=cmd_tokenizer_import)
+
+
+def cmd_tokenizer_import(args: argparse.Namespace) -> int:
+    check_output_dir(args.out, "--out")
+    if is_saved(args.out) and not args.force:
+        raise UserError(f"--out {args.out} holds a tokenizer already; give another directory, or --force")
+    if not Path(args.path).is_file():
+        raise UserError(f"{args.path} is not a file: give a tiktoken rank file")
+    if args.path.endswith(".json"):
+        raise UserError(
+            f"{args.path}: importing an HF tokenizer.json is not supported yet; give a tiktoken rank file "
+            "(base64(token) rank per line)"
+        )
+    tok = import_tiktoken(args.path, pattern=args.pattern)
+    tok.save(args.out, source_file=args.path)
+    _remove_stale_files(args.out, "imported")
+    _print_rows(
+        [
+            ("tokenizer", args.out),
+            ("source", f"{args.path} (tiktoken ranks)"),
+            ("kind", f"{tok.kind} (encoder: {tok.encoder}), ids as in the source"),
+            ("pattern", args.pattern),
+            ("ids", f"{tok.n_vocab:,}"),
+            ("fingerprint", tok.fingerprint),
+        ]
+    )
+    return 0
+
+
+def _remove_stale_files(out, kind: str) -> None:
+    """--force over another kind: its native file could be read first, its tiktoken ranks mislead."""
+    stale = [name for k, name in NATIVE_FILES.items() if k != kind]
+    if kind != "bpe" and kind != "imported":
+        stale.append("ranks.tiktoken")
+    if kind != "imported":
+        stale.append("bytelm_imported.json")
+    for name in stale:
+        if (Path(out) / name).is_file():
+            (Path(out) / name).unlink()
 
 
 # -- tokenizer encode / decode -------------------------------------------------------------------
@@ -1534,14 +1631,20 @@ def build_parser() -> argparse.ArgumentParser:
     add_chunks(sub)
     tok = sub.add_parser(
         "tokenizer",
-        help="train and use the subword baseline tokenizers (byte-level BPE or Unigram)",
-        description="Train, apply and measure the byte-level BPE and Unigram tokenizers of the subword "
-        "baseline.",
+        help="train, import and use the subword baseline tokenizers (BPE, Unigram or WordPiece)",
+        description="Train, import, apply and measure the BPE, Unigram and WordPiece tokenizers of the "
+        "subword baseline.",
     )
     tok_sub = tok.add_subparsers(
         dest="tokenizer_command", metavar="SUBCOMMAND", required=True, help="tokenizer command"
     )
-    for add in (add_tokenizer_train, add_tokenizer_encode, add_tokenizer_decode, add_tokenizer_stats):
+    for add in (
+        add_tokenizer_train,
+        add_tokenizer_import,
+        add_tokenizer_encode,
+        add_tokenizer_decode,
+        add_tokenizer_stats,
+    ):
         add(tok_sub)
     add_eval(sub)
     add_compare(sub)

@@ -190,8 +190,8 @@ def test_presets_load_and_bad_presets_fail(tmp_path):
     bad.write_text('[compare]\nflop_budget = 1e9\n[[model]]\nname = "x"\nconfig = "missing.toml"\n')
     with pytest.raises(UserError, match="not found"):
         load_preset(str(bad))
-    bad.write_text('[compare]\nflop_budget = 1e9\n[tokenizer]\nkind = "wordpiece"\n')
-    with pytest.raises(UserError, match="kind is 'wordpiece'"):
+    bad.write_text('[compare]\nflop_budget = 1e9\n[tokenizer]\nkind = "sentencepiece"\n')
+    with pytest.raises(UserError, match="kind is 'sentencepiece'"):
         load_preset(str(bad))
     bad.write_text(
         '[compare]\nflop_budget = 1e9\n[[model]]\nname = "x"\n'
@@ -345,3 +345,39 @@ def test_two_process_compare_writes_the_one_process_report(corpus_dir, one_proce
         for key in ("step", "bytes", "flops", "flops_total", "params"):
             assert other.get(key) == m.get(key), (m["name"], key)
         assert other["bpb"] == pytest.approx(m["bpb"], abs=1e-5), m["name"]
+
+
+def test_compare_trains_the_subword_lm_on_an_imported_tokenizer(corpus_dir, tmp_path):
+    """``[tokenizer] dir = DIR`` with a tiktoken rank file imported into DIR (built from our BPE):
+    the subword LM trains on the imported ids and the report names the given directory; a directory
+    holding no tokenizer is refused naming it, and dir beside the other keys is refused."""
+    from bytelm.baselines import load_tokenizer  # noqa: PLC0415
+    from bytelm.baselines.bpe import train_bpe  # noqa: PLC0415
+    from bytelm.baselines.imported import import_tiktoken  # noqa: PLC0415
+    from bytelm.data import load_corpus  # noqa: PLC0415
+    from bytelm.experiments import compare as cmp  # noqa: PLC0415
+
+    corpus = load_corpus(f"files:{corpus_dir}", cache_dir=tmp_path / "cache")
+    train_bpe(corpus.documents("train"), vocab_size=300, num_workers=1).save(tmp_path / "bpe")
+    import_tiktoken(tmp_path / "bpe" / "ranks.tiktoken", pattern="cl100k").save(
+        tmp_path / "imported", source_file=tmp_path / "bpe" / "ranks.tiktoken"
+    )
+    preset_file = tmp_path / "p.toml"
+    base = load_preset("test")
+    preset = dataclasses.replace(
+        base,
+        members=tuple(m for m in base.members if m.name == "bpe"),
+        tokenizer={"tokenizer.dir": str(tmp_path / "imported")},
+    )
+    out = tmp_path / "cmp"
+    result = cmp.compare(preset, out, data_spec=f"files:{corpus_dir}")
+    info = json.loads((out / "runs" / "bpe" / "run.json").read_text())
+    assert info["tokenizer_fingerprint"] == load_tokenizer(tmp_path / "imported").fingerprint
+    assert result.report["compare"]["tokenizer"]["dir"] == str(tmp_path / "imported")
+    assert not (out / "tokenizer").exists()
+    missing = dataclasses.replace(preset, tokenizer={"tokenizer.dir": str(tmp_path / "none")})
+    with pytest.raises(UserError, match="holds no tokenizer"):
+        cmp.compare(missing, tmp_path / "cmp2", data_spec=f"files:{corpus_dir}")
+    preset_file.write_text('[compare]\nflop_budget = 1e9\n[tokenizer]\ndir = "x"\nvocab_size = 300\n')
+    with pytest.raises(UserError, match="dir = 'x' and vocab_size"):
+        load_preset(str(preset_file))

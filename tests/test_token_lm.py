@@ -7,9 +7,12 @@ import pytest
 from test_training import corpus_dir, tiny_overrides  # noqa: F401  (module fixture)
 
 from bytelm.baselines.bpe import train_bpe
+from bytelm.baselines.wordpiece import train_wordpiece
 from bytelm.config import load_config
 from bytelm.data import load_corpus
 from bytelm.errors import UserError
+from bytelm.evaluation.evaluator import evaluate_trainer
+from bytelm.evaluation.results import EvalSet
 from bytelm.training.loop import train
 from bytelm.training.restore import make_task, restore_trainer
 
@@ -160,3 +163,28 @@ def test_the_train_split_encoded_in_parts_by_two_workers_is_the_one_process_stre
         runs[workers] = np.fromfile(out / "train.u32", np.uint32)
         assert sorted(p.name for p in out.iterdir()) == ["manifest.json", "train.u32"]
     assert runs[1].tolist() == expected and runs[2].tolist() == expected
+
+
+def test_wordpiece_unk_is_charged_with_the_bytes_it_replaced(corpus_dir, tmp_path):  # noqa: F811
+    """A character-level WordPiece whose words longer than 3 characters are [UNK]: each [UNK] stands
+    for different bytes, so every segment is still scored on exactly its bytes, and the evaluation
+    reports the share of them that went to [UNK]."""
+    corpus = load_corpus(f"files:{corpus_dir}", cache_dir=tmp_path / "tc")
+    tok = train_wordpiece(
+        corpus.documents("train"), vocab_size=200, level="char", max_input_chars_per_word=3, num_workers=1
+    )
+    tok.save(tmp_path / "tok")
+    cfg = bpe_cfg(corpus_dir, tmp_path / "tok", **{"train.steps": 2, "eval.every": 0})
+    train(cfg, tmp_path / "run")
+    trainer = restore_trainer(tmp_path / "run")
+    segments = trainer.task.corpus.segment_data()
+    scores = trainer.evaluate(segments)
+    assert np.array_equal(scores.nbytes, [len(s) for s in segments])
+    unk = total = 0
+    for s in segments:
+        ids, nbytes = tok.encode_ordinary_with_bytes(s)
+        unk += sum(n for i, n in zip(ids, nbytes) if i == tok.unk_id)
+        total += sum(nbytes)
+    assert unk > 0 and total == sum(map(len, segments))
+    _, _, stats = evaluate_trainer(trainer, EvalSet.from_corpus(trainer.task.corpus))
+    assert stats == {"bytes_in_unk": pytest.approx(unk / total)}

@@ -161,7 +161,7 @@ def test_files_round_trip_and_bad_files_name_the_problem(trained, tmp_path):
     (bad / "bytelm_unigram.json").write_text(text[: len(text) // 2])
     with pytest.raises(UserError, match="truncated or corrupted"):
         load_tokenizer(bad)
-    with pytest.raises(UserError, match="neither"):
+    with pytest.raises(UserError, match="none of"):
         load_tokenizer(tmp_path)
 
 

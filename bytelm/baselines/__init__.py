@@ -3,11 +3,14 @@ Python + numpy + regex, for the subword token LM.
 
 - :mod:`bytelm.baselines.bpe`: byte-level BPE (trainer, encoder, files, stats).
 - :mod:`bytelm.baselines.unigram`: byte-level Unigram LM (trainer, Viterbi encoder, files).
+- :mod:`bytelm.baselines.wordpiece`: WordPiece, byte- or character-level (likelihood trainer,
+  longest match with ``##`` pieces and a whole-word ``[UNK]``, files).
 - :mod:`bytelm.baselines.subword`: what they share (vocabulary, special and added tokens, the
   encode/decode API, greedy longest match over any vocabulary).
 
-:func:`load_tokenizer` reads either kind from its directory; :func:`train_tokenizer` trains
-either kind.
+:func:`load_tokenizer` reads any kind from its directory (by its native file);
+:func:`train_tokenizer` trains any kind. :data:`OWN_ENCODER` is each kind's own segmentation rule;
+BPE and Unigram vocabularies can also be segmented by greedy longest match (``"longest"``).
 """
 
 from __future__ import annotations
@@ -16,21 +19,38 @@ from pathlib import Path
 
 from bytelm.errors import UserError
 
-KINDS = ("bpe", "unigram")
+KINDS = ("bpe", "unigram", "wordpiece")
+#: Each kind's own rule (the default ``encoder``).
+OWN_ENCODER = {"bpe": "ranks", "unigram": "viterbi", "wordpiece": "wordpiece"}
+#: The native file of each kind: the one a directory is read by (written last).
+NATIVE_FILES = {
+    "bpe": "bytelm_bpe.json",
+    "unigram": "bytelm_unigram.json",
+    "wordpiece": "bytelm_wordpiece.json",
+}
+
+
+def encoders_of(kind: str) -> tuple[str, ...]:
+    """The rules a ``kind`` tokenizer can record: its own, and longest match for BPE and Unigram."""
+    return (OWN_ENCODER[kind],) if kind == "wordpiece" else (OWN_ENCODER[kind], "longest")
 
 
 def is_saved(directory) -> bool:
     """Whether ``directory`` holds a complete saved tokenizer (its native file is written last)."""
     d = Path(directory)
-    return (d / "bytelm_bpe.json").is_file() or (d / "bytelm_unigram.json").is_file()
+    return any((d / name).is_file() for name in (*NATIVE_FILES.values(), "bytelm_imported.json"))
 
 
 def load_tokenizer(directory):
-    """The tokenizer saved in ``directory``, BPE or Unigram (by its native file)."""
+    """The tokenizer saved in ``directory``, BPE, Unigram or WordPiece (by its native file)."""
     from bytelm.baselines.bpe.io import NATIVE_FILE as BPE_FILE
     from bytelm.baselines.bpe.tokenizer import Tokenizer
+    from bytelm.baselines.imported import NATIVE_FILE as IMPORTED_FILE
+    from bytelm.baselines.imported import ImportedTokenizer
     from bytelm.baselines.unigram.tokenizer import NATIVE_FILE as UNIGRAM_FILE
     from bytelm.baselines.unigram.tokenizer import UnigramTokenizer
+    from bytelm.baselines.wordpiece.tokenizer import NATIVE_FILE as WORDPIECE_FILE
+    from bytelm.baselines.wordpiece.tokenizer import WordPieceTokenizer
 
     d = Path(directory)
     if d.exists() and not d.is_dir():
@@ -39,20 +59,26 @@ def load_tokenizer(directory):
         )
     if not d.exists():
         raise UserError(f"tokenizer directory {d} does not exist; train one with 'bytelm tokenizer train'")
+    if (d / IMPORTED_FILE).is_file():
+        return ImportedTokenizer.load(d, load_tokenizer)
+    if (d / WORDPIECE_FILE).is_file():
+        return WordPieceTokenizer.load(d)
     if (d / UNIGRAM_FILE).is_file():
         return UnigramTokenizer.load(d)
     if d.is_dir() and not (d / BPE_FILE).is_file():
         raise UserError(
-            f"{d} holds neither {BPE_FILE} nor {UNIGRAM_FILE}: it is not a bytelm tokenizer directory "
-            "(or its save did not finish); train one with 'bytelm tokenizer train'"
+            f"{d} holds none of {BPE_FILE}, {UNIGRAM_FILE}, {WORDPIECE_FILE}: it is not a bytelm tokenizer "
+            "directory (or its save did not finish); train one with 'bytelm tokenizer train' or import one "
+            "with 'bytelm tokenizer import'"
         )
     return Tokenizer.load(d)
 
 
 def train_tokenizer(kind: str, data, *, vocab_size: int, **kwargs):
-    """Train a ``kind`` (``"bpe"`` or ``"unigram"``) tokenizer on a corpus (a data spec or a loaded
-    corpus); ``kwargs`` go to :func:`~bytelm.baselines.bpe.trainer.train_bpe_on_corpus` or
-    :func:`~bytelm.baselines.unigram.trainer.train_unigram_on_corpus`."""
+    """Train a ``kind`` (:data:`KINDS`) tokenizer on a corpus (a data spec or a loaded corpus);
+    ``kwargs`` go to :func:`~bytelm.baselines.bpe.trainer.train_bpe_on_corpus`,
+    :func:`~bytelm.baselines.unigram.trainer.train_unigram_on_corpus` or
+    :func:`~bytelm.baselines.wordpiece.trainer.train_wordpiece_on_corpus`."""
     if kind == "bpe":
         from bytelm.baselines.bpe.trainer import train_bpe_on_corpus
 
@@ -61,4 +87,8 @@ def train_tokenizer(kind: str, data, *, vocab_size: int, **kwargs):
         from bytelm.baselines.unigram.trainer import train_unigram_on_corpus
 
         return train_unigram_on_corpus(data, vocab_size=vocab_size, **kwargs)
+    if kind == "wordpiece":
+        from bytelm.baselines.wordpiece.trainer import train_wordpiece_on_corpus
+
+        return train_wordpiece_on_corpus(data, vocab_size=vocab_size, **kwargs)
     raise UserError(f"tokenizer kind {kind!r} is not one of {list(KINDS)}")

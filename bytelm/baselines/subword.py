@@ -299,6 +299,13 @@ class SubwordTokenizer:
         """
         return self._encode_with(as_text(text), self.added_tokens.keys())
 
+    def encode_ordinary_with_bytes(self, text: str | bytes) -> tuple[list[int], list[int]]:
+        """:meth:`encode_ordinary` and the bytes of text each token stands for (its own length here;
+        a tokenizer with an unknown token charges it with the bytes it replaced), so that they sum
+        to the text's length."""
+        ids = self.encode_ordinary(text)
+        return ids, [len(self._id_to_bytes[i]) for i in ids]
+
     def encode(
         self,
         text: str | bytes,

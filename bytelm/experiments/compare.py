@@ -8,7 +8,8 @@ finished stage is skipped when the same command runs again (an interrupted train
 its last checkpoint):
 
 1. the corpus (split, segments, fingerprint; cached by :mod:`bytelm.data`);
-2. the artefacts: the subword tokenizer (``OUT/tokenizer``, on the train split) and, when a BLT
+2. the artefacts: the subword tokenizer (``OUT/tokenizer``, on the train split, unless ``[tokenizer]
+   dir`` names one made elsewhere) and, when a BLT
    model needs it, the entropy model (``OUT/runs/<name>``, its own small budget);
 3. with ``[compare] learning_rates``, each compared model's rate: short runs (``sweep_fraction`` of
    its steps, ``OUT/sweeps/<name>/lr<rate>``) scored on the validation split, the rates extended
@@ -33,8 +34,10 @@ A **preset** (``configs/compare/NAME.toml``) names the budget, the model configs
     [tokenizer]
     vocab_size = 4096
     pattern = "cl100k"
-    kind = "bpe"                # or "unigram"
-    encoder = ""                # the kind's own rule (ranks / viterbi), or "longest"
+    kind = "bpe"                # or "unigram", "wordpiece"
+    encoder = ""                # the kind's own rule (ranks / viterbi / wordpiece), or "longest"
+    # or, instead of the four keys: dir = "my-tokenizer"  (trained or imported elsewhere, e.g. with
+    # bytelm tokenizer import; relative to the preset file; used as it is)
 
     [[model]]
     name = "entropy"            # the run directory name and the report's row name
@@ -58,6 +61,8 @@ import logging
 from pathlib import Path
 
 from bytelm.atomic import atomic_write_text
+from bytelm.baselines import OWN_ENCODER, load_tokenizer
+from bytelm.baselines.bpe.pretokenize import pattern_name
 from bytelm.config import shipped_configs
 from bytelm.errors import UserError
 from bytelm.evaluation.evaluator import unigram_baselines
@@ -79,7 +84,7 @@ from bytelm.experiments import spec
 from bytelm.experiments.rates import rate_label
 from bytelm.experiments.report import ledger_lines, ranked_pairs, rates_lines, seed_lines, spread
 from bytelm.experiments.runner import Note, Run, Runner, StageProgress, StageStopped
-from bytelm.experiments.spec import Experiment
+from bytelm.experiments.spec import TOKENIZER_DIR, Experiment
 from bytelm.families import ARTEFACT_KINDS, task_class
 from bytelm.rundir import RunDir
 from bytelm.training.distributed import is_primary
@@ -148,6 +153,8 @@ class CompareRunner(Runner):
         return run.member, self.out / "runs" / run.member
 
     def tokenizer_dir(self, cell: dict) -> Path:
+        if TOKENIZER_DIR in cell:  # [tokenizer] dir = DIR: made elsewhere (trained or imported)
+            return Path(cell[TOKENIZER_DIR])
         return self.out / "tokenizer"
 
     def splits(self, run: Run) -> tuple[str, ...]:
@@ -277,8 +284,17 @@ class CompareRunner(Runner):
     def tokenizer_info(self) -> dict:
         """The subword tokenizer as the report records it: kind, encoder rule, size, pattern, directory."""
         tok = self.exp.tokenizer
+        if TOKENIZER_DIR in tok:
+            given = load_tokenizer(tok[TOKENIZER_DIR])
+            return {
+                "kind": given.kind,
+                "encoder": given.encoder,
+                "vocab_size": given.n_vocab,
+                "pattern": pattern_name(given.pattern) or given.pattern,
+                "dir": tok[TOKENIZER_DIR],
+            }
         kind = tok.get("tokenizer.kind", "bpe")
-        encoder = tok.get("tokenizer.encoder") or ("ranks" if kind == "bpe" else "viterbi")
+        encoder = tok.get("tokenizer.encoder") or OWN_ENCODER[kind]
         return {
             "kind": kind,
             "encoder": encoder,

@@ -38,7 +38,7 @@ import jax
 import numpy as np
 
 from bytelm.atomic import atomic_directory, atomic_write_text
-from bytelm.baselines import is_saved, load_tokenizer, train_tokenizer
+from bytelm.baselines import OWN_ENCODER, is_saved, load_tokenizer, train_tokenizer
 from bytelm.bpb import SegmentScores
 from bytelm.config import Config, load_config, section_overrides, typed_fields, with_values
 from bytelm.errors import UserError
@@ -47,6 +47,7 @@ from bytelm.evaluation.results import EvalSet, ModelResult
 from bytelm.experiments.plan import ngram_values, planned_ledger, schedule_values, sweep_steps
 from bytelm.experiments.rates import RateChoice, RateSearch, rate_label
 from bytelm.experiments.spec import (
+    TOKENIZER_DIR,
     TOKENIZER_KEYS,
     TOKENIZER_OPTIONS,
     Experiment,
@@ -207,8 +208,10 @@ class Runner:
         ).replace("/", "_") / leaf
 
     def tokenizer_dir(self, cell: dict) -> Path:
+        if TOKENIZER_DIR in cell:
+            return Path(cell[TOKENIZER_DIR])
         kind, encoder = tokenizer_kind(cell)
-        rule = "" if encoder in ("", "ranks", "viterbi") else f"-{encoder}"
+        rule = "" if encoder in ("", OWN_ENCODER[kind]) else f"-{encoder}"
         return (
             self.out
             / "tokenizers"
@@ -236,7 +239,7 @@ class Runner:
 
     def cell_tokenizer(self, cell: dict) -> dict:
         """A cell's subword tokenizer keys: its own (a grid's), else the experiment's one (a preset's)."""
-        own = {k: v for k, v in cell.items() if k in TOKENIZER_KEYS + TOKENIZER_OPTIONS}
+        own = {k: v for k, v in cell.items() if k in (*TOKENIZER_KEYS, *TOKENIZER_OPTIONS, TOKENIZER_DIR)}
         return own or dict(self.exp.tokenizer)
 
     def artefact_values(self, member: Member, cell: dict, cfg: Config) -> dict:
@@ -246,7 +249,7 @@ class Runner:
         for field, kind in task_class(model.family).artefacts_of(model).items():
             if kind == "tokenizer":
                 tok = self.cell_tokenizer(cell)
-                if not all(k in tok for k in TOKENIZER_KEYS):
+                if TOKENIZER_DIR not in tok and not all(k in tok for k in TOKENIZER_KEYS):
                     raise UserError(f"a {model.family} cell needs tokenizer.vocab_size and tokenizer.pattern")
                 out[f"model.{field}"] = self.tokenizer_dir(tok).absolute()
             elif kind == "entropy_model":
@@ -391,7 +394,7 @@ class Runner:
                 continue
             for cell in m.cells():
                 tok = self.cell_tokenizer(cell)
-                if all(k in tok for k in TOKENIZER_KEYS):
+                if TOKENIZER_DIR in tok or all(k in tok for k in TOKENIZER_KEYS):
                     seen[self.tokenizer_dir(tok)] = tok
         return list(seen.values())
 
@@ -431,6 +434,15 @@ class Runner:
         """A cell's tokenizer (kept when one is saved already, if it is the one asked for): the command
         that makes it in print mode, else None."""
         tdir = self.tokenizer_dir(tok)
+        if TOKENIZER_DIR in tok:  # made elsewhere: used as is
+            if not is_saved(tdir):
+                self.failed_artefacts[str(tdir)] = (
+                    f"tokenizer.dir = {tdir} holds no tokenizer: train one there (bytelm tokenizer train) or "
+                    "import one (bytelm tokenizer import)"
+                )
+            else:
+                self.say(f"tokenizer {tdir}: given, used as is")
+            return None
         kind, encoder = tokenizer_kind(tok)
         vocab, pattern = int(tok["tokenizer.vocab_size"]), str(tok["tokenizer.pattern"])
         if is_saved(tdir):
@@ -472,7 +484,7 @@ class Runner:
                     pattern=pattern,
                     progress=self.bar(f"tokenizer {tdir.name}"),
                 )
-                if encoder:
+                if encoder and encoder != made.encoder:
                     made = made.with_encoder(encoder)
                 with atomic_directory(tdir) as tmp:
                     made.save(tmp)

@@ -17,7 +17,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from bytelm.baselines import KINDS
+from bytelm.baselines import KINDS, encoders_of
 from bytelm.config import build_section
 from bytelm.errors import UserError
 from bytelm.families import Trunk
@@ -25,6 +25,7 @@ from bytelm.models.configs import StackConfig
 
 TOKENIZER_KEYS = ("tokenizer.vocab_size", "tokenizer.pattern")  # required of a subword cell
 TOKENIZER_OPTIONS = ("tokenizer.kind", "tokenizer.encoder")
+TOKENIZER_DIR = "tokenizer.dir"  # a tokenizer directory made elsewhere (trained or imported), used as is
 ROLES = (
     "compared",
     "entropy",
@@ -256,16 +257,17 @@ class _TokenizerTable:
     vocab_size: int = 4096
     pattern: str = "cl100k"
     kind: str = "bpe"
-    encoder: str = ""  # "": the kind's own rule (ranks / viterbi), or "longest"
+    encoder: str = ""  # "": the kind's own rule (ranks / viterbi / wordpiece), or "longest"
+    dir: str = ""  # a tokenizer directory (bytelm tokenizer train / import), relative to the preset
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise ValueError(f"kind is {self.kind!r}; use one of {list(KINDS)}")
-        own = "ranks" if self.kind == "bpe" else "viterbi"
-        if self.encoder not in ("", "longest", own):
+        rules = encoders_of(self.kind)
+        if self.encoder not in ("", *rules):
             raise ValueError(
-                f"encoder is {self.encoder!r}: a {self.kind} tokenizer's rule is its own ('' or {own}) or "
-                "'longest'"
+                f"encoder is {self.encoder!r}: a {self.kind} tokenizer's rule is its own ('' or {rules[0]})"
+                + (" or 'longest'" if len(rules) > 1 else "")
             )
         if self.vocab_size < 1:
             raise ValueError(f"vocab_size must be >= 1, got {self.vocab_size}")
@@ -293,6 +295,15 @@ def load_preset(path: Path, *, seeds: int | None = None, time_budget_s: float | 
     raw = read_sections(path, "preset", ("compare", "tokenizer", "model"))
     comp = _section(f"preset {path}", "compare", _CompareTable, raw.get("compare", {}))
     tok = _section(f"preset {path}", "tokenizer", _TokenizerTable, raw.get("tokenizer", {}))
+    tokenizer = {f"tokenizer.{k}": v for k, v in dataclasses.asdict(tok).items() if k != "dir"}
+    if tok.dir:
+        others = sorted(set(raw.get("tokenizer", {})) - {"dir"})
+        if others:
+            raise UserError(
+                f"preset {path}: [tokenizer] gives dir = {tok.dir!r} and {', '.join(others)}: a given "
+                "directory is used as it is; remove the other keys (or dir, to train one)"
+            )
+        tokenizer = {TOKENIZER_DIR: str((Path(path).parent / tok.dir).absolute())}
     if not isinstance(raw.get("model", []), list):
         raise UserError(f"preset {path}: model must be [[model]] tables")
     members: list[Member] = []
@@ -332,7 +343,7 @@ def load_preset(path: Path, *, seeds: int | None = None, time_budget_s: float | 
         time_budget_s=time_budget_s or comp.time_budget_s,
         entropy=entropy[0] if entropy else None,
         entropy_budget=(entropy[0].flop_budget or comp.flop_budget) if entropy else 0.0,
-        tokenizer={f"tokenizer.{k}": v for k, v in dataclasses.asdict(tok).items()},
+        tokenizer=tokenizer,
     )
 
 

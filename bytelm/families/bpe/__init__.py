@@ -1,7 +1,15 @@
-"""The subword-token LM (family ``bpe``, for historical reasons: any subword tokenizer, BPE or
-Unigram, with its encoder rule): the byte LM's transformer over ``token id + 4``. The corpus is
-encoded once into a cached token stream; segments are encoded each on its own (tokens never cross a
-segment boundary), with every token's byte length, so its BPB is measured against real byte counts."""
+"""The subword-token LM (family ``bpe``, for historical reasons: any subword tokenizer, BPE,
+Unigram or WordPiece, trained here or imported, with its encoder rule): the byte LM's transformer
+over ``token id + 4``. The corpus is encoded once into a cached token stream; segments are encoded
+each on its own (tokens never cross a segment boundary), with the bytes each token stands for, so
+its BPB is measured against real byte counts.
+
+An unknown token (WordPiece's ``[UNK]``, character level) stands for different bytes at each
+occurrence: an evaluation segment charges each ``[UNK]`` with the bytes of the word it replaced
+(:meth:`~bytelm.baselines.subword.SubwordTokenizer.encode_ordinary_with_bytes`), so BPB stays
+honest on the identical held-out bytes, and the report says which share of them went to ``[UNK]``
+(``pipeline_stats["bytes_in_unk"]``). Training batches use the token's spelling's length for it (a
+logged rate only; ``bytes_per_position`` comes from the real byte count of the train split)."""
 
 from __future__ import annotations
 
@@ -17,7 +25,7 @@ from bytelm.baselines.token_stream import encode_train_split
 from bytelm.constants import BOS_ID, BYTE_OFFSET
 from bytelm.data import Stream
 from bytelm.errors import UserError
-from bytelm.families.base import Task, Trunk
+from bytelm.families.base import STATS_KEY, Task, Trunk
 from bytelm.families.bpe.config import TokenLMConfig
 from bytelm.families.bpe.model import TokenLM
 from bytelm.families.byte import ByteTask
@@ -26,12 +34,11 @@ from bytelm.sampling.decoders import Decoder, FlatDecoder
 
 
 class TokenTask(Task):
-    """The subword-token LM (family ``bpe``, for historical reasons: any subword tokenizer, BPE or
-    Unigram, with its encoder rule): the corpus encoded once into a cached token stream; segments
-    encoded each on its own (tokens never cross a segment boundary), with every token's byte length."""
+    """The subword-token LM (the module docstring): the corpus encoded once into a cached token
+    stream; segments encoded each on its own, with the bytes each token stands for."""
 
     family = "bpe"
-    description = "a subword LM on BPE or Unigram tokens"
+    description = "a subword LM on BPE, Unigram or WordPiece tokens"
     global_step = "token"
     config_class = TokenLMConfig
     artefacts = {"tokenizer": "tokenizer"}
@@ -53,6 +60,8 @@ class TokenTask(Task):
         n = self.n_vocab = self.tokenizer.n_vocab
         lengths = [len(self.tokenizer.token_bytes(i)) for i in range(n)]
         self.id_bytes = np.asarray([0] * BYTE_OFFSET + lengths, np.int32)  # bytes per model id
+        unk = getattr(self.tokenizer, "unk_id", None)
+        self.unk_model_id = None if unk is None else unk + BYTE_OFFSET  # its bytes vary: see encode_segment
         self._stream = None
         self._bytes_per_token = None
 
@@ -71,7 +80,7 @@ class TokenTask(Task):
         Task.__init__(task, cfg, None)
         task.tokenizer = None
         task.n_vocab = int(vocab_size)
-        task.id_bytes = None
+        task.id_bytes = task.unk_model_id = None
         task._stream = task._bytes_per_token = None
         return task
 
@@ -121,12 +130,21 @@ class TokenTask(Task):
     def decorate(self, batch: dict) -> dict:
         if "nbytes" not in batch:
             batch["nbytes"] = self.id_bytes[batch["ids"][:, 1:]]
+        elif self.unk_model_id is not None:  # an evaluation batch: its bytes are per occurrence
+            nbytes = np.asarray(batch["nbytes"])
+            unk = np.asarray(batch["ids"])[:, 1:] == self.unk_model_id
+            batch[STATS_KEY] = {"unk_bytes": int(nbytes[unk].sum()), "bytes": int(nbytes.sum())}
         return batch
 
     def encode_segment(self, data: bytes):
-        tokens = np.asarray(self.tokenizer.encode_ordinary(data), np.int64)
-        ids = np.concatenate([[BOS_ID], tokens + BYTE_OFFSET]).astype(np.int32)
-        return ids, self.id_bytes[ids[1:]]
+        tokens, nbytes = self.tokenizer.encode_ordinary_with_bytes(data)
+        ids = np.concatenate([[BOS_ID], np.asarray(tokens, np.int64) + BYTE_OFFSET]).astype(np.int32)
+        return ids, np.asarray(nbytes, np.int32)
+
+    def stats_record(self, sums) -> dict:
+        if not sums.get("bytes"):
+            return {}
+        return {"bytes_in_unk": sums["unk_bytes"] / sums["bytes"]}
 
     def bytes_per_position(self) -> float:
         if self._bytes_per_token is None:
