@@ -159,8 +159,8 @@ def test_cpu_recipes_cover_every_family_and_score_inside_their_context():
 def test_small_and_base_presets_have_the_sizes_they_promise():
     """configs/small: about 100M-parameter models of every family (one GPU); configs/base: about 1B
     (the global model of MegaByte and BLT, the main network of H-Net; several hosts, FSDP, one
-    preset with tensor parallelism). Counted on the abstract models (no weights are allocated). Embedding tables (BLT's hashed
-    n-grams, the subword vocabulary) are lookups and are not counted."""
+    preset with tensor parallelism). Counted on the abstract models (no weights are allocated).
+    Embedding tables (BLT's hashed n-grams, the subword vocabulary) are lookups and are not counted."""
     from flax import nnx
 
     from bytelm.families.blt.model import BLT
