@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import sys
 import threading
+import traceback
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -84,10 +85,13 @@ def _quiet_restore_noise() -> None:
 
 def _asyncio_noise(record: logging.LogRecord) -> bool:
     """False (drop) for asyncio's report of an abandoned orbax read (see :func:`_quiet_restore_noise`)."""
-    message = str(record.msg)
+    message = record.getMessage()
+    text = message
+    if record.exc_info and record.exc_info[1] is not None:  # (where the read failed: orbax's files)
+        text += "".join(traceback.format_exception(*record.exc_info))
     return not (
-        message.startswith(("Task exception was never retrieved", "Future exception was never"))
-        and any(mark in message for mark in ("orbax", "tensorstore", "OCDBT"))
+        "exception was never retrieved" in message  # (Task, Future, _GatheringFuture)
+        and any(mark in text for mark in ("orbax", "tensorstore", "OCDBT"))
     )
 
 
