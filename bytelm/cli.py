@@ -945,9 +945,10 @@ def cmd_tokenizer_train(args: argparse.Namespace) -> int:
 def add_tokenizer_import(sub) -> None:
     p = sub.add_parser(
         "import",
-        help="import an HF tokenizer.json or a tiktoken rank file as the subword baseline, with its own ids",
+        help="import an HF tokenizer.json or a tiktoken rank file as the subword baseline, with its ids",
         description="Read an HF tokenizer.json (a BPE model with the ByteLevel pre-tokenizer, WordPiece with "
-        "BertPreTokenizer, or Unigram with Metaspace; ids as Tokenizer.encode(text, add_special_tokens=False): "
+        "BertPreTokenizer, or Unigram with Metaspace; ids as Tokenizer.encode(text, "
+        "add_special_tokens=False): "
         "post-processor and added tokens are not applied; a normalizer or pre-tokenizer that cannot be "
         "reproduced exactly is refused, naming it) or a tiktoken rank file (base64(token) rank per line; "
         "--pattern gives the split pattern that goes with it: ids as tiktoken.Encoding(pat_str=PATTERN, "
@@ -963,7 +964,7 @@ def add_tokenizer_import(sub) -> None:
         "--pattern",
         default="cl100k",
         metavar="gpt2|cl100k|REGEX",
-        help="tiktoken only: the split pattern the ranks were made with: 'cl100k' (default), 'gpt2', or a regex",
+        help="tiktoken only: the split pattern of the ranks: 'cl100k' (default), 'gpt2', or a regex",
     )
     p.add_argument("--out", required=True, metavar="DIR", help="directory to write the tokenizer files into")
     p.add_argument("--force", action="store_true", help="write over a tokenizer already in --out")

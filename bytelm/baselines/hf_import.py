@@ -35,8 +35,8 @@ from typing import Literal
 
 import numpy as np
 
-from bytelm.baselines.bpe.bytelevel import BYTE_TO_CHAR, chars_to_bytes
-from bytelm.baselines.bpe.pretokenize import GPT2_PATTERN, PreTokenizer
+from bytelm.baselines.bpe.bytelevel import BYTE_TO_CHAR
+from bytelm.baselines.bpe.pretokenize import GPT2_PATTERN
 from bytelm.baselines.bpe.tokenizer import Tokenizer
 from bytelm.baselines.subword import as_text
 from bytelm.baselines.wordpiece.tokenizer import WordPieceTokenizer
@@ -472,7 +472,8 @@ def _import_bpe(path, doc: dict) -> tuple[object, list[int]]:
         if BYTE_TO_CHAR[b] not in vocab:
             raise UserError(
                 f"{path}: model.vocab has no token for byte {b:#04x} ({BYTE_TO_CHAR[b]!r}); HF drops such "
-                "bytes from the ids. Train with BpeTrainer(initial_alphabet=pre_tokenizers.ByteLevel.alphabet())"
+                "bytes from the ids. Train with "
+                "BpeTrainer(initial_alphabet=pre_tokenizers.ByteLevel.alphabet())"
             )
         to_source.append(vocab[BYTE_TO_CHAR[b]])
     inner_of = {BYTE_TO_CHAR[b]: b for b in range(256)}
