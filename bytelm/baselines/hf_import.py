@@ -220,7 +220,7 @@ class BertWordPiece(HFPipeline):
     def segment_word(self, word: str, nbytes: int) -> list[tuple[int, int]]:
         ids = [self.wp_to_source[i] for i in self.wp.wordpiece(word.encode("utf-8", "surrogateescape"))]
         if ids == [self.unk_id]:
-            return [(self.unk_id, nbytes)]
+            return [(ids[0], nbytes)]
         return [(i, len(self.strings[i].removeprefix("##").encode("utf-8", "surrogateescape"))) for i in ids]
 
     def token_bytes(self, token_id: int) -> bytes:
@@ -275,7 +275,7 @@ class MetaspaceUnigram(HFPipeline):
                 ]
             at = 0
             for n, i in pieces:
-                ids.append(i)  # type: ignore[arg-type]
+                ids.append(i)
                 nbytes.append(sum(cost[at : at + n]))
                 at += n
         return ids, nbytes
@@ -434,7 +434,10 @@ def _check_common(path, doc: dict) -> None:
         t = None if p is None else p.get("type")
         if t not in _IGNORED_POST:
             raise _refuse(
-                path, "post_processor.type", t, f"is not supported (known: {sorted(_IGNORED_POST - {None})})"
+                path,
+                "post_processor.type",
+                t,
+                f"is not supported (known: {sorted(str(t) for t in _IGNORED_POST if t)})",
             )
     if doc.get("truncation") is not None:
         raise _refuse(path, "truncation", doc["truncation"], 'cuts encodings; save with "truncation": null')
