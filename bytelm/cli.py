@@ -28,7 +28,8 @@ from flax import nnx
 from bytelm.atomic import atomic_write_text
 from bytelm.baselines import KINDS, NATIVE_FILES, encoders_of, is_saved, load_tokenizer
 from bytelm.baselines.bpe import tokenizer_stats, train_bpe
-from bytelm.baselines.imported import import_tiktoken
+from bytelm.baselines.hf_import import read_tokenizer_json
+from bytelm.baselines.imported import import_tiktoken, import_tokenizer_json
 from bytelm.config import load_config
 from bytelm.data import default_cache_dir, load_corpus_from_config
 from bytelm.errors import UserError
@@ -944,19 +945,26 @@ def cmd_tokenizer_train(args: argparse.Namespace) -> int:
 def add_tokenizer_import(sub) -> None:
     p = sub.add_parser(
         "import",
-        help="import a tiktoken rank file as the subword baseline, with its own ids",
-        description="Read a tiktoken rank file (base64(token) rank per line; --pattern gives the split "
-        "pattern that goes with it) and write a tokenizer directory that encodes with ids identical to "
-        "tiktoken.Encoding(pat_str=PATTERN, mergeable_ranks=..., special_tokens={}). Use it like a "
-        "trained one: --tokenizer DIR, model.tokenizer = DIR, or 'dir = DIR' in a compare preset's "
-        "[tokenizer] table.",
+        help="import an HF tokenizer.json or a tiktoken rank file as the subword baseline, with its ids",
+        description="Read an HF tokenizer.json (a BPE model with the ByteLevel pre-tokenizer, WordPiece with "
+        "BertPreTokenizer, or Unigram with Metaspace; ids as Tokenizer.encode(text, "
+        "add_special_tokens=False): "
+        "post-processor and added tokens are not applied; a normalizer or pre-tokenizer that cannot be "
+        "reproduced exactly is refused, naming it) or a tiktoken rank file (base64(token) rank per line; "
+        "--pattern gives the split pattern that goes with it: ids as tiktoken.Encoding(pat_str=PATTERN, "
+        "mergeable_ranks=..., special_tokens={})), and write a tokenizer directory that encodes with the "
+        "source's ids. Use it like a trained one: --tokenizer DIR, model.tokenizer = DIR, or 'dir = DIR' in "
+        "a compare preset's [tokenizer] table (the subword LM takes only tokenizers whose tokens' bytes "
+        "reproduce the text: not BertPreTokenizer, Metaspace or ByteLevel add_prefix_space=true).",
     )
-    p.add_argument("path", metavar="PATH", help="the tiktoken rank file (e.g. a ranks.tiktoken)")
+    p.add_argument(
+        "path", metavar="PATH", help="an HF tokenizer.json, or a tiktoken rank file (e.g. ranks.tiktoken)"
+    )
     p.add_argument(
         "--pattern",
         default="cl100k",
         metavar="gpt2|cl100k|REGEX",
-        help="the split pattern the ranks were made with: 'cl100k' (default), 'gpt2', or a regex",
+        help="tiktoken only: the split pattern of the ranks: 'cl100k' (default), 'gpt2', or a regex",
     )
     p.add_argument("--out", required=True, metavar="DIR", help="directory to write the tokenizer files into")
     p.add_argument("--force", action="store_true", help="write over a tokenizer already in --out")
@@ -968,22 +976,22 @@ def cmd_tokenizer_import(args: argparse.Namespace) -> int:
     if is_saved(args.out) and not args.force:
         raise UserError(f"--out {args.out} holds a tokenizer already; give another directory, or --force")
     if not Path(args.path).is_file():
-        raise UserError(f"{args.path} is not a file: give a tiktoken rank file")
-    if args.path.endswith(".json"):
-        raise UserError(
-            f"{args.path}: importing an HF tokenizer.json is not supported yet; give a tiktoken rank file "
-            "(base64(token) rank per line)"
-        )
-    tok = import_tiktoken(args.path, pattern=args.pattern)
+        raise UserError(f"{args.path} is not a file: give an HF tokenizer.json or a tiktoken rank file")
+    if read_tokenizer_json(args.path) is not None:
+        tok = import_tokenizer_json(args.path)
+        source = f"{args.path} (HF tokenizer.json, {tok.inner.pattern or tok.kind})"
+    else:
+        tok = import_tiktoken(args.path, pattern=args.pattern)
+        source = f"{args.path} (tiktoken ranks, pattern {args.pattern})"
     tok.save(args.out, source_file=args.path)
     _remove_stale_files(args.out, "imported")
     _print_rows(
         [
             ("tokenizer", args.out),
-            ("source", f"{args.path} (tiktoken ranks)"),
+            ("source", source),
             ("kind", f"{tok.kind} (encoder: {tok.encoder}), ids as in the source"),
-            ("pattern", args.pattern),
             ("ids", f"{tok.n_vocab:,}"),
+            ("subword LM", f"refused: {tok.lossy}" if tok.lossy else "yes (byte-exact)"),
             ("fingerprint", tok.fingerprint),
         ]
     )

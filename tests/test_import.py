@@ -6,6 +6,7 @@ refused naming the line or the byte."""
 from __future__ import annotations
 
 import base64
+import re
 import subprocess
 import sys
 
@@ -118,3 +119,182 @@ def test_cli_imports_a_rank_file(sources, tmp_path):
     assert load_tokenizer(tmp_path / "t") == tok
     again = subprocess.run(cmd, capture_output=True, text=True)
     assert again.returncode != 0 and "--force" in again.stderr
+
+
+# -- HF tokenizer.json ---------------------------------------------------------------------------
+hf = pytest.importorskip("tokenizers")
+
+
+def hf_corpus(tmp_path_factory) -> list[str]:
+    """The repo's test corpora (word_corpus, text_dir_files), multilingual strings and a few edge cases."""
+    from conftest import text_dir_files, word_corpus  # noqa: PLC0415
+
+    root = word_corpus(tmp_path_factory.mktemp("words"), n_docs=20, words_per_doc=100)
+    docs = [p.read_text() for p in sorted(root.glob("*.txt"))]
+    docs += [b.decode() for b in text_dir_files().values()]
+    return docs + list(MULTILINGUAL) + ["", " ", "  a", "a  ", "\u2581x \u2581", "##x #a don't"]
+
+
+def hf_trained(kind: str, texts: list[str], **pre) -> "hf.Tokenizer":
+    """An HF tokenizer trained by HF's own trainer (small vocabulary), paired as in the acceptance."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers  # noqa: PLC0415
+
+    if kind == "bpe":
+        tok = Tokenizer(models.BPE())
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(**pre)
+        trainer = trainers.BpeTrainer(
+            vocab_size=500,
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+            special_tokens=["<|endoftext|>"],
+        )
+    elif kind == "wordpiece":
+        tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+        tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+        trainer = trainers.WordPieceTrainer(vocab_size=1500, special_tokens=["[UNK]", "[CLS]", "[SEP]"])
+    else:
+        tok = Tokenizer(models.Unigram())
+        tok.pre_tokenizer = pre_tokenizers.Metaspace(**pre)
+        trainer = trainers.UnigramTrainer(vocab_size=1200, unk_token="<unk>", special_tokens=["<unk>"])
+    tok.train_from_iterator(texts, trainer)
+    return tok
+
+
+HF_CASES = {
+    "bpe-bytelevel": ("bpe", {}),
+    "bpe-bytelevel-no-prefix-space": ("bpe", {"add_prefix_space": False}),
+    "bpe-bytelevel-no-regex": ("bpe", {"add_prefix_space": False, "use_regex": False}),
+    "wordpiece-bert": ("wordpiece", {}),
+    "unigram-metaspace": ("unigram", {}),
+    "unigram-metaspace-never-nosplit": ("unigram", {"prepend_scheme": "never", "split": False}),
+}
+
+
+HF_DIRS: dict = {}  # the imported directories, by case (filled by hf_sources)
+
+
+@pytest.fixture(scope="module")
+def hf_sources(tmp_path_factory):
+    """Each case trained by HF, saved as tokenizer.json and imported with the CLI: (imported, HF, texts)."""
+    texts = hf_corpus(tmp_path_factory)
+    out = {}
+    for name, (kind, pre) in HF_CASES.items():
+        d = tmp_path_factory.mktemp(name)
+        ref = hf_trained(kind, texts, **pre)
+        ref.save(str(d / "tokenizer.json"))
+        cmd = [
+            sys.executable,
+            "-m",
+            "bytelm",
+            "tokenizer",
+            "import",
+            str(d / "tokenizer.json"),
+            "--out",
+            str(d / "t"),
+        ]
+        run = subprocess.run(cmd, capture_output=True, text=True)
+        assert run.returncode == 0, run.stderr
+        HF_DIRS[name] = d / "t"
+        out[name] = (load_tokenizer(d / "t"), hf.Tokenizer.from_file(str(d / "tokenizer.json")), texts)
+    return out
+
+
+def check_hf(tok, ref, text: str) -> None:
+    ids = tok.encode(text)
+    assert ids == ref.encode(text, add_special_tokens=False).ids, text[:80]
+    got, nbytes = tok.encode_ordinary_with_bytes(text)
+    assert got == ids and len(nbytes) == len(ids)
+    if tok.lossy is None:
+        assert tok.decode_bytes(ids) == text.encode() and sum(nbytes) == len(text.encode())
+
+
+@pytest.mark.parametrize("name", list(HF_CASES))
+def test_ids_identical_to_hf_on_the_test_corpora(hf_sources, name):
+    tok, ref, texts = hf_sources[name]
+    assert isinstance(tok, ImportedTokenizer) and tok.source_kind == "tokenizer.json"
+    for text in texts:
+        check_hf(tok, ref, text)
+    ids, counts = tok.encode_documents(texts, num_workers=1)
+    assert ids.tolist() == [i for t in texts for i in ref.encode(t, add_special_tokens=False).ids]
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.text(st.characters(max_codepoint=0xFFFF, blacklist_categories=("Cs",)), max_size=60))
+def test_ids_identical_to_hf_on_random_text(hf_sources, text):
+    for tok, ref, _ in hf_sources.values():
+        check_hf(tok, ref, text)
+
+
+def test_which_imports_are_byte_exact(hf_sources):
+    """Only ByteLevel BPE without the prefix space is byte-exact; the others name the component.
+    Metaspace charges every byte of the text to exactly one token (a prepended '▁' to none)."""
+    lossy = {name: tok.lossy for name, (tok, _, _) in hf_sources.items()}
+    assert lossy["bpe-bytelevel-no-prefix-space"] is None and lossy["bpe-bytelevel-no-regex"] is None
+    assert "add_prefix_space" in lossy["bpe-bytelevel"]
+    assert "BertPreTokenizer drops whitespace" in lossy["wordpiece-bert"]
+    assert "Metaspace" in lossy["unigram-metaspace"]
+    tok = hf_sources["unigram-metaspace"][0]
+    for text in ("a b", " a", "x  \u2581y", "日本 語"):
+        assert sum(tok.encode_ordinary_with_bytes(text)[1]) == len(text.encode())
+
+
+def test_bert_punctuation_is_hfs_on_every_code_point():
+    from bytelm.baselines.hf_import import BERT_WHITESPACE, is_bert_punct  # noqa: PLC0415
+
+    pre = hf.pre_tokenizers.BertPreTokenizer()
+    for cp in range(0x110000):
+        if 0xD800 <= cp <= 0xDFFF:
+            continue
+        n = len(pre.pre_tokenize_str(f"a{chr(cp)}a"))
+        assert (n == 3, n == 2) == (is_bert_punct(chr(cp)), chr(cp) in BERT_WHITESPACE), hex(cp)
+
+
+def test_the_subword_lm_refuses_a_lossy_import(hf_sources):
+    """model.tokenizer on a BertPreTokenizer or Metaspace import: refused naming the component; a
+    byte-exact one loads."""
+    from bytelm.config import load_config  # noqa: PLC0415
+    from bytelm.families.bpe import TokenTask  # noqa: PLC0415
+
+    for name, message in (("wordpiece-bert", "BertPreTokenizer drops"), ("unigram-metaspace", "Metaspace")):
+        cfg = load_config(None, ["model.family=bpe", f"model.tokenizer={HF_DIRS[name]}"])
+        with pytest.raises(UserError, match=f"{message}.*BPB would not be a likelihood"):
+            TokenTask(cfg, None)
+    exact = "bpe-bytelevel-no-prefix-space"
+    cfg = load_config(None, ["model.family=bpe", f"model.tokenizer={HF_DIRS[exact]}"])
+    assert TokenTask(cfg, None).n_vocab == hf_sources[exact][0].n_vocab
+
+
+def test_bad_tokenizer_json_is_refused_naming_the_key(hf_sources, tmp_path):
+    import json  # noqa: PLC0415
+
+    from bytelm.baselines.imported import import_tokenizer_json  # noqa: PLC0415
+
+    ref = hf_sources["wordpiece-bert"][1]
+    doc = json.loads(ref.to_str())
+    path = tmp_path / "tokenizer.json"
+    cases = [
+        ({"normalizer": {"type": "NFKC"}}, 'normalizer.type = "NFKC"'),
+        ({"normalizer": {"type": "Lowercase"}}, 'normalizer.type = "Lowercase"'),
+        (
+            {"normalizer": {"type": "BertNormalizer", "clean_text": False, "handle_chinese_chars": False,
+                            "strip_accents": None, "lowercase": True}},
+            "normalizer.lowercase = true",
+        ),
+        ({"pre_tokenizer": {"type": "Whitespace"}}, 'pre_tokenizer.type = "Whitespace"'),
+        ({"model": {**doc["model"], "continuing_subword_prefix": "@@"}}, "continuing_subword_prefix"),
+        ({"model": {"type": "WordLevel"}}, "model.type = 'WordLevel'"),
+        ({"truncation": {"max_length": 8}}, "truncation"),
+    ]  # fmt: skip
+    for change, message in cases:
+        path.write_text(json.dumps({**doc, **change}))
+        with pytest.raises(UserError, match=re.escape(message)):
+            import_tokenizer_json(path)
+    path.write_text('{"model": ')
+    with pytest.raises(UserError, match="not valid JSON"):
+        import_tokenizer_json(path)
+    identity = {"type": "BertNormalizer", "clean_text": False, "handle_chinese_chars": False,
+                "strip_accents": None, "lowercase": False}  # fmt: skip
+    path.write_text(json.dumps({**doc, "normalizer": identity}))
+    assert (
+        import_tokenizer_json(path).encode("Hello, world")
+        == ref.encode("Hello, world", add_special_tokens=False).ids
+    )

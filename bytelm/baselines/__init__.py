@@ -45,6 +45,7 @@ def load_tokenizer(directory):
     """The tokenizer saved in ``directory``, BPE, Unigram or WordPiece (by its native file)."""
     from bytelm.baselines.bpe.io import NATIVE_FILE as BPE_FILE
     from bytelm.baselines.bpe.tokenizer import Tokenizer
+    from bytelm.baselines.hf_import import inner_from_tokenizer_json
     from bytelm.baselines.imported import NATIVE_FILE as IMPORTED_FILE
     from bytelm.baselines.imported import ImportedTokenizer
     from bytelm.baselines.unigram.tokenizer import NATIVE_FILE as UNIGRAM_FILE
@@ -60,7 +61,7 @@ def load_tokenizer(directory):
     if not d.exists():
         raise UserError(f"tokenizer directory {d} does not exist; train one with 'bytelm tokenizer train'")
     if (d / IMPORTED_FILE).is_file():
-        return ImportedTokenizer.load(d, load_tokenizer)
+        return ImportedTokenizer.load(d, load_tokenizer, inner_from_tokenizer_json)
     if (d / WORDPIECE_FILE).is_file():
         return WordPieceTokenizer.load(d)
     if (d / UNIGRAM_FILE).is_file():

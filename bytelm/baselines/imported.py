@@ -13,6 +13,10 @@ the ranks below ``r`` leaves of its bytes, which is the merge tiktoken applies (
 adjacent pair whose concatenation has the lowest rank, leftmost first). The source file is copied
 into ``DIR`` beside ``bytelm_imported.json`` (the native file: the id map and a fingerprint) and
 ``inner/`` (the inner tokenizer's own directory).
+
+An HF ``tokenizer.json`` (:func:`import_tokenizer_json`; what is supported and refused:
+:mod:`bytelm.baselines.hf_import`) is copied as ``tokenizer.json`` and read again on load (there
+is no ``inner/``). ``lossy`` says why the tokens' bytes do not reproduce the text, when they do not.
 """
 
 from __future__ import annotations
@@ -32,6 +36,8 @@ from bytelm.atomic import atomic_write_text
 from bytelm.baselines.bpe.io import FORMAT_VERSION, TIKTOKEN_FILE, invalid, read_native
 from bytelm.baselines.bpe.pretokenize import resolve_pattern
 from bytelm.baselines.bpe.tokenizer import Tokenizer
+from bytelm.baselines.hf_import import SOURCE_KIND as HF_SOURCE_KIND
+from bytelm.baselines.hf_import import inner_from_tokenizer_json
 from bytelm.errors import UserError
 
 FORMAT_NAME = "bytelm-imported"
@@ -129,6 +135,13 @@ def import_tiktoken(path: str | Path, *, pattern: str) -> ImportedTokenizer:
     return ImportedTokenizer(inner, to_source, source=Path(path).name, source_kind="tiktoken")
 
 
+def import_tokenizer_json(path: str | Path) -> ImportedTokenizer:
+    """An :class:`ImportedTokenizer` with the ids of HF ``Tokenizer.from_file(path).encode(text,
+    add_special_tokens=False)`` (what is supported: :mod:`bytelm.baselines.hf_import`)."""
+    inner, to_source = inner_from_tokenizer_json(path)
+    return ImportedTokenizer(inner, to_source, source=Path(path).name, source_kind=HF_SOURCE_KIND)
+
+
 # -- the tokenizer -----------------------------------------------------------------------------
 class ImportedTokenizer:
     """A bytelm tokenizer (``inner``) with the ids of the tokenizer it was imported from:
@@ -149,6 +162,8 @@ class ImportedTokenizer:
         self.kind, self.encoder, self.pattern = inner.kind, inner.encoder, inner.pattern
         self.special_tokens = {s: int(self.to_source[i]) for s, i in inner.special_tokens.items()}
         self.added_tokens = {s: int(self.to_source[i]) for s, i in inner.added_tokens.items()}
+        #: why the tokens' bytes do not reproduce the text (None: they do); the subword LM refuses it
+        self.lossy: str | None = getattr(inner, "lossy", None)
         unk = getattr(inner, "unk_id", None)
         self.unk_id = None if unk is None else int(self.to_source[unk])
         payload = json.dumps([inner.fingerprint, self.to_source.tolist()], separators=(",", ":"))
@@ -223,7 +238,10 @@ class ImportedTokenizer:
         d = Path(directory)
         if d.exists() and not d.is_dir():
             raise UserError(f"cannot save the tokenizer to {d}: it exists and is not a directory")
-        self.inner.save(d / INNER_DIR)
+        if self.source_kind == "tiktoken":  # (a tokenizer.json is read again on load: it is the source)
+            self.inner.save(d / INNER_DIR)
+        else:
+            d.mkdir(parents=True, exist_ok=True)
         if source_file is not None:
             name = TIKTOKEN_FILE if self.source_kind == "tiktoken" else "tokenizer.json"
             shutil.copyfile(source_file, d / name)
@@ -240,12 +258,17 @@ class ImportedTokenizer:
         return d
 
     @classmethod
-    def load(cls, directory, inner_loader) -> ImportedTokenizer:
-        """Read a directory written by :meth:`save` (``inner_loader`` reads ``inner/``)."""
+    def load(cls, directory, inner_loader, hf_loader) -> ImportedTokenizer:
+        """Read a directory written by :meth:`save` (``inner_loader`` reads ``inner/``, ``hf_loader``
+        the copied ``tokenizer.json``: :func:`~bytelm.baselines.hf_import.inner_from_tokenizer_json`)."""
         path, doc = read_native(directory, name=NATIVE_FILE, format_name=FORMAT_NAME)
         try:
+            if doc["source_kind"] == "tiktoken":
+                inner = inner_loader(Path(directory) / INNER_DIR)
+            else:
+                inner = hf_loader(Path(directory) / "tokenizer.json")[0]
             tok = cls(
-                inner_loader(Path(directory) / INNER_DIR),
+                inner,
                 doc["to_source"],
                 source=doc["source"],
                 source_kind=doc["source_kind"],

@@ -440,6 +440,12 @@ class Runner:
                     f"tokenizer.dir = {tdir} holds no tokenizer: train one there (bytelm tokenizer train) or "
                     "import one (bytelm tokenizer import)"
                 )
+            elif getattr(given := load_tokenizer(tdir), "lossy", None):
+                self.failed_artefacts[str(tdir)] = (
+                    f"tokenizer.dir = {tdir}: {given.lossy}: BPB would not be a likelihood of the held-out "
+                    "bytes; give a byte-exact tokenizer (an HF ByteLevel BPE with add_prefix_space=false, a "
+                    "tiktoken import, or one bytelm trains)"
+                )
             else:
                 self.say(f"tokenizer {tdir}: given, used as is")
             return None

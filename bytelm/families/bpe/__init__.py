@@ -57,6 +57,13 @@ class TokenTask(Task):
                 "DIR)"
             )
         self.tokenizer = load_tokenizer(cfg.model.tokenizer)
+        lossy = getattr(self.tokenizer, "lossy", None)
+        if lossy:
+            raise UserError(
+                f"model.tokenizer {cfg.model.tokenizer}: {lossy}: BPB would not be a likelihood of the "
+                "held-out bytes; give a byte-exact tokenizer (one bytelm trains, a tiktoken import, or an HF "
+                "ByteLevel BPE with add_prefix_space=false)"
+            )
         n = self.n_vocab = self.tokenizer.n_vocab
         lengths = [len(self.tokenizer.token_bytes(i)) for i in range(n)]
         self.id_bytes = np.asarray([0] * BYTE_OFFSET + lengths, np.int32)  # bytes per model id

@@ -1,0 +1,547 @@
+"""Importing a Hugging Face ``tokenizer.json`` whose model is BPE, WordPiece or Unigram.
+
+Supported (the combinations HF's trainers produce, checked component by component; anything
+else is refused with a :class:`UserError` naming the JSON key and its value):
+
+- ``BPE`` + ``ByteLevel`` pre-tokenizer (its GPT-2 regex or none, ``add_prefix_space`` either
+  way): the inner tokenizer is bytelm's own BPE (the merges, over GPT-2's byte characters); all
+  256 bytes must be in the vocabulary (HF silently drops a byte it has no token for).
+- ``WordPiece`` (``continuing_subword_prefix = "##"``) + ``BertPreTokenizer``: whitespace
+  removed, every punctuation character a word of its own (:func:`bert_words`: HF's definition,
+  ASCII symbols and the Unicode ``P*`` categories of HF's own Unicode tables), then bytelm's
+  character-level WordPiece on each word.
+- ``Unigram`` + ``Metaspace`` (``prepend_scheme`` always/first/never, ``split`` either way):
+  spaces become ``▁``, then HF's Viterbi over the pieces (:meth:`MetaspaceUnigram.viterbi`,
+  unknown characters fused into one ``unk_id``).
+
+The normalizer must be absent or an identity (``BertNormalizer`` with every option off); the
+post-processor and the added tokens are not applied (ids as HF's
+``encode(text, add_special_tokens=False)``; an added token's spelling in the text is ordinary
+text here); ``truncation`` is refused; the decoder is not read.
+
+**Byte-exactness.** Only ``ByteLevel`` BPE without ``add_prefix_space`` gives tokens whose bytes
+reproduce the text; every other import records why not (``lossy``: whitespace dropped, a space
+prepended, ``▁`` and space one character, unknown characters) and the subword LM refuses it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import unicodedata
+from collections.abc import Collection, Iterable
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+
+from bytelm.baselines.bpe.bytelevel import BYTE_TO_CHAR
+from bytelm.baselines.bpe.pretokenize import GPT2_PATTERN
+from bytelm.baselines.bpe.tokenizer import Tokenizer
+from bytelm.baselines.subword import as_text
+from bytelm.baselines.wordpiece.tokenizer import WordPieceTokenizer
+from bytelm.errors import UserError
+
+HF_MODELS = ("BPE", "WordPiece", "Unigram")
+SOURCE_KIND = "tokenizer.json"
+_ONE_CHUNK = r"(?s).+"  # ByteLevel(use_regex=false): the whole text is one chunk
+_IGNORED_POST = {None, "TemplateProcessing", "BertProcessing", "RobertaProcessing", "ByteLevel"}
+
+# -- BertPreTokenizer ------------------------------------------------------------------------------
+#: Rust's ``char::is_whitespace`` (the Unicode White_Space property), which HF splits on.
+BERT_WHITESPACE = frozenset(
+    "\t\n\x0b\x0c\r \x85\xa0\u1680\u2028\u2029\u202f\u205f\u3000" + "".join(map(chr, range(0x2000, 0x200B)))
+)
+# HF's P* categories come from an older Unicode than Python's: these P* code points are not
+# punctuation there, and two others (then Po) are. tests/test_import.py checks every code point.
+_NOT_HF_PUNCT = [
+    (0x61D, 0x61D), (0x9FD, 0x9FD), (0xA76, 0xA76), (0xC77, 0xC77), (0xC84, 0xC84), (0x1B4E, 0x1B4F),
+    (0x1B7D, 0x1B7F), (0x2E43, 0x2E4F), (0x2E52, 0x2E5D), (0x2E60, 0x2E63), (0x10D6E, 0x10D6E),
+    (0x10EAD, 0x10EAD), (0x10ED0, 0x10ED0), (0x10F55, 0x10F59), (0x10F86, 0x10F89), (0x113D4, 0x113D5),
+    (0x113D7, 0x113D8), (0x1144B, 0x1144F), (0x1145A, 0x1145B), (0x1145D, 0x1145D), (0x11660, 0x1166C),
+    (0x116B9, 0x116B9), (0x1183B, 0x1183B), (0x11944, 0x11946), (0x119E2, 0x119E2), (0x11A3F, 0x11A46),
+    (0x11A9A, 0x11A9C), (0x11A9E, 0x11AA2), (0x11C41, 0x11C45),
+    (0x11C70, 0x11C71), (0x11EF7, 0x11EF8), (0x11FFF, 0x11FFF), (0x12FF1, 0x12FF2),
+    (0x16E97, 0x16E9A),
+    (0x16FE2, 0x16FE2), (0x1E95E, 0x1E95F),
+]  # fmt: skip
+_HF_PUNCT_EXTRA = frozenset("\u166d\U000111c9")
+
+
+def is_bert_punct(c: str) -> bool:
+    """HF's ``is_bert_punc``: ASCII symbols 33-47, 58-64, 91-96, 123-126, or Unicode ``P*`` (HF's tables)."""
+    cp = ord(c)
+    if cp < 128:
+        return 33 <= cp <= 47 or 58 <= cp <= 64 or 91 <= cp <= 96 or 123 <= cp <= 126
+    if c in _HF_PUNCT_EXTRA:
+        return True
+    if not unicodedata.category(c).startswith("P"):
+        return False
+    return not any(a <= cp <= b for a, b in _NOT_HF_PUNCT)
+
+
+def bert_words(text: str) -> list[str]:
+    """HF's ``BertPreTokenizer``: split on whitespace (removed), each punctuation character isolated.
+
+    >>> bert_words("Hi,  you're\\tok!")
+    ['Hi', ',', 'you', "'", 're', 'ok', '!']
+    """
+    out: list[str] = []
+    word: list[str] = []
+    for c in text:
+        if c in BERT_WHITESPACE or is_bert_punct(c):
+            if word:
+                out.append("".join(word))
+                word = []
+            if c not in BERT_WHITESPACE:
+                out.append(c)
+        else:
+            word.append(c)
+    if word:
+        out.append("".join(word))
+    return out
+
+
+# -- the adapters ----------------------------------------------------------------------------------
+class HFPipeline:
+    """An imported tokenizer that bytelm's classes do not hold whole: HF's pre-tokenizer (written
+    here) over the text, then a segmentation of each word. Ids are the source's own. A subclass
+    implements :meth:`words` (``(word, bytes of the text it covers)`` in order) and
+    :meth:`segment_word` (``(id, bytes)`` per token)."""
+
+    kind = "subword"
+    encoder = ""
+    pattern = ""
+    lossy: str | None = None
+
+    def __init__(self, strings: list[str], doc: dict, *, unk_id: int | None) -> None:
+        self.strings = strings  # the source's token string of each id
+        self.n_vocab = len(strings)
+        self.unk_id = unk_id
+        self.special_tokens: dict[str, int] = {}
+        self.added_tokens: dict[str, int] = {}
+        self._cache: dict[str, list] = {}
+        payload = json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+        self.fingerprint = hashlib.sha256(payload.encode()).hexdigest()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(n_vocab={self.n_vocab})"
+
+    def words(self, text: str) -> list[tuple[str, int]]:
+        raise NotImplementedError
+
+    def segment_word(self, word: str, nbytes: int) -> list[tuple[int, int]]:
+        raise NotImplementedError
+
+    def encode_ordinary_with_bytes(self, text: str | bytes) -> tuple[list[int], list[int]]:
+        """The ids and the bytes of text each stands for (what the pre-tokenizer drops is charged
+        to no token: see ``lossy``)."""
+        ids: list[int] = []
+        nbytes: list[int] = []
+        for word, n in self.words(as_text(text)):
+            key = f"{n}:{word}"
+            toks = self._cache.get(key)
+            if toks is None:
+                toks = self._cache[key] = self.segment_word(word, n)
+            for i, b in toks:
+                ids.append(i)
+                nbytes.append(b)
+        return ids, nbytes
+
+    def encode_ordinary(self, text: str | bytes) -> list[int]:
+        return self.encode_ordinary_with_bytes(text)[0]
+
+    def encode(
+        self,
+        text: str | bytes,
+        *,
+        allowed_special: Literal["all"] | Collection[str] = frozenset(),
+        disallowed_special: Literal["all"] | Collection[str] = "all",
+    ) -> list[int]:
+        if allowed_special != "all" and allowed_special:
+            raise ValueError(
+                f"allowed_special names {sorted(allowed_special)!r}; an imported tokenizer.json has no "
+                "special tokens here (its added tokens are not applied)"
+            )
+        return self.encode_ordinary(text)
+
+    def encode_batch(self, texts, **kwargs) -> list[list[int]]:
+        kwargs.pop("num_workers", None)
+        return [self.encode(t, **kwargs) for t in texts]
+
+    def encode_documents(self, documents: Iterable, *, num_workers: int | None = None, dtype=np.int32):
+        parts = [self.encode_ordinary(d) for d in documents]
+        counts = np.array([len(p) for p in parts], np.int64)
+        return np.fromiter((i for p in parts for i in p), dtype=dtype, count=int(counts.sum())), counts
+
+    def token_bytes(self, token_id: int) -> bytes:
+        if not 0 <= token_id < self.n_vocab:
+            raise ValueError(f"unknown token id {token_id!r}: valid ids are 0..{self.n_vocab - 1}")
+        return self.strings[token_id].encode("utf-8", "surrogateescape")
+
+    def decode_bytes(self, ids: Iterable[int]) -> bytes:
+        return b"".join(self.token_bytes(int(i)) for i in ids)
+
+    def clear_cache(self) -> None:
+        self._cache = {}
+
+
+class BertWordPiece(HFPipeline):
+    """``BertPreTokenizer`` then bytelm's character-level WordPiece (HF's loop) on each word."""
+
+    kind = "wordpiece"
+    encoder = "wordpiece"
+    pattern = "BertPreTokenizer"
+    lossy = (
+        "pre_tokenizer BertPreTokenizer drops whitespace (and an [UNK] hides its characters): the "
+        "tokens' bytes do not reproduce the text"
+    )
+
+    def __init__(self, vocab: dict[str, int], unk_token: str, max_chars: int, doc: dict) -> None:
+        strings = _strings_of(vocab)
+        super().__init__(strings, doc, unk_id=vocab[unk_token])
+        pieces, source = [], [vocab[unk_token]]
+        for s, i in sorted(vocab.items(), key=lambda kv: kv[1]):
+            cont = s.startswith("##") and len(s) > 2
+            body = s[2:] if cont else s
+            # a piece no BERT word can hold (whitespace, or punctuation beside anything) is never reached
+            if s == unk_token or any(c in BERT_WHITESPACE for c in body):
+                continue
+            if len(body) > 1 and any(is_bert_punct(c) for c in body):
+                continue
+            pieces.append((body.encode("utf-8", "surrogateescape"), cont))
+            source.append(i)
+        self.wp = WordPieceTokenizer(pieces, level="char", max_input_chars_per_word=max_chars, pattern=r"\S+")
+        self.wp_to_source = source
+
+    def words(self, text: str) -> list[tuple[str, int]]:
+        return [(w, len(w.encode("utf-8", "surrogateescape"))) for w in bert_words(text)]
+
+    def segment_word(self, word: str, nbytes: int) -> list[tuple[int, int]]:
+        ids = [self.wp_to_source[i] for i in self.wp.wordpiece(word.encode("utf-8", "surrogateescape"))]
+        if ids == [self.unk_id]:
+            return [(ids[0], nbytes)]
+        return [(i, len(self.strings[i].removeprefix("##").encode("utf-8", "surrogateescape"))) for i in ids]
+
+    def token_bytes(self, token_id: int) -> bytes:
+        return super().token_bytes(token_id).removeprefix(b"##") if token_id != self.unk_id else b""
+
+
+class MetaspaceUnigram(HFPipeline):
+    """``Metaspace`` then HF's Unigram Viterbi (:meth:`viterbi`) on each word."""
+
+    kind = "unigram"
+    encoder = "viterbi"
+    lossy = (
+        "pre_tokenizer Metaspace makes ' ' and its replacement one character and prepends one: two "
+        "texts can share one encoding (and an unknown token hides its characters)"
+    )
+
+    def __init__(self, pieces: list[tuple[str, float]], unk_id: int | None, meta: dict, doc: dict) -> None:
+        super().__init__([p for p, _ in pieces], doc, unk_id=unk_id)
+        self.replacement = meta["replacement"]
+        self.prepend = meta["prepend_scheme"] != "never"
+        self.split = meta["split"]
+        self.pattern = f"Metaspace({self.replacement!r}, {meta['prepend_scheme']}, split={self.split})"
+        self.scores = [float(s) for _, s in pieces]
+        self.id_of = {p: i for i, (p, _) in enumerate(pieces)}
+        self.unk_score = min(self.scores, default=0.0) - 10.0  # HF's K_UNK_PENALTY
+        self.max_chars = max((len(p) for p, _ in pieces), default=1)
+
+    def metaspace(self, text: str) -> list[tuple[str, list[int]]]:
+        """The words after ``Metaspace``, each with the bytes of text each of its characters stands
+        for (1 for a space made the replacement, 0 for a prepended replacement)."""
+        if not text:
+            return []
+        rep = self.replacement
+        chars = [rep if c == " " else c for c in text]
+        cost = [len(c.encode("utf-8", "surrogateescape")) for c in text]
+        if self.prepend and chars[0] != rep:  # 'first' is 'always' here: one section (no added tokens)
+            chars, cost = [rep, *chars], [0, *cost]
+        cuts = [0]
+        if self.split:  # MergedWithNext: each replacement starts a word
+            cuts += [i for i in range(1, len(chars)) if chars[i] == rep]
+        cuts.append(len(chars))
+        return [("".join(chars[a:b]), cost[a:b]) for a, b in zip(cuts[:-1], cuts[1:]) if b > a]
+
+    def encode_ordinary_with_bytes(self, text: str | bytes) -> tuple[list[int], list[int]]:
+        ids: list[int] = []
+        nbytes: list[int] = []
+        for word, cost in self.metaspace(as_text(text)):
+            pieces = self._cache.get(word)
+            if pieces is None:
+                pieces = self._cache[word] = [
+                    (len(p), self.id_of.get(p, self.unk_id)) for p in self.viterbi(word)
+                ]
+            at = 0
+            for n, i in pieces:
+                ids.append(i)
+                nbytes.append(sum(cost[at : at + n]))
+                at += n
+        return ids, nbytes
+
+    def viterbi(self, word: str) -> list[str]:
+        """HF's ``Unigram::encode_optimized``: the best path over the pieces, an unknown character
+        an ``unk`` edge (score ``min - 10``) where no one-character piece starts, first best kept,
+        consecutive unknowns fused into one string."""
+        n = len(word)
+        best = [(0.0, -1, -1)] * (n + 1)  # (score, start, id) of the best path ending here
+        reached = [False] * (n + 1)
+        reached[0] = True
+        for start in range(n):
+            here = best[start][0]
+            single = False
+            for end in range(start + 1, min(n, start + self.max_chars) + 1):
+                i = self.id_of.get(word[start:end])
+                if i is None:
+                    continue
+                score = here + self.scores[i]
+                if not reached[end] or score > best[end][0]:
+                    best[end], reached[end] = (score, start, i), True
+                single = single or end == start + 1
+            if not single:
+                if self.unk_id is None:
+                    raise ValueError(
+                        f"{word[start]!r} is not in the vocabulary and the Unigram has no unk_id"
+                    )
+                score = here + self.unk_score
+                if not reached[start + 1] or score > best[start + 1][0]:
+                    best[start + 1], reached[start + 1] = (score, start, self.unk_id), True
+        out: list[str] = []
+        unknown: list[str] = []
+        end = n
+        while end > 0:
+            _, start, i = best[end]
+            if i == self.unk_id:
+                unknown.append(word[start:end])
+            else:
+                if unknown:
+                    out.append("".join(reversed(unknown)))
+                    unknown = []
+                out.append(word[start:end])
+            end = start
+        if unknown:
+            out.append("".join(reversed(unknown)))
+        return out[::-1]
+
+    def token_bytes(self, token_id: int) -> bytes:
+        if token_id == self.unk_id:
+            return b""
+        return super().token_bytes(token_id).replace(self.replacement.encode(), b" ")
+
+
+class PrefixSpaceBPE(HFPipeline):
+    """``ByteLevel(add_prefix_space=true)``: a space before text that does not start with one, then
+    bytelm's BPE (the inner ``bpe``, with its own ids mapped by the caller)."""
+
+    kind = "bpe"
+    encoder = "ranks"
+    lossy = "pre_tokenizer ByteLevel add_prefix_space=true prepends a space: 'a' and ' a' share one encoding"
+
+    def __init__(self, bpe: Tokenizer, to_source: list[int], doc: dict) -> None:
+        n = max(to_source) + 1
+        strings = [""] * n
+        for inner, src in enumerate(to_source):
+            strings[src] = bpe.token_bytes(inner).decode("utf-8", "surrogateescape")
+        super().__init__(strings, doc, unk_id=None)
+        self.bpe, self.to_source = bpe, to_source
+        self.pattern = bpe.pattern
+
+    def words(self, text: str) -> list[tuple[str, int]]:
+        if not text:
+            return []
+        lead = 0 if text.startswith(" ") else 1
+        return [(" " + text if lead else text, len(text.encode("utf-8", "surrogateescape")))]
+
+    def segment_word(self, word: str, nbytes: int) -> list[tuple[int, int]]:
+        ids = [self.to_source[i] for i in self.bpe.encode_ordinary(word)]
+        out = [(i, len(self.token_bytes(i))) for i in ids]
+        extra = sum(b for _, b in out) - nbytes
+        if extra:
+            out[0] = (out[0][0], out[0][1] - extra)
+        return out
+
+    def encode_ordinary_with_bytes(self, text: str | bytes) -> tuple[list[int], list[int]]:
+        pairs = [
+            p for w, n in self.words(as_text(text)) for p in self.segment_word(w, n)
+        ]  # (no cache: one word)
+        return [i for i, _ in pairs], [b for _, b in pairs]
+
+
+# -- reading tokenizer.json ------------------------------------------------------------------------
+def _strings_of(vocab: dict[str, int]) -> list[str]:
+    strings = [""] * (max(vocab.values(), default=-1) + 1)
+    for s, i in vocab.items():
+        strings[i] = s
+    return strings
+
+
+def read_tokenizer_json(path: str | Path) -> dict | None:
+    """The parsed file when it is a ``tokenizer.json``; ``None`` when it is not JSON (a tiktoken
+    rank file); :class:`UserError` for broken JSON or a JSON that is no tokenizer.json."""
+    path = Path(path)
+    try:
+        head = path.read_bytes()[:64].lstrip()
+    except OSError as e:
+        raise UserError(f"cannot read {path}: {e}") from None
+    if not head.startswith(b"{"):
+        return None
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise UserError(
+            f"{path} is not valid JSON ({e}); give an HF tokenizer.json or a tiktoken rank file"
+        ) from None
+    model = doc.get("model") if isinstance(doc, dict) else None
+    kind = model.get("type") if isinstance(model, dict) else None
+    if kind not in HF_MODELS:
+        raise UserError(
+            f"{path}: model.type = {kind!r}, not one of {list(HF_MODELS)}: give a tokenizer.json of a BPE, "
+            "WordPiece or Unigram model (Tokenizer.save) or a tiktoken rank file"
+        )
+    return doc
+
+
+def _refuse(path, key: str, value, why: str) -> UserError:
+    return UserError(f"{path}: {key} = {json.dumps(value, ensure_ascii=False)} {why}")
+
+
+def _check_common(path, doc: dict) -> None:
+    norm = doc.get("normalizer")
+    if norm is not None:
+        t = norm.get("type")
+        if t == "BertNormalizer":
+            for opt in ("clean_text", "handle_chinese_chars", "strip_accents", "lowercase"):
+                if norm.get(opt):
+                    raise _refuse(
+                        path,
+                        f"normalizer.{opt}",
+                        norm.get(opt),
+                        "changes the text before the model sees it (not reproduced here); save the "
+                        "tokenizer with that option false, or normalise the corpus yourself",
+                    )
+        elif not (t == "Sequence" and not norm.get("normalizers")):
+            raise _refuse(
+                path,
+                "normalizer.type",
+                t,
+                "changes the text before the model sees it (not reproduced here); save the tokenizer with "
+                '"normalizer": null, or normalise the corpus yourself',
+            )
+    post = doc.get("post_processor")
+    posts = post.get("processors", []) if post and post.get("type") == "Sequence" else [post]
+    for p in posts:
+        t = None if p is None else p.get("type")
+        if t not in _IGNORED_POST:
+            raise _refuse(
+                path,
+                "post_processor.type",
+                t,
+                f"is not supported (known: {sorted(str(t) for t in _IGNORED_POST if t)})",
+            )
+    if doc.get("truncation") is not None:
+        raise _refuse(path, "truncation", doc["truncation"], 'cuts encodings; save with "truncation": null')
+
+
+def _pre_type(path, doc: dict, allowed: str, model: str) -> dict:
+    pre = doc.get("pre_tokenizer")
+    t = None if pre is None else pre.get("type")
+    if t != allowed:
+        raise _refuse(
+            path,
+            "pre_tokenizer.type",
+            t,
+            f"is not supported with a {model} model (only {allowed}, as HF's trainers pair them); train with "
+            f"pre_tokenizers.{allowed}()",
+        )
+    return pre  # type: ignore[return-value]
+
+
+def _import_bpe(path, doc: dict) -> tuple[object, list[int]]:
+    model = doc["model"]
+    for key, ok in (
+        ("dropout", (None,)),
+        ("continuing_subword_prefix", (None, "")),
+        ("end_of_word_suffix", (None, "")),
+        ("byte_fallback", (False, None)),
+        ("ignore_merges", (False, None)),
+    ):
+        if model.get(key) not in ok:
+            raise _refuse(path, f"model.{key}", model.get(key), f"is not supported (only {ok[0]!r})")
+    pre = _pre_type(path, doc, "ByteLevel", "BPE")
+    vocab: dict[str, int] = model["vocab"]
+    to_source = []
+    for b in range(256):
+        if BYTE_TO_CHAR[b] not in vocab:
+            raise UserError(
+                f"{path}: model.vocab has no token for byte {b:#04x} ({BYTE_TO_CHAR[b]!r}); HF drops such "
+                "bytes from the ids. Train with "
+                "BpeTrainer(initial_alphabet=pre_tokenizers.ByteLevel.alphabet())"
+            )
+        to_source.append(vocab[BYTE_TO_CHAR[b]])
+    inner_of = {BYTE_TO_CHAR[b]: b for b in range(256)}
+    merges = []
+    for k, m in enumerate(model["merges"]):
+        left, right = m.split(" ") if isinstance(m, str) else m
+        made = left + right
+        if left not in inner_of or right not in inner_of or made not in vocab:
+            raise _refuse(path, f"model.merges[{k}]", m, "joins tokens that are not in model.vocab")
+        if made in inner_of:
+            raise _refuse(
+                path, f"model.merges[{k}]", m, "makes a token an earlier merge made (not supported)"
+            )
+        merges.append((inner_of[left], inner_of[right]))
+        inner_of[made] = 256 + k
+        to_source.append(vocab[made])
+    pattern = GPT2_PATTERN if pre.get("use_regex", True) else _ONE_CHUNK
+    bpe = Tokenizer(merges, pattern=pattern)
+    if pre.get("add_prefix_space", True):
+        return PrefixSpaceBPE(bpe, to_source, doc), list(range(max(to_source) + 1))
+    return bpe, to_source
+
+
+def _import_wordpiece(path, doc: dict) -> BertWordPiece:
+    model = doc["model"]
+    if model.get("continuing_subword_prefix") != "##":
+        raise _refuse(
+            path, "model.continuing_subword_prefix", model.get("continuing_subword_prefix"), 'is not "##"'
+        )
+    _pre_type(path, doc, "BertPreTokenizer", "WordPiece")
+    if model.get("unk_token") not in model["vocab"]:
+        raise _refuse(path, "model.unk_token", model.get("unk_token"), "is not in model.vocab")
+    return BertWordPiece(model["vocab"], model["unk_token"], int(model["max_input_chars_per_word"]), doc)
+
+
+def _import_unigram(path, doc: dict) -> MetaspaceUnigram:
+    model = doc["model"]
+    if model.get("byte_fallback"):
+        raise _refuse(path, "model.byte_fallback", True, "is not supported (only false)")
+    pre = _pre_type(path, doc, "Metaspace", "Unigram")
+    if pre.get("prepend_scheme", "always") not in ("always", "first", "never"):
+        raise _refuse(
+            path, "pre_tokenizer.prepend_scheme", pre.get("prepend_scheme"), "is not always/first/never"
+        )
+    meta = {
+        "replacement": pre.get("replacement", "\u2581"),
+        "prepend_scheme": pre.get("prepend_scheme", "always"),
+        "split": pre.get("split", True),
+    }
+    pieces = [(str(p), float(s)) for p, s in model["vocab"]]
+    return MetaspaceUnigram(pieces, model.get("unk_id"), meta, doc)
+
+
+def inner_from_tokenizer_json(path: str | Path) -> tuple[object, list[int]]:
+    """``(inner tokenizer, source id of each inner id)`` for a ``tokenizer.json`` (module docstring)."""
+    doc = read_tokenizer_json(path)
+    if doc is None:
+        raise UserError(f"{path} is not a tokenizer.json (it does not start with '{{')")
+    _check_common(path, doc)
+    relevant = {k: doc.get(k) for k in ("normalizer", "pre_tokenizer", "model")}
+    try:
+        kind = doc["model"]["type"]
+        if kind == "BPE":
+            return _import_bpe(path, relevant)
+        inner = _import_wordpiece(path, relevant) if kind == "WordPiece" else _import_unigram(path, relevant)
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        raise UserError(f"{path}: a malformed tokenizer.json ({type(e).__name__}: {e})") from None
+    return inner, list(range(inner.n_vocab))
