@@ -140,7 +140,14 @@ def test_a_stage_with_empty_stacks_equals_its_numpy_transcription():
     """Encoder, main network and decoder of zero layers (each then just its RMSNorm) leave the
     stage's own parts: padding, router, slot rule, gather, EMA, plug-back, straight-through factor,
     residual, slice. The whole forward pass in numpy, position by position."""
-    cfg = tiny(encoder_layers=0, decoder_layers=0, global_layers=0, local_window=0, chunk_slots=1.5)
+    cfg = tiny(
+        encoder_layers=0,
+        decoder_layers=0,
+        global_layers=0,
+        local_window=0,
+        chunk_slots=1.5,
+        document_mask=True,
+    )
     m = scrambled(cfg, seed=3)
     stage, main = m.stage, m.stage.inner
     B, T = 2, 24
@@ -189,12 +196,13 @@ def test_bytes_after_t_change_no_log_probability_up_to_t(stages):
         assert np.abs(got[:, t + 1 :] - full[:, t + 1 :]).max() > 1e-3  # (the later ones do move)
 
 
-@pytest.mark.parametrize("stages", [1, 2])
-def test_the_batched_cache_equals_the_full_pass_at_every_step(stages):
-    """Rows with prompts of different lengths (a document start inside one), fed byte by byte after
+@pytest.mark.parametrize("stages, documents", [(1, False), (2, False), (1, True), (2, True)])
+def test_the_batched_cache_equals_the_full_pass_at_every_step(stages, documents):
+    """Rows with prompts of different lengths (a document start inside one: with
+    ``model.document_mask`` attention and the moving average restart there), fed byte by byte after
     the prefill: every step's logits equal the full pass over the same prefix (1e-4), overflowing
     windows included, and the inner stages ran only at chunk ends."""
-    m = scrambled(tiny(stages), seed=1)
+    m = scrambled(tiny(stages, document_mask=documents), seed=1)
     T = 28
     ids = random_ids(3, T, seed=5)
     ids[2, 6] = BOS_ID  # a second document in a row's prompt: the router and the average restart

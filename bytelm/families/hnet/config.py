@@ -66,9 +66,10 @@ class HNetConfig(ModelConfig):
     # learning-rate multipliers from the outside in (stage 1, [stage 2,] main network); () = all 1.
     # The paper trains outer stages with larger multipliers; the values are the preset's choice
     lr_scales: tuple[float, ...] = ()
-    # every BOS of a packed training window starts a document: attention stays within it (the
-    # router marks a boundary there in any case, and the moving average restarts)
-    document_mask: bool = True
+    # every BOS of a packed training window starts a document: attention stays within it and the
+    # moving average restarts there; false (as the byte LM's default) = the window is one sequence.
+    # The router marks a boundary at every BOS either way
+    document_mask: bool = False
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -159,9 +159,10 @@ def _stage_step(stages, level, x_Bx1xD, start_B, active_B, within_B, states, ms,
         else:
             zhat, ms = _main_step(stage.inner, h, first_B, close_B, ms, documents)
         P_B = jnp.clip(p_B, P_CLAMP, 1.0 - P_CLAMP)
+        restart_B = first_B if documents else st["pos"] == 0  # (as the full pass: documents only)
         z_new = (
             P_B[:, None] * zhat[:, 0].astype(jnp.float32)
-            + jnp.where(first_B, 0.0, 1.0 - P_B)[:, None] * st["z"]
+            + jnp.where(restart_B, 0.0, 1.0 - P_B)[:, None] * st["z"]
         )
         return jnp.where(close_B[:, None], z_new, st["z"]), inner_states, ms
 

@@ -17,10 +17,11 @@ A **stage** maps ``T`` positions of width ``d_in`` to ``T`` outputs of the same 
    transformer, an RMSNorm, slice back; for two, another stage.
 6. **Dechunk**: an exponential moving average over the chunks,
    ``z_j = P_j zhat_j + (1 - P_j) z_{j-1}`` with ``P_j`` the chunk's ``p`` clamped to
-   ``[1e-4, 1 - 1e-4]`` (a ``jax.lax.associative_scan``; the average restarts at a document's first
-   chunk: ``z_{j-1} = 0`` there, as a packed sequence's own scan would); each position reads the
-   newest chunk at or before it (index ``cumsum(b) - 1``), times ``c_t + stop_gradient(1 - c_t)``
-   (1 in the forward pass; the router's gradient in the backward pass).
+   ``[1e-4, 1 - 1e-4]`` (a ``jax.lax.associative_scan``; with ``model.document_mask`` the
+   average restarts at a document's first chunk: ``z_{j-1} = 0`` there, as a packed sequence's own
+   scan would); each position reads the newest chunk at or before it (index ``cumsum(b) - 1``),
+   times ``c_t + stop_gradient(1 - c_t)`` (1 in the forward pass; the router's gradient in the
+   backward pass).
 7. **Residual**: plus the encoder output through a zero-initialised float32 linear map.
 8. **Decoder**: sliding-window blocks, an RMSNorm, and the output sliced to ``d_in``.
 
@@ -257,7 +258,8 @@ class Stage(nnx.Module):
         segments_BxM = None if segments_BxT is None else take(segments_BxT)
         inner = self.inner(chunks_BxMxD, starts_BxM, valid_BxM, segments_BxM, drop_at(drop, base + 1))
         # dechunk
-        z_BxMxD = ema_scan(inner.y_BxTxD, take(p_BxT), starts_BxM)
+        restart_BxM = starts_BxM if self.cfg.document_mask else jnp.zeros_like(starts_BxM)
+        z_BxMxD = ema_scan(inner.y_BxTxD, take(p_BxT), restart_BxM)
         index_BxT = jnp.cumsum(keep_BxT.astype(jnp.int32), axis=1) - 1
         spread_BxTxD = jnp.take_along_axis(z_BxMxD, index_BxT[..., None], axis=1)
         c_BxT = jnp.where(keep_BxT, p_BxT, 1.0 - p_BxT)
