@@ -11,6 +11,7 @@ import subprocess
 import sys
 
 import pytest
+from conftest import stable_text
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_bpe import stdlib_sample
@@ -218,7 +219,7 @@ def test_char_level_unk_words_are_identical_to_hf(trained):
 # Random text from the Basic Multilingual Plane: the regex libraries of bytelm (Python's regex) and HF
 # (Oniguruma) know different Unicode versions, and split recent astral letters (CJK extension H, say)
 # differently, before WordPiece sees anything; the BPE parity tests meet the same pre-tokenizer.
-BMP_TEXT = st.text(st.characters(max_codepoint=0xFFFF, blacklist_categories=("Cs",)), max_size=60)
+BMP_TEXT = stable_text(60)
 
 
 @pytest.mark.parametrize("level", ["byte", "char"])

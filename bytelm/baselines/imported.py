@@ -33,7 +33,7 @@ from typing import Literal
 import numpy as np
 
 from bytelm.atomic import atomic_write_text
-from bytelm.baselines.bpe.io import FORMAT_VERSION, TIKTOKEN_FILE, invalid, read_native
+from bytelm.baselines.bpe.io import FORMAT_VERSION, TIKTOKEN_FILE, invalid, read_native, tokenizer_directory
 from bytelm.baselines.bpe.pretokenize import resolve_pattern
 from bytelm.baselines.bpe.tokenizer import Tokenizer
 from bytelm.baselines.hf_import import SOURCE_KIND as HF_SOURCE_KIND
@@ -235,9 +235,7 @@ class ImportedTokenizer:
     # -- files --------------------------------------------------------------------------------------
     def save(self, directory, *, source_file: str | Path | None = None) -> Path:
         """Write ``inner/``, a copy of ``source_file`` (when given) and ``bytelm_imported.json`` (last)."""
-        d = Path(directory)
-        if d.exists() and not d.is_dir():
-            raise UserError(f"cannot save the tokenizer to {d}: it exists and is not a directory")
+        d = tokenizer_directory(directory)
         if self.source_kind == "tiktoken":  # (a tokenizer.json is read again on load: it is the source)
             self.inner.save(d / INNER_DIR)
         else:

@@ -174,19 +174,38 @@ def vocab_dump(tok) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_tokenizer_files(tok, directory: str | os.PathLike) -> Path:
-    """Write all tokenizer files into ``directory`` (created if needed); return its path."""
+def tokenizer_directory(directory: str | os.PathLike) -> Path:
+    """``directory`` as a path to save a tokenizer into; :class:`UserError` when it is a file."""
     d = Path(directory)
     if d.exists() and not d.is_dir():
         raise UserError(f"cannot save the tokenizer to {d}: it exists and is not a directory")
-    atomic_write_text(d / HF_FILE, hf_tokenizer_json(tok))
+    return d
+
+
+def write_files(directory: str | os.PathLike, files: list[tuple[str, str]]) -> Path:
+    """Write ``(name, text)`` files into a tokenizer directory, atomically each, in order: the native
+    file comes last, so a directory that holds it is complete. Every kind saves through this."""
+    d = tokenizer_directory(directory)
+    for name, text in files:
+        atomic_write_text(d / name, text)
+    return d
+
+
+def write_tokenizer_files(tok, directory: str | os.PathLike) -> Path:
+    """Write all tokenizer files into ``directory`` (created if needed); return its path."""
+    d = tokenizer_directory(directory)
     if tok.encoder == "ranks":
         atomic_write_text(d / TIKTOKEN_FILE, tiktoken_ranks(tok))
     elif (d / TIKTOKEN_FILE).exists():  # tiktoken ranks mean ranked merges: a stale file would mislead
         (d / TIKTOKEN_FILE).unlink()
-    atomic_write_text(d / VOCAB_DUMP_FILE, vocab_dump(tok))
-    atomic_write_text(d / NATIVE_FILE, native_json(tok))
-    return d
+    return write_files(
+        d,
+        [
+            (HF_FILE, hf_tokenizer_json(tok)),
+            (VOCAB_DUMP_FILE, vocab_dump(tok)),
+            (NATIVE_FILE, native_json(tok)),
+        ],
+    )
 
 
 # -- reading ------------------------------------------------------------------------------------

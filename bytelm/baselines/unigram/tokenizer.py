@@ -35,7 +35,6 @@ from pathlib import Path
 
 import numpy as np
 
-from bytelm.atomic import atomic_write_text
 from bytelm.baselines.bpe.asciisplit import PACKED_BYTES
 from bytelm.baselines.bpe.bytelevel import bytes_to_chars, chars_to_bytes
 from bytelm.baselines.bpe.fast import FastEncoder, _ChunkCache
@@ -47,6 +46,7 @@ from bytelm.baselines.bpe.io import (
     hf_tokenizer_json,
     invalid,
     read_native,
+    write_files,
 )
 from bytelm.baselines.subword import SubwordTokenizer, _literal_regex, as_text, check_loaded
 from bytelm.baselines.unigram.lattice import MAX_PIECE_BYTES, Chunks, Lattice, PieceIndex, find_edges
@@ -286,13 +286,14 @@ class UnigramTokenizer(SubwordTokenizer):
 
     def save(self, directory) -> Path:
         """Write ``bytelm_unigram.json``, ``tokenizer.json`` and ``vocab.txt`` into ``directory``."""
-        d = Path(directory)
-        if d.exists() and not d.is_dir():
-            raise UserError(f"cannot save the tokenizer to {d}: it exists and is not a directory")
-        atomic_write_text(d / HF_FILE, hf_tokenizer_json(self))
-        atomic_write_text(d / VOCAB_DUMP_FILE, self._vocab_dump())
-        atomic_write_text(d / NATIVE_FILE, self._native_json())  # last: a directory with it is complete
-        return d
+        return write_files(
+            directory,
+            [
+                (HF_FILE, hf_tokenizer_json(self)),
+                (VOCAB_DUMP_FILE, self._vocab_dump()),
+                (NATIVE_FILE, self._native_json()),
+            ],
+        )
 
     def _native_json(self) -> str:
         head = {

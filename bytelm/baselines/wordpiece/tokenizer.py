@@ -47,7 +47,6 @@ from pathlib import Path
 
 import numpy as np
 
-from bytelm.atomic import atomic_write_text
 from bytelm.baselines.bpe.bytelevel import bytes_to_chars, chars_to_bytes
 from bytelm.baselines.bpe.io import (
     FORMAT_VERSION,
@@ -56,6 +55,7 @@ from bytelm.baselines.bpe.io import (
     _hf_added_token,
     invalid,
     read_native,
+    write_files,
 )
 from bytelm.baselines.subword import SubwordTokenizer, _literal_regex, as_text, check_loaded
 from bytelm.baselines.wordpiece.fast import WordPieceEncoder
@@ -360,13 +360,14 @@ class WordPieceTokenizer(SubwordTokenizer):
 
     def save(self, directory) -> Path:
         """Write ``bytelm_wordpiece.json``, ``tokenizer.json`` and ``vocab.txt`` into ``directory``."""
-        d = Path(directory)
-        if d.exists() and not d.is_dir():
-            raise UserError(f"cannot save the tokenizer to {d}: it exists and is not a directory")
-        atomic_write_text(d / HF_FILE, self.hf_json())
-        atomic_write_text(d / VOCAB_DUMP_FILE, self._vocab_dump())
-        atomic_write_text(d / NATIVE_FILE, self._native_json())  # last: a directory with it is complete
-        return d
+        return write_files(
+            directory,
+            [
+                (HF_FILE, self.hf_json()),
+                (VOCAB_DUMP_FILE, self._vocab_dump()),
+                (NATIVE_FILE, self._native_json()),
+            ],
+        )
 
     def _native_json(self) -> str:
         head = {

@@ -144,6 +144,19 @@ def _tag_lr(module: nnx.Module, scale: float) -> None:
             node.set_metadata(lr_scale=float(scale))
 
 
+def _pad_param(d_in: int, d: int) -> nnx.Param | None:
+    """The learned vector that widens a ``d_in``-wide input to ``d`` (zero-initialised); None when equal."""
+    return nnx.Param(jnp.zeros((d - d_in,), jnp.float32), logical_axes=(None,)) if d > d_in else None
+
+
+def _widen(pad: nnx.Param | None, x_BxTxD: jax.Array, dtype) -> jax.Array:
+    """``x`` in ``dtype``, with ``pad`` appended to every position's vector."""
+    if pad is None:
+        return x_BxTxD.astype(dtype)
+    tail = jnp.broadcast_to(pad[...].astype(dtype), (*x_BxTxD.shape[:-1], pad.shape[0]))
+    return jnp.concatenate([x_BxTxD.astype(dtype), tail], axis=-1)
+
+
 def _matrix(value: jax.Array) -> nnx.Param:
     return nnx.Param(value.astype(jnp.float32), logical_axes=(None, None))
 
@@ -154,7 +167,7 @@ class Main(nnx.Module):
     def __init__(self, cfg, d_in: int, *, rngs: nnx.Rngs, kernels, dtype):
         G = cfg.global_d_model
         self.d_in, self.dtype = d_in, dtype
-        self.pad = nnx.Param(jnp.zeros((G - d_in,), jnp.float32), logical_axes=(None,)) if G > d_in else None
+        self.pad = _pad_param(d_in, G)
         self.stack = Transformer(
             G,
             cfg.global_layers,
@@ -171,10 +184,7 @@ class Main(nnx.Module):
         _tag_lr(self, cfg.main_lr_scale())
 
     def widen(self, x_BxTxD: jax.Array) -> jax.Array:
-        if self.pad is None:
-            return x_BxTxD.astype(self.dtype)
-        pad = jnp.broadcast_to(self.pad[...].astype(self.dtype), (*x_BxTxD.shape[:-1], self.pad.shape[0]))
-        return jnp.concatenate([x_BxTxD.astype(self.dtype), pad], axis=-1)
+        return _widen(self.pad, x_BxTxD, self.dtype)
 
     def __call__(self, x_BxTxD, starts_BxT, valid_BxT, segments_BxT, drop: Dropout | None) -> StageOut:
         y = self.norm(self.stack(self.widen(x_BxTxD), segments_BxT=segments_BxT, drop=drop))
@@ -189,7 +199,7 @@ class Stage(nnx.Module):
         d = spec.d_model
         self.level, self.d_in, self.d, self.dtype = level, d_in, d, dtype
         self.cfg, self.target = cfg, spec.target
-        self.pad = nnx.Param(jnp.zeros((d - d_in,), jnp.float32), logical_axes=(None,)) if d > d_in else None
+        self.pad = _pad_param(d_in, d)
 
         def stack(layers: int) -> Transformer:
             return Transformer(
@@ -224,10 +234,7 @@ class Stage(nnx.Module):
         return self.cfg.slots_for(positions, self.target)
 
     def widen(self, x_BxTxD: jax.Array) -> jax.Array:
-        if self.pad is None:
-            return x_BxTxD.astype(self.dtype)
-        pad = jnp.broadcast_to(self.pad[...].astype(self.dtype), (*x_BxTxD.shape[:-1], self.pad.shape[0]))
-        return jnp.concatenate([x_BxTxD.astype(self.dtype), pad], axis=-1)
+        return _widen(self.pad, x_BxTxD, self.dtype)
 
     def route(self, h_prev: jax.Array, h: jax.Array) -> jax.Array:
         """The router's un-forced ``p`` between consecutive encoder outputs ``h_prev`` and ``h``."""
