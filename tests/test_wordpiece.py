@@ -10,6 +10,7 @@ import json
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 from conftest import stable_text
 from hypothesis import given, settings
@@ -137,6 +138,27 @@ def test_trainer_matches_the_naive_definition(words, level):
     words = count_words(words)
     _, learned = learn_wordpieces(words, 30, level=level)
     assert learned == naive_learn(words, 30, level)
+
+
+@pytest.mark.parametrize("cap,theta", [(1.25, 2.0), (1.0 + 1e-9, 1.0 + 1e-9), (64.0, 1e12)])
+def test_trainer_is_exact_whatever_its_search_constants(monkeypatch, cap, theta):
+    """The heap-and-bounds search must find the definition's pair whatever its tuning: every pair cold
+    and a scan at the slightest count change (1 + 1e-9), or nearly every pair hot and bounds that are
+    rarely checked (64, 1e12). Zipf-distributed words over a skewed alphabet, so that counts span
+    several orders of magnitude and frequent units pair with many rare ones."""
+    from bytelm.baselines.wordpiece import trainer
+
+    monkeypatch.setattr(trainer, "_CAP", cap)
+    monkeypatch.setattr(trainer, "_THETA", theta)
+    rng = np.random.default_rng(7)
+    letters = np.frombuffer(b"etaoinshrdlucmfwypvbgkqjxz", dtype=np.uint8)
+    p = 1.0 / np.arange(1, len(letters) + 1)
+    words: dict[bytes, int] = {}
+    for _ in range(400):
+        w = bytes(rng.choice(letters, size=int(rng.integers(1, 9)), p=p / p.sum()))
+        words[w] = words.get(w, 0) + int(1 + 1000 // rng.integers(1, 200))
+    for level in ("byte", "char"):
+        assert learn_wordpieces(words, 150, level=level)[1] == naive_learn(words, 150, level)
 
 
 def test_trainer_on_the_stdlib_sample_matches_the_naive_definition():

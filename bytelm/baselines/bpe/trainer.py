@@ -159,7 +159,7 @@ def learn_merges(
     merges: list[tuple[int, int]] = []  # internal ids
 
     if items and n_merges:
-        pc, init_where = _initial_pairs(items)
+        pc, init_where = _initial_pairs(words, wcount)
         where: dict[str, list[int]] = {}  # pair -> words it was created in (may repeat)
         count_cap = max(pc.values()) + 1
         heap = [((count_cap - c) << _KEY_SHIFT) | _pair_int(p) for p, c in pc.items() if c > 0]
@@ -192,7 +192,7 @@ def learn_merges(
                 ws += span.tolist()
             if len(ws) > 64:
                 ws.sort()  # visit words in memory order
-            created = _merge_words(words, wcount, ws, ab, chr(t), pc)
+            created, _, _ = _merge_words(words, wcount, ws, ab, chr(t), pc)
             del pc[ab]
             for q, wis in created.items():
                 old = where.get(q)
@@ -220,26 +220,30 @@ def _pair_int(p: str) -> int:
     return (ord(p[0]) << PAIR_SHIFT) | ord(p[1])
 
 
-def _initial_pairs(items: list[tuple[bytes, int]]) -> tuple[defaultdict[str, int], dict[str, np.ndarray]]:
-    """Pair counts over the initial words and, per pair, the indices of the words holding it."""
-    lens = np.fromiter((len(c) for c, _ in items), dtype=np.int64, count=len(items))
-    flat = np.frombuffer(b"".join(c for c, _ in items), dtype=np.uint8).astype(np.int64)
-    wid = np.repeat(np.arange(len(items), dtype=np.int64), lens)
-    keys = (flat[:-1] << 8) | flat[1:]
-    valid = wid[:-1] == wid[1:]  # both bytes in the same word
+def _initial_pairs(
+    words: list[str], counts: list[int]
+) -> tuple[defaultdict[str, int], dict[str, np.ndarray]]:
+    """Pair counts over the initial words (``str`` of token ids) and, per pair, the indices of the
+    words holding it (once each)."""
+    lens = np.fromiter(map(len, words), dtype=np.int64, count=len(words))
+    flat = np.frombuffer("".join(words).encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
+    flat = flat.astype(np.int64)
+    wid = np.repeat(np.arange(len(words), dtype=np.int64), lens)
+    keys = (flat[:-1] << PAIR_SHIFT) | flat[1:]
+    valid = wid[:-1] == wid[1:]  # both ids in the same word
     keys, wid = keys[valid], wid[:-1][valid]
-    weights = np.fromiter((n for _, n in items), dtype=np.int64, count=len(items))[wid]
+    weights = np.asarray(counts, dtype=np.int64)[wid]
     order = np.lexsort((wid, keys))
     keys, wid, weights = keys[order], wid[order], weights[order]
     uniq, starts = np.unique(keys, return_index=True)
     sums = np.add.reduceat(weights, starts) if len(keys) else np.zeros(0, np.int64)
-    names = [chr(k >> 8) + chr(k & 255) for k in uniq.tolist()]
+    names = [chr(k >> PAIR_SHIFT) + chr(k & _RIGHT_MASK) for k in uniq.tolist()]
     pc: defaultdict[str, int] = defaultdict(int, zip(names, sums.tolist()))
     # list each word once per pair
     first = np.ones(len(keys), dtype=bool)
     first[1:] = (keys[1:] != keys[:-1]) | (wid[1:] != wid[:-1])
     keys, wid = keys[first], wid[first]
-    bounds = np.searchsorted(keys, np.append(uniq, 1 << 20))
+    bounds = np.searchsorted(keys, np.append(uniq, 1 << _KEY_SHIFT))
     init_where = {p: wid[bounds[j] : bounds[j + 1]] for j, p in enumerate(names)}
     return pc, init_where
 
@@ -251,10 +255,12 @@ def _merge_words(
     ab: str,
     t: str,
     pc: defaultdict[str, int],
-) -> dict[str, list[int]]:
+) -> tuple[dict[str, list[int]], list[str], int]:
     """Replace the pair ``ab`` by the token ``t`` (left to right) in the given words, updating the
     pair counts ``pc`` in place. Returns the pairs that gained occurrences, each with the words
-    it gained them in (a word may be listed more than once).
+    it gained them in (a word may be listed more than once); the pairs that lost occurrences
+    (``ab`` itself not included; the caller deletes it); and the number of replacements, weighted
+    by the word counts.
 
     Each occurrence turns the pairs with its old neighbours ``x a`` / ``b y`` into ``x t`` /
     ``t y``; the changes are summed per neighbour first, then applied once per neighbour. Between
@@ -269,6 +275,7 @@ def _merge_words(
     adjacent = 0
     adjacent_words: list[int] = []
     find = str.find
+    merged = 0
     for wi in word_ids:
         w = words[wi]
         p = find(w, ab)
@@ -297,23 +304,28 @@ def _merge_words(
             x = w[p - 1]
             left[x] += c
             left_words[x].append(wi)
-        words[wi] = w.replace(ab, t)
+        w = words[wi] = w.replace(ab, t)
+        merged += c * (n - len(w))  # one id fewer per replacement
     created: dict[str, list[int]] = {}
+    lost: list[str] = []
     for x, n in left.items():
         pc[x + a] -= n
+        lost.append(x + a)
         q = x + t
         pc[q] += n
         created.setdefault(q, []).extend(left_words[x])
     for y, n in right.items():
         pc[b + y] -= n
+        lost.append(b + y)
         q = t + y
         pc[q] += n
         created.setdefault(q, []).extend(right_words[y])
     if adjacent:
         pc[b + a] -= adjacent
+        lost.append(b + a)
         pc[t + t] += adjacent
         created.setdefault(t + t, []).extend(adjacent_words)
-    return created
+    return created, lost, merged
 
 
 # -- the whole trainer ----------------------------------------------------------------------
