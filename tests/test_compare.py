@@ -375,6 +375,34 @@ def test_compare_trains_the_subword_lm_on_an_imported_tokenizer(corpus_dir, tmp_
     assert info["tokenizer_fingerprint"] == load_tokenizer(tmp_path / "imported").fingerprint
     assert result.report["compare"]["tokenizer"]["dir"] == str(tmp_path / "imported")
     assert not (out / "tokenizer").exists()
+    # an HF tokenizer.json (ByteLevel BPE, no prefix space, with added tokens), trained by HF
+    hf = pytest.importorskip("tokenizers")
+    from bytelm.baselines.imported import import_tokenizer_json  # noqa: PLC0415
+
+    ref = hf.Tokenizer(hf.models.BPE())
+    ref.pre_tokenizer = hf.pre_tokenizers.ByteLevel(add_prefix_space=False)
+    trainer = hf.trainers.BpeTrainer(
+        vocab_size=300, initial_alphabet=hf.pre_tokenizers.ByteLevel.alphabet(), special_tokens=["<s>"]
+    )
+    texts = [d.decode() for d in corpus.documents("train")]
+    ref.train_from_iterator(texts, trainer)
+    ref.add_tokens(["the"])
+    ref.save(str(tmp_path / "tokenizer.json"))
+    import_tokenizer_json(tmp_path / "tokenizer.json").save(
+        tmp_path / "hf", source_file=tmp_path / "tokenizer.json"
+    )
+    hf_tok = load_tokenizer(tmp_path / "hf")
+    held = [d.decode() for d in corpus.documents("heldout")]
+    assert hf_tok.encode_documents(held, num_workers=1)[0].tolist() == [
+        i for t in held for i in ref.encode(t, add_special_tokens=False).ids
+    ]
+    with_hf = dataclasses.replace(preset, tokenizer={"tokenizer.dir": str(tmp_path / "hf")})
+    result = cmp.compare(with_hf, tmp_path / "cmp-hf", data_spec=f"files:{corpus_dir}")
+    info = json.loads((tmp_path / "cmp-hf" / "runs" / "bpe" / "run.json").read_text())
+    assert info["tokenizer_fingerprint"] == hf_tok.fingerprint
+    assert [m["name"] for m in result.report["models"]] == ["bpe"] and math.isfinite(
+        result.report["models"][0]["bpb"]
+    )
     missing = dataclasses.replace(preset, tokenizer={"tokenizer.dir": str(tmp_path / "none")})
     with pytest.raises(UserError, match="holds no tokenizer"):
         cmp.compare(missing, tmp_path / "cmp2", data_spec=f"files:{corpus_dir}")

@@ -132,12 +132,16 @@ def hf_corpus(tmp_path_factory) -> list[str]:
     root = word_corpus(tmp_path_factory.mktemp("words"), n_docs=20, words_per_doc=100)
     docs = [p.read_text() for p in sorted(root.glob("*.txt"))]
     docs += [b.decode() for b in text_dir_files().values()]
-    return docs + list(MULTILINGUAL) + ["", " ", "  a", "a  ", "\u2581x \u2581", "##x #a don't"]
+    edges = ["", " ", "  a", "a  ", "\u2581x \u2581", "##x #a don't"]
+    # added tokens (ADDED, and each case's special tokens) at the start, inside words, overlapping
+    added = ["<s>hello", "hello<s>world", "hello <s> world", "<s><s>x", "a<s>xs>", "shell world", "<s>",
+             "<|endoftext|>[CLS]x<unk> y[SEP]", " <s>x <s> x\u2581<s>"]  # fmt: skip
+    return docs + list(MULTILINGUAL) + edges + added
 
 
 def hf_trained(kind: str, texts: list[str], **pre) -> "hf.Tokenizer":
     """An HF tokenizer trained by HF's own trainer (small vocabulary), paired as in the acceptance."""
-    from tokenizers import Tokenizer, models, pre_tokenizers, trainers  # noqa: PLC0415
+    from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers, trainers  # noqa: PLC0415
 
     if kind == "bpe":
         tok = Tokenizer(models.BPE())
@@ -156,6 +160,10 @@ def hf_trained(kind: str, texts: list[str], **pre) -> "hf.Tokenizer":
         tok.pre_tokenizer = pre_tokenizers.Metaspace(**pre)
         trainer = trainers.UnigramTrainer(vocab_size=1200, unk_token="<unk>", special_tokens=["<unk>"])
     tok.train_from_iterator(texts, trainer)
+    tok.add_special_tokens(["<s>", "<s>x", "s>"])  # leftmost-longest: "a<s>xs>" is a, <s>x, s>
+    tok.add_tokens(
+        [AddedToken("ell", normalized=True), AddedToken("llo", normalized=False)]
+    )  # "hello": he, llo
     return tok
 
 
@@ -166,6 +174,7 @@ HF_CASES = {
     "wordpiece-bert": ("wordpiece", {}),
     "unigram-metaspace": ("unigram", {}),
     "unigram-metaspace-never-nosplit": ("unigram", {"prepend_scheme": "never", "split": False}),
+    "unigram-metaspace-first": ("unigram", {"prepend_scheme": "first"}),
 }
 
 
@@ -283,6 +292,9 @@ def test_bad_tokenizer_json_is_refused_naming_the_key(hf_sources, tmp_path):
         ({"model": {**doc["model"], "continuing_subword_prefix": "@@"}}, "continuing_subword_prefix"),
         ({"model": {"type": "WordLevel"}}, "model.type = 'WordLevel'"),
         ({"truncation": {"max_length": 8}}, "truncation"),
+        ({"added_tokens": [{**doc["added_tokens"][0], "lstrip": True}]}, "added_tokens[0].lstrip = true"),
+        ({"added_tokens": [{**doc["added_tokens"][0], "single_word": True}]}, "added_tokens[0].single_word"),
+        ({"added_tokens": [{"content": 3}]}, "added_tokens[0] = "),
     ]  # fmt: skip
     for change, message in cases:
         path.write_text(json.dumps({**doc, **change}))

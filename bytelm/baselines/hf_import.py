@@ -15,9 +15,17 @@ else is refused with a :class:`UserError` naming the JSON key and its value):
   unknown characters fused into one ``unk_id``).
 
 The normalizer must be absent or an identity (``BertNormalizer`` with every option off); the
-post-processor and the added tokens are not applied (ids as HF's
-``encode(text, add_special_tokens=False)``; an added token's spelling in the text is ordinary
-text here); ``truncation`` is refused; the decoder is not read.
+post-processor is not applied (ids as HF's ``encode(text, add_special_tokens=False)``);
+``truncation`` is refused; the decoder is not read.
+
+**Added tokens** (``added_tokens``: the special tokens a trainer was given, and any added later) are
+applied as HF applies them (:class:`AddedTokens`): the text is first cut at each occurrence of an
+added token's content, leftmost-longest, those with ``normalized = false`` first and then, in what
+is left, those with ``normalized = true`` (the normalizer is an identity here); each occurrence is
+that token's id, and each piece between them goes through the pre-tokenizer and the model by itself
+(so ``ByteLevel``'s prefix space is added to every piece, and ``Metaspace``'s ``prepend_scheme =
+"first"`` prepends only to a piece at the start of the text). ``single_word``, ``lstrip`` and
+``rstrip`` (matching that depends on, or swallows, the characters beside the token) are refused.
 
 **Byte-exactness.** Only ``ByteLevel`` BPE without ``add_prefix_space`` gives tokens whose bytes
 reproduce the text; every other import records why not (``lossy``: whitespace dropped, a space
@@ -28,6 +36,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import unicodedata
 from collections.abc import Collection, Iterable
 from pathlib import Path
@@ -102,6 +111,80 @@ def bert_words(text: str) -> list[str]:
     return out
 
 
+# -- added tokens ----------------------------------------------------------------------------------
+class AddedTokens:
+    """HF's added-token pass (module docstring) over ``(content, id, normalized)`` entries.
+
+    >>> AddedTokens([("<s>", 0, False), ("<s>x", 1, False), ("s>", 2, False)]).split("a<s>xs>b")
+    [(None, 0, 1), (1, 1, 5), (2, 5, 7), (None, 7, 8)]
+    """
+
+    def __init__(self, entries: list[tuple[str, int, bool]]) -> None:
+        self.id_of = {c: i for c, i, _ in entries}
+        self.special: dict[str, int] = {}
+
+        def matcher(contents: list[str]):
+            if not contents:
+                return None  # longest first: at the leftmost match the longest alternative wins
+            return re.compile("|".join(re.escape(c) for c in sorted(contents, key=lambda c: (-len(c), c))))
+
+        self.raw = matcher([c for c, _, n in entries if not n])
+        self.normalized = matcher([c for c, _, n in entries if n])
+
+    def split(self, text: str) -> list[tuple[int | None, int, int]]:
+        """``(added id or None, start, end)`` covering ``text`` in order, no empty piece."""
+        pieces: list[tuple[int | None, int, int]] = [(None, 0, len(text))] if text else []
+        for pattern in (self.raw, self.normalized):
+            if pattern is None:
+                continue
+            out: list[tuple[int | None, int, int]] = []
+            for tid, a, b in pieces:
+                if tid is not None:
+                    out.append((tid, a, b))
+                    continue
+                at = a
+                for m in pattern.finditer(text, a, b):
+                    if m.start() > at:
+                        out.append((None, at, m.start()))
+                    out.append((self.id_of[m.group()], m.start(), m.end()))
+                    at = m.end()
+                if at < b:
+                    out.append((None, at, b))
+            pieces = out
+        return pieces
+
+
+def _added_tokens(path, doc: dict) -> AddedTokens | None:
+    """The ``added_tokens`` of a tokenizer.json (None when there are none); refuses what is not exact."""
+    entries: list[tuple[str, int, bool]] = []
+    special: dict[str, int] = {}
+    for k, t in enumerate(doc.get("added_tokens") or []):
+        if (
+            not isinstance(t, dict)
+            or not isinstance(t.get("content"), str)
+            or not isinstance(t.get("id"), int)
+        ):
+            raise _refuse(path, f"added_tokens[{k}]", t, "is not an added token (content, id, ...)")
+        for flag in ("single_word", "lstrip", "rstrip"):
+            if t.get(flag):
+                raise _refuse(
+                    path,
+                    f"added_tokens[{k}].{flag}",
+                    True,
+                    f"(token {t['content']!r}) is not supported: its match depends on or takes in the "
+                    "characters beside it; only false",
+                )
+        if t["content"] and t["id"] >= 0:
+            entries.append((t["content"], t["id"], bool(t.get("normalized", True))))
+            if t.get("special"):
+                special[t["content"]] = t["id"]
+    if not entries:
+        return None
+    added = AddedTokens(entries)
+    added.special = special
+    return added
+
+
 # -- the adapters ----------------------------------------------------------------------------------
 class HFPipeline:
     """An imported tokenizer that bytelm's classes do not hold whole: HF's pre-tokenizer (written
@@ -114,12 +197,24 @@ class HFPipeline:
     pattern = ""
     lossy: str | None = None
 
-    def __init__(self, strings: list[str], doc: dict, *, unk_id: int | None) -> None:
-        self.strings = strings  # the source's token string of each id
+    def __init__(
+        self, strings: list[str], doc: dict, *, unk_id: int | None, added: AddedTokens | None
+    ) -> None:
+        self.added = added
+        strings = list(strings)  # the source's token string of each id
+        self.added_ids: dict[int, str] = {}
+        if self.added is not None:
+            for content, i in self.added.id_of.items():
+                strings += [""] * (i + 1 - len(strings))
+                strings[i] = content
+                self.added_ids[i] = content
+        self.strings = strings
         self.n_vocab = len(strings)
         self.unk_id = unk_id
-        self.special_tokens: dict[str, int] = {}
-        self.added_tokens: dict[str, int] = {}
+        self.special_tokens: dict[str, int] = dict(self.added.special) if self.added else {}
+        self.added_tokens: dict[str, int] = (
+            {c: i for c, i in self.added.id_of.items() if c not in self.special_tokens} if self.added else {}
+        )
         self._cache: dict[str, list] = {}
         payload = json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
         self.fingerprint = hashlib.sha256(payload.encode()).hexdigest()
@@ -135,10 +230,28 @@ class HFPipeline:
 
     def encode_ordinary_with_bytes(self, text: str | bytes) -> tuple[list[int], list[int]]:
         """The ids and the bytes of text each stands for (what the pre-tokenizer drops is charged
-        to no token: see ``lossy``)."""
+        to no token: see ``lossy``); added tokens first (module docstring)."""
+        text = as_text(text)
+        if self.added is None:
+            return self.encode_section(text, True)
         ids: list[int] = []
         nbytes: list[int] = []
-        for word, n in self.words(as_text(text)):
+        for tid, a, b in self.added.split(text):
+            if tid is not None:
+                ids.append(tid)
+                nbytes.append(len(text[a:b].encode("utf-8", "surrogateescape")))
+            else:
+                more, n = self.encode_section(text[a:b], a == 0)
+                ids += more
+                nbytes += n
+        return ids, nbytes
+
+    def encode_section(self, text: str, at_start: bool) -> tuple[list[int], list[int]]:
+        """:meth:`encode_ordinary_with_bytes` of a piece without added tokens (``at_start``: the piece
+        begins the text)."""
+        ids: list[int] = []
+        nbytes: list[int] = []
+        for word, n in self.words(text):
             key = f"{n}:{word}"
             toks = self._cache.get(key)
             if toks is None:
@@ -158,10 +271,11 @@ class HFPipeline:
         allowed_special: Literal["all"] | Collection[str] = frozenset(),
         disallowed_special: Literal["all"] | Collection[str] = "all",
     ) -> list[int]:
-        if allowed_special != "all" and allowed_special:
+        if allowed_special != "all" and set(allowed_special) - set(self.special_tokens):
             raise ValueError(
-                f"allowed_special names {sorted(allowed_special)!r}; an imported tokenizer.json has no "
-                "special tokens here (its added tokens are not applied)"
+                f"allowed_special names {sorted(set(allowed_special) - set(self.special_tokens))!r}, not "
+                f"special tokens of this tokenizer.json ({sorted(self.special_tokens)}); its added tokens "
+                "are always applied, as by HF"
             )
         return self.encode_ordinary(text)
 
@@ -178,6 +292,9 @@ class HFPipeline:
         if not 0 <= token_id < self.n_vocab:
             raise ValueError(f"unknown token id {token_id!r}: valid ids are 0..{self.n_vocab - 1}")
         return self.strings[token_id].encode("utf-8", "surrogateescape")
+
+    def is_added(self, token_id: int) -> bool:
+        return token_id in self.added_ids
 
     def decode_bytes(self, ids: Iterable[int]) -> bytes:
         return b"".join(self.token_bytes(int(i)) for i in ids)
@@ -197,9 +314,11 @@ class BertWordPiece(HFPipeline):
         "tokens' bytes do not reproduce the text"
     )
 
-    def __init__(self, vocab: dict[str, int], unk_token: str, max_chars: int, doc: dict) -> None:
+    def __init__(
+        self, vocab: dict[str, int], unk_token: str, max_chars: int, doc: dict, added: AddedTokens | None
+    ) -> None:
         strings = _strings_of(vocab)
-        super().__init__(strings, doc, unk_id=vocab[unk_token])
+        super().__init__(strings, doc, unk_id=vocab[unk_token], added=added)
         pieces, source = [], [vocab[unk_token]]
         for s, i in sorted(vocab.items(), key=lambda kv: kv[1]):
             cont = s.startswith("##") and len(s) > 2
@@ -224,6 +343,8 @@ class BertWordPiece(HFPipeline):
         return [(i, len(self.strings[i].removeprefix("##").encode("utf-8", "surrogateescape"))) for i in ids]
 
     def token_bytes(self, token_id: int) -> bytes:
+        if self.is_added(token_id):
+            return super().token_bytes(token_id)
         return super().token_bytes(token_id).removeprefix(b"##") if token_id != self.unk_id else b""
 
 
@@ -237,10 +358,17 @@ class MetaspaceUnigram(HFPipeline):
         "texts can share one encoding (and an unknown token hides its characters)"
     )
 
-    def __init__(self, pieces: list[tuple[str, float]], unk_id: int | None, meta: dict, doc: dict) -> None:
-        super().__init__([p for p, _ in pieces], doc, unk_id=unk_id)
+    def __init__(
+        self,
+        pieces: list[tuple[str, float]],
+        unk_id: int | None,
+        meta: dict,
+        doc: dict,
+        added: AddedTokens | None,
+    ) -> None:
+        super().__init__([p for p, _ in pieces], doc, unk_id=unk_id, added=added)
         self.replacement = meta["replacement"]
-        self.prepend = meta["prepend_scheme"] != "never"
+        self.prepend = meta["prepend_scheme"]
         self.split = meta["split"]
         self.pattern = f"Metaspace({self.replacement!r}, {meta['prepend_scheme']}, split={self.split})"
         self.scores = [float(s) for _, s in pieces]
@@ -248,7 +376,7 @@ class MetaspaceUnigram(HFPipeline):
         self.unk_score = min(self.scores, default=0.0) - 10.0  # HF's K_UNK_PENALTY
         self.max_chars = max((len(p) for p, _ in pieces), default=1)
 
-    def metaspace(self, text: str) -> list[tuple[str, list[int]]]:
+    def metaspace(self, text: str, at_start: bool = True) -> list[tuple[str, list[int]]]:
         """The words after ``Metaspace``, each with the bytes of text each of its characters stands
         for (1 for a space made the replacement, 0 for a prepended replacement)."""
         if not text:
@@ -256,7 +384,8 @@ class MetaspaceUnigram(HFPipeline):
         rep = self.replacement
         chars = [rep if c == " " else c for c in text]
         cost = [len(c.encode("utf-8", "surrogateescape")) for c in text]
-        if self.prepend and chars[0] != rep:  # 'first' is 'always' here: one section (no added tokens)
+        prepend = self.prepend == "always" or (self.prepend == "first" and at_start)
+        if prepend and chars[0] != rep:
             chars, cost = [rep, *chars], [0, *cost]
         cuts = [0]
         if self.split:  # MergedWithNext: each replacement starts a word
@@ -264,10 +393,10 @@ class MetaspaceUnigram(HFPipeline):
         cuts.append(len(chars))
         return [("".join(chars[a:b]), cost[a:b]) for a, b in zip(cuts[:-1], cuts[1:]) if b > a]
 
-    def encode_ordinary_with_bytes(self, text: str | bytes) -> tuple[list[int], list[int]]:
+    def encode_section(self, text: str, at_start: bool) -> tuple[list[int], list[int]]:
         ids: list[int] = []
         nbytes: list[int] = []
-        for word, cost in self.metaspace(as_text(text)):
+        for word, cost in self.metaspace(text, at_start):
             pieces = self._cache.get(word)
             if pieces is None:
                 pieces = self._cache[word] = [
@@ -325,47 +454,72 @@ class MetaspaceUnigram(HFPipeline):
         return out[::-1]
 
     def token_bytes(self, token_id: int) -> bytes:
+        if self.is_added(token_id):
+            return super().token_bytes(token_id)
         if token_id == self.unk_id:
             return b""
         return super().token_bytes(token_id).replace(self.replacement.encode(), b" ")
 
 
-class PrefixSpaceBPE(HFPipeline):
-    """``ByteLevel(add_prefix_space=true)``: a space before text that does not start with one, then
-    bytelm's BPE (the inner ``bpe``, with its own ids mapped by the caller)."""
+class ByteLevelBPE(HFPipeline):
+    """bytelm's BPE (the inner ``bpe``, its ids mapped to the source's by ``to_source``) behind HF's
+    added tokens and, with ``prefix``, ``ByteLevel(add_prefix_space=true)``: a space before each piece
+    that does not start with one (lossy). Without either the import is the inner BPE itself."""
 
     kind = "bpe"
     encoder = "ranks"
-    lossy = "pre_tokenizer ByteLevel add_prefix_space=true prepends a space: 'a' and ' a' share one encoding"
 
-    def __init__(self, bpe: Tokenizer, to_source: list[int], doc: dict) -> None:
-        n = max(to_source) + 1
-        strings = [""] * n
+    def __init__(
+        self, bpe: Tokenizer, to_source: list[int], doc: dict, *, prefix: bool, added: AddedTokens | None
+    ) -> None:
+        strings = [""] * (max(to_source) + 1)
         for inner, src in enumerate(to_source):
             strings[src] = bpe.token_bytes(inner).decode("utf-8", "surrogateescape")
-        super().__init__(strings, doc, unk_id=None)
-        self.bpe, self.to_source = bpe, to_source
+        super().__init__(strings, doc, unk_id=None, added=added)
+        self.bpe, self.to_source, self.prefix = bpe, np.asarray(to_source, np.int64), prefix
         self.pattern = bpe.pattern
+        self.lossy = (
+            "pre_tokenizer ByteLevel add_prefix_space=true prepends a space: 'a' and ' a' share one encoding"
+            if prefix
+            else None
+        )
 
-    def words(self, text: str) -> list[tuple[str, int]]:
+    def _piece(self, text: str) -> str:
+        return " " + text if self.prefix and not text.startswith(" ") else text
+
+    def encode_section(self, text: str, at_start: bool) -> tuple[list[int], list[int]]:
         if not text:
-            return []
-        lead = 0 if text.startswith(" ") else 1
-        return [(" " + text if lead else text, len(text.encode("utf-8", "surrogateescape")))]
+            return [], []
+        ids = self.to_source[self.bpe.encode_ordinary(self._piece(text))].tolist()
+        nbytes = [len(self.strings[i].encode("utf-8", "surrogateescape")) for i in ids]
+        if not text.startswith(" ") and self.prefix:  # the prepended space stands for no byte of the text
+            nbytes[0] -= 1
+        return ids, nbytes
 
-    def segment_word(self, word: str, nbytes: int) -> list[tuple[int, int]]:
-        ids = [self.to_source[i] for i in self.bpe.encode_ordinary(word)]
-        out = [(i, len(self.token_bytes(i))) for i in ids]
-        extra = sum(b for _, b in out) - nbytes
-        if extra:
-            out[0] = (out[0][0], out[0][1] - extra)
-        return out
-
-    def encode_ordinary_with_bytes(self, text: str | bytes) -> tuple[list[int], list[int]]:
-        pairs = [
-            p for w, n in self.words(as_text(text)) for p in self.segment_word(w, n)
-        ]  # (no cache: one word)
-        return [i for i, _ in pairs], [b for _, b in pairs]
+    def encode_documents(self, documents: Iterable, *, num_workers: int | None = None, dtype=np.int32):
+        """The inner BPE's fast path on the pieces between added tokens, the added ids put back."""
+        texts = [as_text(d) for d in documents]
+        layout = [self.added.split(t) if self.added else [(None, 0, len(t))] * bool(t) for t in texts]
+        pieces = [
+            self._piece(t[a:b]) for t, parts in zip(texts, layout) for tid, a, b in parts if tid is None
+        ]
+        ids, counts = self.bpe.encode_documents(pieces, num_workers=num_workers, dtype=np.int64)
+        ids = self.to_source[ids]
+        ends = np.cumsum(counts)
+        out: list[np.ndarray] = []
+        doc_counts = np.zeros(len(texts), np.int64)
+        k = 0
+        for j, parts in enumerate(layout):
+            for tid, _, _ in parts:
+                if tid is None:
+                    part = ids[ends[k] - counts[k] : ends[k]]
+                    k += 1
+                else:
+                    part = np.array([tid], np.int64)
+                out.append(part)
+                doc_counts[j] += len(part)
+        flat = np.concatenate(out) if out else np.zeros(0, np.int64)
+        return flat.astype(dtype), doc_counts
 
 
 # -- reading tokenizer.json ------------------------------------------------------------------------
@@ -457,7 +611,7 @@ def _pre_type(path, doc: dict, allowed: str, model: str) -> dict:
     return pre  # type: ignore[return-value]
 
 
-def _import_bpe(path, doc: dict) -> tuple[object, list[int]]:
+def _import_bpe(path, doc: dict, added: AddedTokens | None) -> tuple[object, list[int]]:
     model = doc["model"]
     for key, ok in (
         ("dropout", (None,)),
@@ -495,12 +649,14 @@ def _import_bpe(path, doc: dict) -> tuple[object, list[int]]:
         to_source.append(vocab[made])
     pattern = GPT2_PATTERN if pre.get("use_regex", True) else _ONE_CHUNK
     bpe = Tokenizer(merges, pattern=pattern)
-    if pre.get("add_prefix_space", True):
-        return PrefixSpaceBPE(bpe, to_source, doc), list(range(max(to_source) + 1))
+    prefix = bool(pre.get("add_prefix_space", True))
+    if prefix or added is not None:
+        pipeline = ByteLevelBPE(bpe, to_source, doc, prefix=prefix, added=added)
+        return pipeline, list(range(pipeline.n_vocab))
     return bpe, to_source
 
 
-def _import_wordpiece(path, doc: dict) -> BertWordPiece:
+def _import_wordpiece(path, doc: dict, added: AddedTokens | None) -> BertWordPiece:
     model = doc["model"]
     if model.get("continuing_subword_prefix") != "##":
         raise _refuse(
@@ -509,10 +665,11 @@ def _import_wordpiece(path, doc: dict) -> BertWordPiece:
     _pre_type(path, doc, "BertPreTokenizer", "WordPiece")
     if model.get("unk_token") not in model["vocab"]:
         raise _refuse(path, "model.unk_token", model.get("unk_token"), "is not in model.vocab")
-    return BertWordPiece(model["vocab"], model["unk_token"], int(model["max_input_chars_per_word"]), doc)
+    max_chars = int(model["max_input_chars_per_word"])
+    return BertWordPiece(model["vocab"], model["unk_token"], max_chars, doc, added)
 
 
-def _import_unigram(path, doc: dict) -> MetaspaceUnigram:
+def _import_unigram(path, doc: dict, added: AddedTokens | None) -> MetaspaceUnigram:
     model = doc["model"]
     if model.get("byte_fallback"):
         raise _refuse(path, "model.byte_fallback", True, "is not supported (only false)")
@@ -527,7 +684,7 @@ def _import_unigram(path, doc: dict) -> MetaspaceUnigram:
         "split": pre.get("split", True),
     }
     pieces = [(str(p), float(s)) for p, s in model["vocab"]]
-    return MetaspaceUnigram(pieces, model.get("unk_id"), meta, doc)
+    return MetaspaceUnigram(pieces, model.get("unk_id"), meta, doc, added)
 
 
 def inner_from_tokenizer_json(path: str | Path) -> tuple[object, list[int]]:
@@ -536,12 +693,14 @@ def inner_from_tokenizer_json(path: str | Path) -> tuple[object, list[int]]:
     if doc is None:
         raise UserError(f"{path} is not a tokenizer.json (it does not start with '{{')")
     _check_common(path, doc)
-    relevant = {k: doc.get(k) for k in ("normalizer", "pre_tokenizer", "model")}
+    relevant = {k: doc.get(k) for k in ("normalizer", "pre_tokenizer", "model", "added_tokens")}
+    added = _added_tokens(path, doc)
     try:
         kind = doc["model"]["type"]
         if kind == "BPE":
-            return _import_bpe(path, relevant)
-        inner = _import_wordpiece(path, relevant) if kind == "WordPiece" else _import_unigram(path, relevant)
+            return _import_bpe(path, relevant, added)
+        importer = _import_wordpiece if kind == "WordPiece" else _import_unigram
+        inner = importer(path, relevant, added)
     except (KeyError, TypeError, ValueError, AttributeError) as e:
         raise UserError(f"{path}: a malformed tokenizer.json ({type(e).__name__}: {e})") from None
     return inner, list(range(inner.n_vocab))
