@@ -208,8 +208,15 @@ def hf_sources(tmp_path_factory):
 
 
 def check_hf(tok, ref, text: str) -> None:
-    ids = tok.encode(text)
+    ids = tok.encode(text, allowed_special="all")
     assert ids == ref.encode(text, add_special_tokens=False).ids, text[:80]
+    assert tok.encode_ordinary(text) == ids
+    special = [s for s in tok.special_tokens if s in text]
+    if special:  # the guard of every bytelm tokenizer: untrusted text cannot spell a control token
+        with pytest.raises(ValueError, match="disallowed by default"):
+            tok.encode(text)
+    else:
+        assert tok.encode(text) == ids
     got, nbytes = tok.encode_ordinary_with_bytes(text)
     assert got == ids and len(nbytes) == len(ids)
     if tok.lossy is None:

@@ -271,11 +271,24 @@ class HFPipeline:
         allowed_special: Literal["all"] | Collection[str] = frozenset(),
         disallowed_special: Literal["all"] | Collection[str] = "all",
     ) -> list[int]:
-        if allowed_special != "all" and set(allowed_special) - set(self.special_tokens):
+        """HF's ids (:meth:`encode_ordinary`: every added token applied, as by HF), with the same guard
+        as bytelm's tokenizers: a special token's spelling in the text raises ``ValueError`` unless it is
+        in ``allowed_special`` (``"all"``: every one), so that untrusted text (a sampling prompt)
+        cannot inject control tokens; ``disallowed_special=()`` lifts the guard."""
+        specials = set(self.special_tokens)
+        allowed = specials if allowed_special == "all" else set(allowed_special)
+        if allowed - specials:
             raise ValueError(
-                f"allowed_special names {sorted(set(allowed_special) - set(self.special_tokens))!r}, not "
-                f"special tokens of this tokenizer.json ({sorted(self.special_tokens)}); its added tokens "
-                "are always applied, as by HF"
+                f"allowed_special names {sorted(allowed - specials)!r}, which are not special tokens of this "
+                f"tokenizer.json (its special tokens: {sorted(specials)!r})"
+            )
+        disallowed = specials - allowed if disallowed_special == "all" else set(disallowed_special)
+        found = [t for t in sorted(disallowed) if t in as_text(text)]
+        if found:
+            raise ValueError(
+                f"the text contains the special token {found[0]!r}, which is disallowed by default so that "
+                f"untrusted text cannot inject control tokens; pass allowed_special={{{found[0]!r}}} (or "
+                "'all') to encode it as HF does"
             )
         return self.encode_ordinary(text)
 
