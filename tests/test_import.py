@@ -119,6 +119,12 @@ def test_cli_imports_a_rank_file(sources, tmp_path):
     assert load_tokenizer(tmp_path / "t") == tok
     again = subprocess.run(cmd, capture_output=True, text=True)
     assert again.returncode != 0 and "--force" in again.stderr
+    native = tmp_path / "t" / "bytelm_imported.json"  # edited: refused, saying how to import it again
+    native.write_text(native.read_text().replace('"fingerprint": "', '"fingerprint": "0'))
+    with pytest.raises(
+        UserError, match=r"fingerprint mismatch.*import it again: bytelm tokenizer import .*--force"
+    ):
+        load_tokenizer(tmp_path / "t")
 
 
 # -- HF tokenizer.json ---------------------------------------------------------------------------
@@ -238,6 +244,46 @@ def test_ids_identical_to_hf_on_the_test_corpora(hf_sources, name):
 def test_ids_identical_to_hf_on_random_text(hf_sources, text):
     for tok, ref, _ in hf_sources.values():
         check_hf(tok, ref, text)
+
+
+def test_added_token_ids_and_bytes_are_hfs(hf_sources, tmp_path):
+    """Added-token ids as HF gives them on load, whatever the file's "id" says (a model string takes
+    the model's id, others number on from the model's size in file order, a repeat keeps its first);
+    an added token that is a model token with other bytes ("é" is byte 0xE9 in a ByteLevel vocabulary)
+    makes the import lossy, its occurrences still charged with their own bytes; [UNK] stands for no
+    bytes."""
+    import json  # noqa: PLC0415
+
+    from bytelm.baselines.imported import import_tokenizer_json  # noqa: PLC0415
+
+    ref = hf_sources["bpe-bytelevel-no-prefix-space"][1]
+    doc = json.loads(ref.to_str())
+    n = len(doc["model"]["vocab"])
+
+    def added(content: str, i: int, special: bool = True, normalized: bool = False) -> dict:
+        return {"id": i, "content": content, "single_word": False, "lstrip": False, "rstrip": False,
+                "normalized": normalized, "special": special}  # fmt: skip
+
+    text = "<|endoftext|>x<X><Y><A><B>the<C> the é"
+    path = tmp_path / "tokenizer.json"
+    for tokens in (
+        [added("<|endoftext|>", n + 3), added("<X>", n + 50)],
+        [added("<Y>", n + 1), added("<Y>", n + 2), added("<A>", n + 5), added("<B>", n + 1)],
+        [added("<B>", 2), added("<A>", n + 5, special=False), added("the", 7, special=False),
+         added("<C>", 0, normalized=True)],
+    ):  # fmt: skip
+        path.write_text(json.dumps({**doc, "added_tokens": tokens}))
+        hf_ids = hf.Tokenizer.from_file(str(path)).encode(text, add_special_tokens=False).ids
+        assert import_tokenizer_json(path).encode_ordinary(text) == hf_ids
+    path.write_text(json.dumps({**doc, "added_tokens": [added("é", 0, special=False)]}))
+    tok = import_tokenizer_json(path)
+    assert tok.lossy is not None and "added token 'é'" in tok.lossy
+    text = "非 é"  # U+975E is e9 9d 9e: byte 0xE9 is the added token's id too
+    ids, nbytes = tok.encode_ordinary_with_bytes(text)
+    assert ids == hf.Tokenizer.from_file(str(path)).encode(text, add_special_tokens=False).ids
+    assert sum(nbytes) == len(text.encode())
+    wordpiece = hf_sources["wordpiece-bert"][0]
+    assert wordpiece.token_bytes(wordpiece.unk_id) == b""
 
 
 def test_which_imports_are_byte_exact(hf_sources):

@@ -160,6 +160,9 @@ def test_trainer_is_exact_whatever_its_search_constants(monkeypatch, cap, theta)
         words[w] = words.get(w, 0) + int(1 + 1000 // rng.integers(1, 200))
     for level in ("byte", "char"):
         assert learn_wordpieces(words, 150, level=level)[1] == naive_learn(words, 150, level)
+    # scores a rounding apart: a token just scanned must not be due again (this looped at THETA = 1)
+    close = {b"ab": 499999892, b"cd": 499999893}
+    assert learn_wordpieces(close, 2)[1] == naive_learn(close, 2, "byte") == [(b"ab", False), (b"cd", False)]
 
 
 def test_trainer_on_the_stdlib_sample_matches_the_naive_definition():

@@ -154,16 +154,30 @@ class AddedTokens:
         return pieces
 
 
+def _model_vocab(model: dict) -> dict[str, int]:
+    """The model's ``{token string: id}`` (a Unigram's pieces by position, the first one kept)."""
+    if model.get("type") == "Unigram":
+        out: dict[str, int] = {}
+        for i, (piece, _) in enumerate(model["vocab"]):
+            out.setdefault(str(piece), i)
+        return out
+    return dict(model["vocab"])
+
+
 def _added_tokens(path, doc: dict) -> AddedTokens | None:
-    """The ``added_tokens`` of a tokenizer.json (None when there are none); refuses what is not exact."""
+    """The ``added_tokens`` of a tokenizer.json (None when there are none); refuses what is not exact.
+
+    Ids are given as HF gives them when it loads the file (not read from the JSON's ``id``, which a
+    file saved by HF always agrees with): a token whose content is a string of the model's vocabulary
+    takes the model's id, any other the next id from the model's vocabulary size on, in file order;
+    a content seen before keeps its first id."""
+    model_ids = _model_vocab(doc["model"])
+    size = len(model_ids) if doc["model"].get("type") != "Unigram" else len(doc["model"]["vocab"])
     entries: list[tuple[str, int, bool]] = []
     special: dict[str, int] = {}
+    ids: dict[str, int] = {}
     for k, t in enumerate(doc.get("added_tokens") or []):
-        if (
-            not isinstance(t, dict)
-            or not isinstance(t.get("content"), str)
-            or not isinstance(t.get("id"), int)
-        ):
+        if not isinstance(t, dict) or not isinstance(t.get("content"), str):
             raise _refuse(path, f"added_tokens[{k}]", t, "is not an added token (content, id, ...)")
         for flag in ("single_word", "lstrip", "rstrip"):
             if t.get(flag):
@@ -174,10 +188,17 @@ def _added_tokens(path, doc: dict) -> AddedTokens | None:
                     f"(token {t['content']!r}) is not supported: its match depends on or takes in the "
                     "characters beside it; only false",
                 )
-        if t["content"] and t["id"] >= 0:
-            entries.append((t["content"], t["id"], bool(t.get("normalized", True))))
-            if t.get("special"):
-                special[t["content"]] = t["id"]
+        content = t["content"]
+        if not content or content in ids:
+            continue
+        if content in model_ids:
+            ids[content] = model_ids[content]
+        else:
+            top = max(ids.values(), default=-1)
+            ids[content] = top + 1 if top >= size else size
+        entries.append((content, ids[content], bool(t.get("normalized", True))))
+        if t.get("special"):
+            special[content] = ids[content]
     if not entries:
         return None
     added = AddedTokens(entries)
@@ -202,12 +223,14 @@ class HFPipeline:
     ) -> None:
         self.added = added
         strings = list(strings)  # the source's token string of each id
+        #: added tokens outside the model's vocabulary (one inside it is the model's token: its bytes)
         self.added_ids: dict[int, str] = {}
         if self.added is not None:
             for content, i in self.added.id_of.items():
-                strings += [""] * (i + 1 - len(strings))
-                strings[i] = content
-                self.added_ids[i] = content
+                if i >= len(strings) or not strings[i]:
+                    strings += [""] * (i + 1 - len(strings))
+                    strings[i] = content
+                    self.added_ids[i] = content
         self.strings = strings
         self.n_vocab = len(strings)
         self.unk_id = unk_id
@@ -304,10 +327,28 @@ class HFPipeline:
     def token_bytes(self, token_id: int) -> bytes:
         if not 0 <= token_id < self.n_vocab:
             raise ValueError(f"unknown token id {token_id!r}: valid ids are 0..{self.n_vocab - 1}")
+        if token_id in self.added_ids:
+            return self.added_ids[token_id].encode("utf-8", "surrogateescape")
+        return self.model_token_bytes(token_id)
+
+    def model_token_bytes(self, token_id: int) -> bytes:
+        """The bytes a model token stands for (a subclass undoes its pre-tokenizer's marks)."""
         return self.strings[token_id].encode("utf-8", "surrogateescape")
 
-    def is_added(self, token_id: int) -> bool:
-        return token_id in self.added_ids
+    def check_added_tokens(self) -> None:
+        """Called by a subclass once built: an added token that is a model token whose bytes are not
+        the token's text (a ByteLevel vocabulary's "é" is byte 0xE9) makes the import lossy."""
+        if self.added is None or self.lossy is not None:
+            return
+        for content, i in self.added.id_of.items():
+            if i not in self.added_ids and self.model_token_bytes(i) != content.encode(
+                "utf-8", "surrogateescape"
+            ):
+                self.lossy = (
+                    f"added token {content!r} is the model's token {i}, which stands for the bytes "
+                    f"{self.model_token_bytes(i)!r}: an occurrence of the text does not decode to itself"
+                )
+                return
 
     def decode_bytes(self, ids: Iterable[int]) -> bytes:
         return b"".join(self.token_bytes(int(i)) for i in ids)
@@ -355,10 +396,8 @@ class BertWordPiece(HFPipeline):
             return [(ids[0], nbytes)]
         return [(i, len(self.strings[i].removeprefix("##").encode("utf-8", "surrogateescape"))) for i in ids]
 
-    def token_bytes(self, token_id: int) -> bytes:
-        if self.is_added(token_id):
-            return super().token_bytes(token_id)
-        return super().token_bytes(token_id).removeprefix(b"##") if token_id != self.unk_id else b""
+    def model_token_bytes(self, token_id: int) -> bytes:
+        return super().model_token_bytes(token_id).removeprefix(b"##") if token_id != self.unk_id else b""
 
 
 class MetaspaceUnigram(HFPipeline):
@@ -466,12 +505,10 @@ class MetaspaceUnigram(HFPipeline):
             out.append("".join(reversed(unknown)))
         return out[::-1]
 
-    def token_bytes(self, token_id: int) -> bytes:
-        if self.is_added(token_id):
-            return super().token_bytes(token_id)
+    def model_token_bytes(self, token_id: int) -> bytes:
         if token_id == self.unk_id:
             return b""
-        return super().token_bytes(token_id).replace(self.replacement.encode(), b" ")
+        return super().model_token_bytes(token_id).replace(self.replacement.encode(), b" ")
 
 
 class ByteLevelBPE(HFPipeline):
@@ -496,6 +533,7 @@ class ByteLevelBPE(HFPipeline):
             if prefix
             else None
         )
+        self.check_added_tokens()
 
     def _piece(self, text: str) -> str:
         return " " + text if self.prefix and not text.startswith(" ") else text

@@ -33,7 +33,7 @@ from typing import Literal
 import numpy as np
 
 from bytelm.atomic import atomic_write_text
-from bytelm.baselines.bpe.io import FORMAT_VERSION, TIKTOKEN_FILE, invalid, read_native, tokenizer_directory
+from bytelm.baselines.bpe.io import FORMAT_VERSION, TIKTOKEN_FILE, read_native, tokenizer_directory
 from bytelm.baselines.bpe.pretokenize import resolve_pattern
 from bytelm.baselines.bpe.tokenizer import Tokenizer
 from bytelm.baselines.hf_import import SOURCE_KIND as HF_SOURCE_KIND
@@ -272,11 +272,23 @@ class ImportedTokenizer:
                 source_kind=doc["source_kind"],
             )
         except (KeyError, TypeError, ValueError) as e:
-            raise invalid(path, f"{type(e).__name__}: {e}") from None
+            raise _reimport(path, directory, doc, f"{type(e).__name__}: {e}") from None
         if tok.fingerprint != doc.get("fingerprint"):
-            raise invalid(
+            raise _reimport(
                 path,
+                directory,
+                doc,
                 f"fingerprint mismatch: the file says {doc.get('fingerprint')}, its contents hash to "
-                f"{tok.fingerprint}",
+                f"{tok.fingerprint} (written by another version of the importer, or edited)",
             )
         return tok
+
+
+def _reimport(path, directory, doc: dict, why: str) -> UserError:
+    """The error for an imported directory that cannot be read back: import the copied source again."""
+    tiktoken = doc.get("source_kind") == "tiktoken"
+    source = Path(directory) / (TIKTOKEN_FILE if tiktoken else "tokenizer.json")
+    return UserError(
+        f"{path} is not a valid bytelm tokenizer file ({why}); import it again: bytelm tokenizer import "
+        f"{source} --out {directory} --force" + (" --pattern <its split pattern>" if tiktoken else "")
+    )

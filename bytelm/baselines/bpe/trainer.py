@@ -54,7 +54,8 @@ PAIR_SHIFT = 21
 _RIGHT_MASK = (1 << PAIR_SHIFT) - 1
 _KEY_SHIFT = 2 * PAIR_SHIFT
 _PAIR_MASK = (1 << _KEY_SHIFT) - 1
-MAX_VOCAB_SIZE = 1 << PAIR_SHIFT
+#: Words are ``str`` of ids while training (``chr(id)``), so ids stop below 0x110000.
+MAX_VOCAB_SIZE = 0x110000
 _PARALLEL_BYTES = 1 << 20  # smaller corpora are pre-tokenized in-process
 
 

@@ -69,9 +69,10 @@ log = logging.getLogger(__name__)
 Progress = Callable[[int, int | None], None]  # (done, total; None when unknown)
 # Finding the best pair (module docstring): a token whose count fell below fref / _CAP since its
 # last scan is scanned at once; bounds are compared with a relative margin _ROUNDING - 1 for the
-# float rounding of their products; pairs scoring under (the best score) / (_CAP * _ROUNDING *
-# _THETA) are left cold, so that a token just scanned is never due again at once (_THETA >= 1 is the
-# slack: larger, fewer scans and more hot pairs to re-queue).
+# float rounding of their products; pairs scoring under (the best score) / (_CAP * _ROUNDING**2 *
+# _THETA) are left cold, so that a token just scanned is never due again at once (the second
+# _ROUNDING absorbs the rounding of the bound itself; _THETA >= 1 is the slack: larger, fewer scans
+# and more hot pairs to re-queue).
 _CAP = 1.05
 _THETA = 1.35
 _ROUNDING = 1.0 + 1e-9
@@ -131,7 +132,10 @@ def learn_wordpieces(
     first = 1 if level == "char" else 0  # ([UNK] is id 0 at character level)
     tokens: list[tuple[bytes, bool]] = [(b"", False)] * first + base
     if len(tokens) + n_learned > MAX_VOCAB_SIZE:
-        raise UserError(f"at most {MAX_VOCAB_SIZE} ids are supported, asked for {len(tokens) + n_learned}")
+        raise UserError(
+            f"at most {MAX_VOCAB_SIZE} ids are supported, asked for {len(tokens) + n_learned}: use a smaller "
+            "vocab_size"
+        )
     id_of = {t: i for i, t in enumerate(tokens) if i >= first}
     all_words: list[str] = []  # each word as the str of its ids (chr(id)), as the BPE trainer's
     all_counts: list[int] = []
@@ -202,7 +206,7 @@ def learn_wordpieces(
             push(bounds, (-wd, d))
 
     scores = {q: c / (f[ord(q[0])] * f[ord(q[1])]) for q, c in pc.items()}
-    cut = _CAP * _ROUNDING * _THETA
+    cut = _CAP * _ROUNDING * _ROUNDING * _THETA
     theta = max(scores.values()) / cut
     for q, v in scores.items():
         a, b = ord(q[0]), ord(q[1])
