@@ -119,9 +119,9 @@ class AddedTokens:
     [(None, 0, 1), (1, 1, 5), (2, 5, 7), (None, 7, 8)]
     """
 
-    def __init__(self, entries: list[tuple[str, int, bool]]) -> None:
+    def __init__(self, entries: list[tuple[str, int, bool]], special: dict[str, int] | None = None) -> None:
         self.id_of = {c: i for c, i, _ in entries}
-        self.special: dict[str, int] = {}
+        self.special = dict(special or {})  # the special ones among them
 
         def matcher(contents: list[str]):
             if not contents:
@@ -201,9 +201,7 @@ def _added_tokens(path, doc: dict) -> AddedTokens | None:
             special[content] = ids[content]
     if not entries:
         return None
-    added = AddedTokens(entries)
-    added.special = special
-    return added
+    return AddedTokens(entries, special)
 
 
 # -- the adapters ----------------------------------------------------------------------------------

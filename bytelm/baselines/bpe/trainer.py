@@ -187,20 +187,8 @@ def learn_merges(
                 id_of[new] = t
                 n_tokens += 1
             merges.append((a, b))
-            ws = where.pop(ab, [])
-            span = init_where.pop(ab, None)
-            if span is not None:
-                ws += span.tolist()
-            if len(ws) > 64:
-                ws.sort()  # visit words in memory order
-            created, _, _ = _merge_words(words, wcount, ws, ab, chr(t), pc)
-            del pc[ab]
-            for q, wis in created.items():
-                old = where.get(q)
-                if old is None:
-                    where[q] = wis
-                else:
-                    old += wis
+            created, _, _ = merge_pair(words, wcount, where, init_where, ab, chr(t), pc)
+            for q in created:
                 cq = pc[q]
                 if cq > 0:
                     heappush(heap, ((count_cap - cq) << _KEY_SHIFT) | _pair_int(q))
@@ -247,6 +235,36 @@ def _initial_pairs(
     bounds = np.searchsorted(keys, np.append(uniq, 1 << _KEY_SHIFT))
     init_where = {p: wid[bounds[j] : bounds[j + 1]] for j, p in enumerate(names)}
     return pc, init_where
+
+
+def merge_pair(
+    words: list[str],
+    wcount: list[int],
+    where: dict[str, list[int]],
+    init_where: dict[str, np.ndarray],
+    ab: str,
+    t: str,
+    pc: defaultdict[str, int],
+) -> tuple[dict[str, list[int]], list[str], int]:
+    """One merge step of the word state shared by the BPE and WordPiece trainers: replace ``ab`` by
+    ``t`` in the words holding it (``where`` and, until first used, ``init_where``), delete ``ab``
+    from ``pc`` and list the words of each created pair in ``where``. Returns what
+    :func:`_merge_words` returns."""
+    ws = where.pop(ab, [])
+    span = init_where.pop(ab, None)
+    if span is not None:
+        ws += span.tolist()
+    if len(ws) > 64:
+        ws.sort()  # visit words in memory order
+    created, lost, merged = _merge_words(words, wcount, ws, ab, t, pc)
+    del pc[ab]
+    for q, wis in created.items():
+        old = where.get(q)
+        if old is None:
+            where[q] = wis
+        else:
+            old += wis
+    return created, lost, merged
 
 
 def _merge_words(

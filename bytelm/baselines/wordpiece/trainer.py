@@ -58,7 +58,7 @@ from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 
-from bytelm.baselines.bpe.trainer import MAX_VOCAB_SIZE, _initial_pairs, _merge_words, count_chunks
+from bytelm.baselines.bpe.trainer import MAX_VOCAB_SIZE, _initial_pairs, count_chunks, merge_pair
 from bytelm.baselines.subword import check_special_tokens
 from bytelm.baselines.wordpiece.tokenizer import LEVELS, WordPieceTokenizer, split_words
 from bytelm.data import load_corpus
@@ -279,17 +279,10 @@ def learn_wordpieces(
             hot.append(set())
             learned.append(new)
             n_tokens += 1
-        ws = where.pop(ab, [])
-        span = init_where.pop(ab, None)
-        if span is not None:
-            ws += span.tolist()
-        if len(ws) > 64:
-            ws.sort()  # visit words in memory order
-        created, lost, merged = _merge_words(words, wcount, ws, ab, chr(t), pc)
+        created, lost, merged = merge_pair(words, wcount, where, init_where, ab, chr(t), pc)
         f[x] -= merged
         f[y] -= merged
         f[t] += merged
-        del pc[ab]
         for q in [ab, *lost]:
             if not pc.get(q):
                 pc.pop(q, None)
@@ -298,12 +291,7 @@ def learn_wordpieces(
                 partners[b].discard(q)
                 hot[a].discard(q)
                 hot[b].discard(q)
-        for q, wis in created.items():
-            old = where.get(q)
-            if old is None:
-                where[q] = wis
-            else:
-                old += wis
+        for q in created:
             c = pc[q]
             a, b = ord(q[0]), ord(q[1])
             partners[a].add(q)
