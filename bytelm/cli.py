@@ -1304,6 +1304,15 @@ def add_ablate(sub) -> None:
         metavar="N",
         help="train N runs at once, each in its own 'bytelm train' process (default: 1, in this process)",
     )
+    p.add_argument(
+        "--seeds",
+        type=int,
+        default=None,
+        metavar="K",
+        help="train each family's best cell (smallest budget) with K seeds, train.seed + 0 .. K-1 "
+        "(initialisation and data order); its intervals then fold seed variance in (default: the grid's "
+        "extra_seeds + 1)",
+    )
     mode = p.add_mutually_exclusive_group()
     mode.add_argument(
         "--print-commands",
@@ -1339,6 +1348,7 @@ def cmd_ablate(args: argparse.Namespace) -> int:
             collect=args.collect,
             progress=progress,
             note=note,
+            seeds=args.seeds,
         )
     finally:
         close()

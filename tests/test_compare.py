@@ -299,7 +299,10 @@ def test_compare_seeds_give_each_model_a_mean_and_a_spread(corpus_dir, tmp_path,
         assert first["status"] == second["status"] == "finished" and first["step"] == second["step"]
         assert "seed = 1" in (out / "seeds" / name / "s1" / "config.toml").read_text()
         row = next(m for m in result.report["models"] if m["name"] == name)
-        assert s["bpb"][0] == row["bpb"] and s["bpb"][1] != s["bpb"][0]  # another seed, another model
+        assert s["bpb"][1] != s["bpb"][0]  # another seed, another model
+        # the row is the mean over the seeds, its interval from the two-level bootstrap
+        assert row["bpb"] == pytest.approx(np.mean(s["bpb"]), rel=1e-12) and row["seeds"] == 2
+        assert row["bpb_ci95"][0] < row["bpb"] < row["bpb_ci95"][1]
         assert s["mean"] == pytest.approx(np.mean(s["bpb"])) and s["std"] == pytest.approx(
             np.std(s["bpb"], ddof=1)
         )
@@ -310,6 +313,9 @@ def test_compare_seeds_give_each_model_a_mean_and_a_spread(corpus_dir, tmp_path,
         abs(means["byte"] - means["megabyte"])
     )
     assert pair["exceeds"] == (pair["gap"] > max(s["spread"] for s in seeds["models"].values()))
+    assert "two levels" in result.report["statistics"]["method"]
+    header = json.loads((out / "scores.jsonl").read_text().splitlines()[0])
+    assert {m["name"]: m["seeds"] for m in header["models"]}["byte"] == 2
     md = result.report_md.read_text()
     assert "2 seeds per compared model" in md and ("does NOT exceed" in md or " exceeds " in md)
     # the same compare again: every seed's run and evaluation is reused

@@ -27,8 +27,70 @@ def stream_digest(corpus) -> str:
     return hashlib.sha256(np.asarray(corpus.train_stream, dtype=np.uint16).tobytes()).hexdigest()
 
 
-# (fingerprint, documents, bytes, sha256 of the training ids as uint16, their number): computed with
-# the format before this one (a uint16 copy of the training stream, a JSON manifest), commit c4a5886
+def protocol1_segments(docs: list[bytes], segment_bytes: int, cap: int) -> list[bytes]:
+    """Evaluation protocol 1: the held-out documents in order, cut until the cap is spent."""
+    out, budget = [], cap
+    for data in docs:
+        for start in range(0, len(data), segment_bytes):
+            if budget <= 0:
+                return out
+            out.append(data[start : start + min(segment_bytes, budget)])
+            budget -= len(out[-1])
+    return out
+
+
+def _unit(text: str) -> float:
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little") / 2.0**64
+
+
+def protocol2_segments(docs: list[tuple[str, str, bytes]], seed: int, S: int, cap: int) -> list[bytes]:
+    """Evaluation protocol 2 transcribed from docs/evaluation.md as plain loops: ``docs`` are the
+    held-out documents ``(name, group, bytes)`` in canonical order."""
+    docs = [d for d in docs if d[2]]
+    by_group: dict[str, list[int]] = {}
+    for i, (name, group, _) in enumerate(docs):
+        by_group.setdefault(group, []).append(i)
+    key = {}
+    for group, members in by_group.items():
+        members = sorted(members, key=lambda i: _unit(f"{seed}\0eval-doc\0{docs[i][0]}"))
+        v = _unit(f"{seed}\0eval-group\0{group}")
+        for j, i in enumerate(members):
+            key[i] = ((j + v) / len(members), _unit(f"{seed}\0eval-doc\0{docs[i][0]}"))
+    order = sorted(range(len(docs)), key=lambda i: key[i])
+    slots = [-(-len(d[2]) // S) for d in docs]
+
+    def cost(i, k):
+        return len(docs[i][2]) if k >= slots[i] else k * S
+
+    k, spent = [0] * len(docs), 0
+    while any(k[i] < slots[i] for i in order):
+        open_ = [i for i in order if k[i] < slots[i]]
+        whole = sum(cost(i, k[i] + 1) - cost(i, k[i]) for i in open_)
+        if spent + whole <= cap:
+            for i in open_:
+                k[i] += 1
+            spent += whole
+            continue
+        for i in open_:
+            c = cost(i, k[i] + 1) - cost(i, k[i])
+            if spent + c > cap:
+                break
+            k[i] += 1
+            spent += c
+        break
+    if not any(k):
+        return [docs[order[0]][2][:cap]]
+    out = []
+    for i, (_, _, data) in enumerate(docs):
+        for j in range(k[i]):
+            start = (j * slots[i] // k[i]) * S
+            out.append(data[start : start + S])
+    return out
+
+
+# (fingerprint, documents, bytes, sha256 of the training ids as uint16, their number): the fingerprints
+# by evaluation protocol 1 (protocol1_segments); computed with the format before this one (a uint16
+# copy of the training stream, a JSON manifest), commit c4a5886
 GOLDEN = {
     ("wc", "", ()): (
         "26c996c8dfcd34c9e87ddfb0ec009b42f97b863643dd0dfe1b54372d50d6b229",
@@ -80,8 +142,16 @@ def test_fingerprints_and_training_ids_are_those_of_the_format_before(corpora, t
         c = load_corpus(
             f"files:{corpora[which]}{suffix}", cache_dir=tmp_path / "cache", workers=workers, **dict(kw)
         )
-        got = (c.fingerprint, c.n_documents, c.n_bytes, stream_digest(c), len(c.train_stream))
+        held = [c.document(int(i)).tobytes() for i in c.document_indices("heldout")]
+        v1 = fingerprint_segments(protocol1_segments(held, c.segment_bytes, c.max_eval_bytes), protocol=1)
+        got = (v1, c.n_documents, c.n_bytes, stream_digest(c), len(c.train_stream))
         assert got == want, (which, suffix, kw, workers)
+        named = [
+            (c.names[int(i)], c.groups[int(i)], c.document(int(i)).tobytes())
+            for i in c.document_indices("heldout")
+        ]
+        v2 = protocol2_segments(named, 0, c.segment_bytes, c.max_eval_bytes)
+        assert c.fingerprint == fingerprint_segments(v2) and c.segment_data() == v2
 
 
 def test_the_stdlib_fingerprint_is_the_one_its_documents_give(tmp_path):
@@ -89,17 +159,10 @@ def test_the_stdlib_fingerprint_is_the_one_its_documents_give(tmp_path):
     c = load_corpus("stdlib", cache_dir=tmp_path / "cache", workers=2)
     docs = list(StdlibSource().documents())
     assert c.n_documents == len(docs) and list(c.names) == [d.name for d in docs]
-    segments, budget = [], c.max_eval_bytes
-    for d in docs:
-        if not is_heldout(d.name, 0, 0.05):
-            continue
-        for start in range(0, len(d.data), c.segment_bytes):
-            if budget <= 0:
-                break
-            piece = d.data[start : start + min(c.segment_bytes, budget)]
-            segments.append(piece)
-            budget -= len(piece)
-    assert c.fingerprint == fingerprint_segments(segments)
+    held = [(d.name, d.group, d.data) for d in docs if is_heldout(d.name, 0, 0.05)]
+    assert c.fingerprint == fingerprint_segments(
+        protocol2_segments(held, 0, c.segment_bytes, c.max_eval_bytes)
+    )
 
 
 @settings(max_examples=60, deadline=None)

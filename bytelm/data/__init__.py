@@ -6,6 +6,7 @@
 
 from bytelm.data.batches import Stream, WindowBatches, segment_rows
 from bytelm.data.corpus import (
+    EVAL_PROTOCOL,
     Corpus,
     Segment,
     default_cache_dir,
@@ -24,6 +25,7 @@ __all__ = [
     "Stream",
     "WindowBatches",
     "default_cache_dir",
+    "EVAL_PROTOCOL",
     "fingerprint_segments",
     "is_heldout",
     "is_validation",

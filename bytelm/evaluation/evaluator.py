@@ -20,10 +20,10 @@ import numpy as np
 
 from bytelm.bpb import SegmentScores, UnigramByteModel, byte_counts
 from bytelm.config import load_config, load_run_config, with_values
-from bytelm.data import Corpus
+from bytelm.data import EVAL_PROTOCOL, Corpus
 from bytelm.errors import UserError
 from bytelm.evaluation.external import parse_external_arg, read_external_scores
-from bytelm.evaluation.report import build_report, write_report_json
+from bytelm.evaluation.report import build_report, scores_path, write_report_json, write_scores
 from bytelm.evaluation.results import EvalSet, ModelResult
 from bytelm.families import STATS_KEY
 from bytelm.ledger import Ledger
@@ -83,6 +83,14 @@ def eval_sets_for_runs(
         cfg = run_config(run_dir, data_spec)
         corpus = corpora.get(cfg)
         if data_spec is None and info.get("fingerprint") and info["fingerprint"] != corpus.fingerprint:
+            protocol = (info.get("data") or {}).get("protocol", 1)
+            if protocol != EVAL_PROTOCOL:
+                raise UserError(
+                    f"{run_dir} was trained when bytelm used evaluation protocol v{protocol}; it now uses "
+                    f"v{EVAL_PROTOCOL} (segments from every held-out document, docs/evaluation.md), so its "
+                    "recorded fingerprint cannot match: score it on the new segments of its corpus with "
+                    f"--data {cfg.data.source!r}"
+                )
             raise UserError(
                 f"the held-out bytes of {run_dir} changed since it was trained: its corpus "
                 f"{cfg.data.source!r} now has fingerprint {corpus.fingerprint[:16]}..., the run recorded "
@@ -287,7 +295,9 @@ def evaluate_runs(
                 run_dir, eval_set, name=name, corpus=per_run[str(run_dir)], progress=bar(f"eval {name}")
             )
         )
-    report = build_report(eval_set, results + external_results, unigram_baselines(eval_set))
+    baselines = unigram_baselines(eval_set)
+    report = build_report(eval_set, results + external_results, baselines)
     if json_path:
+        write_scores(scores_path(json_path), eval_set, [*results, *external_results, *baselines])
         write_report_json(report, json_path)
     return report

@@ -3,16 +3,17 @@
 **Held-out file** (``bytelm data export-heldout --out heldout.jsonl``), JSON Lines, UTF-8. The
 first line is a header, then one line per segment in canonical order::
 
-    {"format": "bytelm-heldout", "version": 1, "fingerprint": "<64 hex>", "segments": 1024,
+    {"format": "bytelm-heldout", "version": 1, "fingerprint": "<64 hex>", "protocol": 2, "segments": 1024,
      "bytes": 262144, "spec": "stdlib", "segment_bytes": 256, "max_eval_bytes": 262144,
      "python": "3.11.7"}
     {"id": "0:asyncio/base_events.py@0", "group": "asyncio", "length": 256, "bytes": "<base64>"}
     ...
 
 ``bytes`` is the standard base64 (RFC 4648, with padding) of the segment's exact bytes, which
-need not be valid UTF-8. The fingerprint is the sha256 of the segments, each prefixed by its
-length as 8 little-endian bytes, followed by ``b"total"`` and the total length as 8
-little-endian bytes (:func:`bytelm.data.corpus.fingerprint_segments`).
+need not be valid UTF-8. ``protocol`` is the evaluation protocol that chose the segments
+(docs/evaluation.md). The fingerprint is the sha256 of ``b"bytelm-eval-protocol 2\0"``, the
+segments, each prefixed by its length as 8 little-endian bytes, then ``b"total"`` and the total
+length as 8 little-endian bytes (:func:`bytelm.data.corpus.fingerprint_segments`).
 
 **Scores file** (``bytelm eval --external NAME=scores.jsonl``), JSON Lines. A header line, then
 one line per segment (any order, every id exactly once)::
@@ -64,6 +65,7 @@ def heldout_lines(eval_set: EvalSet) -> Iterator[str]:
         "format": HELDOUT_FORMAT,
         "version": VERSION,
         "fingerprint": eval_set.fingerprint,
+        "protocol": d["protocol"],
         "segments": len(eval_set.segments),
         "bytes": eval_set.n_bytes,
         "spec": d["spec"],
@@ -104,7 +106,10 @@ def read_heldout(path: str | Path) -> tuple[dict, list[dict]]:
                 f"{path} line {n}: no valid base64 'bytes' ({e}); re-export with 'bytelm data export-heldout'"
             ) from None
         out.append({"id": row.get("id"), "group": row.get("group"), "length": len(data), "data": data})
-    actual = fingerprint_segments([r["data"] for r in out])
+    protocol = header.get("protocol", 1)  # (files of protocol 1 had no such key)
+    actual = fingerprint_segments(
+        [r["data"] for r in out], protocol=protocol if isinstance(protocol, int) else 1
+    )
     if actual != header.get("fingerprint"):
         raise UserError(
             f"{path}: its segments have fingerprint {actual[:16]}... but its header says "

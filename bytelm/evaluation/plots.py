@@ -73,6 +73,40 @@ def plot_bpb_vs_flops(
     _save(fig, path)
 
 
+def plot_pair_differences(path: str | Path, statistics: dict, *, subtitle: str = "") -> bool:
+    """The paired BPB differences of a report's ``statistics`` (better minus worse, so negative)
+    with their intervals, one row per pair, a line at zero; pairs whose interval crosses zero in
+    grey. Written atomically as PNG; False (nothing written) when there is no pair."""
+    pairs = [p for p in statistics.get("pairs", []) if p["diff"] is not None and p["ci95"][0] is not None]
+    if not pairs:
+        return False
+    fig = Figure(figsize=(7.5, 1.2 + 0.28 * len(pairs)), dpi=120)
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    for y, p in enumerate(reversed(pairs)):
+        lo, hi = p["ci95"]
+        color = "tab:blue" if p["separable"] else "0.6"
+        ax.errorbar(
+            [p["diff"]],
+            [y],
+            xerr=[[p["diff"] - lo], [hi - p["diff"]]],
+            fmt="o",
+            color=color,
+            capsize=3,
+            markersize=4,
+        )
+    ax.axvline(0.0, color="k", linewidth=1)
+    ax.set_yticks(range(len(pairs)), [f"{p['a']} - {p['b']}" for p in reversed(pairs)], fontsize=8)
+    ax.set_xlabel(f"BPB difference, {statistics['confidence']:.0%} interval (grey: not separable from 0)")
+    ax.set_title(
+        "paired differences on the same resampled held-out documents" + (f"\n{subtitle}" if subtitle else ""),
+        fontsize=10,
+    )
+    ax.grid(True, axis="x", alpha=0.3)
+    _save(fig, path)
+    return True
+
+
 def _save(fig: Figure, path: str | Path) -> None:
     fig.tight_layout()
     buf = io.BytesIO()

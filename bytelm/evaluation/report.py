@@ -38,16 +38,20 @@ import json
 import math
 import re
 from collections.abc import Sequence
+from pathlib import Path
 
 from bytelm.atomic import atomic_write_text
+from bytelm.bpb import top_directory
+from bytelm.evaluation import stats
 from bytelm.evaluation.results import EvalSet, ModelResult
 
 FORMAT = "bytelm-report"
-VERSION = 1
+VERSION = 2  # 2: bpb_ci95 and seeds per model and breakdown, statistics, data.protocol
 
 _NUM = {"type": ["number", "null"]}
 _COUNT = {"type": "integer", "minimum": 0}
 _FP = {"type": "string", "pattern": "^[0-9a-f]{64}$"}
+_CI = {"type": ["array", "null"], "items": _NUM}
 _BREAKDOWN = {
     "type": "object",
     "required": ["segments", "nats", "bytes", "bpb"],
@@ -58,6 +62,8 @@ _BREAKDOWN = {
         "bpb": _NUM,
         "global_steps": _NUM,
         "mean_bytes_per_global_step": _NUM,
+        "documents": _COUNT,
+        "bpb_ci95": _CI,
     },
     "additionalProperties": False,
 }
@@ -93,6 +99,8 @@ _MODEL = {
         "run_dir": {"type": ["string", "null"]},
         "step": {"type": ["integer", "null"]},
         "bpb": _NUM,
+        "bpb_ci95": _CI,
+        "seeds": {"type": "integer", "minimum": 1},
         "nats": _NUM,
         "bytes": {"type": "integer", "minimum": 1},
         "segments": {"type": "integer", "minimum": 1},
@@ -133,6 +141,7 @@ REPORT_SCHEMA: dict = {
                 "spec": {"type": "string"},
                 "source": {"type": "string"},
                 "python": {"type": "string"},
+                "protocol": {"type": "integer", "minimum": 1},
                 "eval_segments": _COUNT,
                 "eval_bytes": _COUNT,
                 "segment_bytes": _COUNT,
@@ -146,6 +155,28 @@ REPORT_SCHEMA: dict = {
         "models": {"type": "array", "items": _MODEL},
         "baselines": {"type": "array", "items": _MODEL},
         "compare": {"type": ["object", "null"]},
+        "statistics": {
+            "type": "object",
+            "required": ["method", "confidence", "resamples", "seed", "documents", "ranking", "pairs"],
+            "properties": {
+                "pairs": {
+                    "type": "array",
+                    "items": {
+                        "type": "object",
+                        "required": ["a", "b", "diff", "ci95", "flip", "separable"],
+                        "properties": {
+                            "a": {"type": "string"},
+                            "b": {"type": "string"},
+                            "diff": _NUM,
+                            "ci95": _CI,
+                            "flip": _NUM,
+                            "separable": {"type": "boolean"},
+                        },
+                        "additionalProperties": False,
+                    },
+                },
+            },
+        },
     },
     "additionalProperties": False,
 }
@@ -230,15 +261,37 @@ def build_report(
     models: Sequence[ModelResult],
     baselines: Sequence[ModelResult] = (),
     compare: dict | None = None,
+    *,
+    resamples: int = stats.RESAMPLES,
+    seed: int = stats.SEED,
 ) -> dict:
+    """The report of ``models`` and ``baselines`` on ``eval_set``, with its statistics: every BPB
+    with its interval, and the paired differences of ``models`` (:mod:`bytelm.evaluation.stats`)."""
+    everyone = [*models, *baselines]
+    ds = stats.document_scores(eval_set, everyone)
+    statistics = stats.statistics(ds, [m.name for m in models], resamples=resamples, seed=seed)
+    entries = [m.to_dict(eval_set) for m in everyone]
+    for e in entries:
+        e["bpb_ci95"] = statistics["ci95"][e["name"]]
+    for key, labels in (("groups", ds.groups), ("dirs", [top_directory(n) for n in ds.doc_names])):
+        intervals = stats.group_intervals(ds.bits, ds.nbytes, labels, resamples=resamples, seed=seed + 1)
+        documents = {g: labels.count(g) for g in intervals}
+        for i, e in enumerate(entries):
+            for g, row in e[key].items():
+                # (one document cannot be resampled: no interval)
+                one = documents.get(g, 0) < 2 or g not in intervals
+                row["bpb_ci95"] = None if one else [float(x) for x in intervals[g][i]]
+                row["documents"] = documents.get(g, 0)
+    del statistics["ci95"]
     report = {
         "format": FORMAT,
         "version": VERSION,
         "fingerprint": eval_set.fingerprint,
         "data": eval_set.describe(),
-        "models": [m.to_dict(eval_set) for m in models],
-        "baselines": [b.to_dict(eval_set) for b in baselines],
+        "models": entries[: len(models)],
+        "baselines": entries[len(models) :],
         "compare": compare,
+        "statistics": statistics,
     }
     report = _finite_or_none(report)
     validate(report)
@@ -248,6 +301,19 @@ def build_report(
 def write_report_json(report: dict, path) -> None:
     validate(report)
     atomic_write_text(path, json.dumps(report, indent=1, allow_nan=False) + "\n")
+
+
+def scores_path(report_path) -> Path:
+    """Where the per-document scores of a report go: ``scores.jsonl`` beside ``report.json``,
+    ``NAME.scores.jsonl`` beside any other ``NAME.json``."""
+    p = Path(report_path)
+    return p.with_name("scores.jsonl" if p.stem == "report" else f"{p.stem}.scores.jsonl")
+
+
+def write_scores(path, eval_set: EvalSet, results: Sequence[ModelResult]) -> None:
+    """The bits and bytes of every (model, seed, segment) and (model, seed, document): the data every
+    figure of the report is computed from (:func:`bytelm.evaluation.stats.scores_lines`)."""
+    stats.write_scores(path, eval_set, stats.document_scores(eval_set, results), results)
 
 
 # -- tables ----------------------------------------------------------------------------------
@@ -293,6 +359,13 @@ def _bpb(x) -> str:
     return "diverged" if x is None else f"{x:.4f}"
 
 
+def interval_cell(ci, digits: int = 3) -> str:
+    """``[low, high]`` of an interval, ``-`` when there is none."""
+    if not ci or ci[0] is None or ci[1] is None:
+        return "-"
+    return f"[{ci[0]:.{digits}f}, {ci[1]:.{digits}f}]"
+
+
 def params_cell(p: dict | None) -> str:
     """``"emb / non-emb"`` when both are known, else ``"<total> total"``, else ``"-"``."""
     if p and "embedding" in p and "non_embedding" in p:
@@ -308,6 +381,7 @@ def results_table(report: dict) -> str:
         "model",
         "family",
         "BPB",
+        "95% interval",
         "params (emb / non-emb)",
         "n-gram params",
         "own FLOPs",
@@ -328,8 +402,9 @@ def results_table(report: dict) -> str:
         rows.append(
             [
                 m["name"],
-                m["family"],
+                m["family"] + (f" x{m['seeds']} seeds" if m.get("seeds", 1) > 1 else ""),
                 _bpb(m["bpb"]),
+                interval_cell(m.get("bpb_ci95")),
                 params,
                 human(ngram) if ngram else "-",
                 human(m["flops"]),
@@ -344,7 +419,7 @@ def results_table(report: dict) -> str:
                 seconds(m["wall_s"]),
             ]
         )
-    return table(headers, rows, "llrrrrrrrrrrr")
+    return table(headers, rows, "llrrrrrrrrrrrr")
 
 
 # below this many held-out documents a ranking speaks for those documents more than for the corpus
@@ -352,21 +427,69 @@ FEW_HELDOUT_DOCUMENTS = 20
 
 
 def heldout_lines(data: dict) -> list[str]:
-    """How much the held-out part can tell: its documents and groups, and a warning when they are few."""
+    """How much the held-out part can tell: the documents scored (of those held out) and their
+    groups, and a warning when they are few."""
     docs, groups = data.get("scored_documents", data.get("heldout_documents")), data.get("heldout_groups")
     if docs is None:
         return []
-    counted = f"{docs:,} held-out document{'s' * (docs != 1)}" + (
+    held = data.get("heldout_documents")
+    of = f" of {held:,} held out" if held is not None and held != docs else ""
+    counted = f"{docs:,} held-out document{'s' * (docs != 1)}{of}" + (
         f" in {groups:,} group{'s' * (groups != 1)}" if groups is not None else ""
     )
     if docs >= FEW_HELDOUT_DOCUMENTS:
         return [f"the scores cover {counted}"]
     return [
-        f"WARNING: the scores cover only {counted}: a ranking then speaks for these documents alone (a "
-        "corpus of parallel translations, one file per language, holds out whole languages). For a firmer "
-        "ranking use more documents: a larger corpus, or one document per paragraph or line "
-        "(files:PATH?split=paragraph, ?split=line)"
+        f"WARNING: the scores cover only {counted}: a ranking then speaks for these documents "
+        "alone, and intervals resampled from so few documents are unreliable (a corpus of parallel "
+        "translations, one file per language, holds out whole languages). For a firmer ranking use more "
+        "documents: a larger corpus, or one document per paragraph or line (files:PATH?split=paragraph, "
+        "?split=line)"
     ]
+
+
+def statistics_lines(report: dict) -> list[str]:
+    """What the intervals are, the ranking with its inseparable neighbours joined by ``~``."""
+    st = report.get("statistics")
+    if not st:
+        return []
+    seeds = sorted(set((st.get("seeds") or {}).values()))
+    seeded = f"; seeds per model: {', '.join(map(str, seeds))}" if seeds and seeds != [1] else ""
+    lines = [
+        f"intervals: {st['confidence']:.0%} {st.get('interval', 'percentile')} intervals, {st['method']}, "
+        f"{st['documents']:,} documents, {st['resamples']:,} resamples, seed {st['seed']}{seeded}"
+    ]
+    if st["ranking"]:
+        sep = {(p["a"], p["b"]): p["separable"] for p in st["pairs"]}
+        text = st["ranking"][0]
+        for a, b in zip(st["ranking"], st["ranking"][1:]):
+            text += (" < " if sep.get((a, b), False) else " ~ ") + b
+        lines.append(
+            f"ranking (lower BPB first; '~': the paired difference of the neighbours is not separable from "
+            f"zero at {st['confidence']:.0%}): {text}"
+        )
+    return lines
+
+
+def pairs_table(report: dict) -> str | None:
+    """Every pair of compared models: the paired BPB difference, its interval, how often resampling
+    flips the order, and whether the interval excludes zero."""
+    st = report.get("statistics") or {}
+    if not st.get("pairs"):
+        return None
+    rows = [
+        [
+            f"{p['a']} - {p['b']}",
+            "-" if p["diff"] is None else f"{p['diff']:+.4f}",
+            interval_cell(p["ci95"], 4),
+            "-" if p["flip"] is None else f"{p['flip']:.1%}",
+            "yes" if p["separable"] else "NO",
+        ]
+        for p in st["pairs"]
+    ]
+    return table(
+        ["pair (better - worse)", "BPB difference", "95% interval", "order flips", "separable"], rows
+    )
 
 
 def pipeline_lines(report: dict) -> list[str]:
@@ -394,12 +517,18 @@ def breakdown_table(
     names = sorted(first, key=lambda g: -first[g]["bytes"])[:max_rows]
     rows = []
     for g in names:
-        cells = [g, str(first[g]["bytes"])]
+        cells = [g, str(first[g].get("documents", "-")), str(first[g]["bytes"])]
         for m in models:
-            v = m[key].get(g, {}).get(metric)
-            cells.append("-" if v is None else (f"{v:.4f}" if metric == "bpb" else f"{v:.2f}"))
+            row = m[key].get(g, {})
+            v = row.get(metric)
+            cell = "-" if v is None else (f"{v:.4f}" if metric == "bpb" else f"{v:.2f}")
+            if metric == "bpb" and row.get("bpb_ci95"):
+                cell += " " + interval_cell(row["bpb_ci95"])
+            cells.append(cell)
         rows.append(cells)
-    return table([key[:-1] if key.endswith("s") else key, "bytes", *[m["name"] for m in models]], rows)
+    return table(
+        [key[:-1] if key.endswith("s") else key, "documents", "bytes", *[m["name"] for m in models]], rows
+    )
 
 
 def header_lines(report: dict) -> list[str]:
@@ -407,7 +536,8 @@ def header_lines(report: dict) -> list[str]:
     return [
         f"fingerprint {report['fingerprint']}",
         f"data {d['spec']} ({d.get('source', d['spec'])}), Python {d['python']}: {d['eval_segments']:,} "
-        f"segments, {d['eval_bytes']:,} held-out bytes (segment_bytes {d['segment_bytes']})",
+        f"segments, {d['eval_bytes']:,} held-out bytes (segment_bytes {d['segment_bytes']}"
+        + (f", evaluation protocol v{d['protocol']})" if d.get("protocol") else ")"),
     ]
 
 
@@ -417,8 +547,12 @@ def terminal_report(report: dict) -> str:
         "",
         *header_lines(report),
         *heldout_lines(report["data"]),
+        *statistics_lines(report),
         *pipeline_lines(report),
     ]
+    pairs = pairs_table(report)
+    if pairs:
+        parts += ["", "Paired differences (the same resampled documents for both models):", pairs]
     dirs = breakdown_table(report, "dirs")
     if dirs:
         parts += ["", "BPB per top-level directory:", dirs]

@@ -14,7 +14,7 @@ import sys
 import numpy as np
 
 from bytelm.bpb import SegmentScores, breakdown, top_directory
-from bytelm.data.corpus import Corpus, Segment, fingerprint_segments
+from bytelm.data.corpus import EVAL_PROTOCOL, Corpus, Segment, fingerprint_segments
 from bytelm.errors import UserError
 
 
@@ -66,6 +66,7 @@ class EvalSet:
             "spec": s["spec"],
             "source": s["source"],
             "python": sys.version.split()[0],
+            "protocol": EVAL_PROTOCOL,
             "eval_segments": len(self.segments),
             "eval_bytes": self.n_bytes,
             "segment_bytes": s["segment_bytes"],
@@ -108,6 +109,9 @@ class ModelResult:
     # ``auxiliary``; None when unknown (an outside model, a converted checkpoint)
     flops_auxiliary: float | None = None
     auxiliary: dict | None = None
+    # the scores of the model's other seeds on the same segments (bytelm compare --seeds K): the
+    # report's BPB is the mean over all seeds and its interval folds seed variance in
+    seed_scores: list[SegmentScores] | None = None
 
     @property
     def flops_total(self) -> float | None:
@@ -122,8 +126,21 @@ class ModelResult:
         return self.inference_flops_per_byte + (self.entropy_inference_flops_per_byte or 0.0)
 
     @property
+    def all_scores(self) -> list[SegmentScores]:
+        return [self.scores, *(self.seed_scores or [])]
+
+    @property
+    def mean_scores(self) -> SegmentScores:
+        """Per segment the mean nats over the model's seeds (its own scores with one seed)."""
+        if not self.seed_scores:
+            return self.scores
+        nats = np.mean([s.nats for s in self.all_scores], axis=0)
+        return SegmentScores(nats, self.scores.nbytes, self.scores.global_steps)
+
+    @property
     def bpb(self) -> float:
-        return self.scores.bpb
+        """BPB on the held-out bytes, the mean over the model's seeds when it has several."""
+        return self.mean_scores.bpb
 
     @property
     def mean_bytes_per_global_step(self) -> float | None:
@@ -140,7 +157,7 @@ class ModelResult:
             "run_dir": self.run_dir,
             "step": self.step,
             "bpb": self.bpb,
-            "nats": self.scores.total_nats,
+            "nats": self.mean_scores.total_nats,
             "bytes": self.scores.total_bytes,
             "segments": len(self.scores.nats),
             "params": self.params,
@@ -159,6 +176,7 @@ class ModelResult:
             "wall_s": self.wall_s,
             "fingerprint": self.fingerprint,
             "note": self.note,
-            "groups": breakdown(self.scores, eval_set.groups, self.global_steps),
-            "dirs": breakdown(self.scores, eval_set.dirs, self.global_steps),
+            "seeds": len(self.all_scores),
+            "groups": breakdown(self.mean_scores, eval_set.groups, self.global_steps),
+            "dirs": breakdown(self.mean_scores, eval_set.dirs, self.global_steps),
         }

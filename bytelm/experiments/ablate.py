@@ -53,9 +53,19 @@ from bytelm.atomic import atomic_write_text
 from bytelm.bpb import SegmentScores, breakdown
 from bytelm.config import shipped_configs
 from bytelm.errors import UserError
+from bytelm.evaluation import stats
 from bytelm.evaluation.plots import plot_bpb_per_group, plot_bpb_vs_bytes_per_step, plot_training_curves
-from bytelm.evaluation.report import heldout_lines, human, seconds, table
-from bytelm.evaluation.results import EvalSet
+from bytelm.evaluation.report import (
+    heldout_lines,
+    human,
+    interval_cell,
+    pairs_table,
+    seconds,
+    statistics_lines,
+    table,
+    write_scores,
+)
+from bytelm.evaluation.results import EvalSet, ModelResult
 from bytelm.experiments import spec
 from bytelm.experiments.report import (
     failure_lines,
@@ -191,8 +201,50 @@ class AblationRunner(Runner):
             "runs": rows,
         }
         report["seed_spread"] = seed_spread(rows)
+        report["statistics"] = budget_statistics(rows, self.eval_set, len(self.budgets))
         report["sentences"] = budget_sentences(report)
         return report
+
+
+def budget_statistics(rows: list[dict], eval_set: EvalSet, n_budgets: int) -> dict[str, dict]:
+    """Per budget (index as a string): every scored grid cell's interval (``ci95``, by cell label
+    ``family (cell)``) and the paired differences of each family's best cell, from the cluster
+    bootstrap over held-out documents; a cell run with extra seeds folds them in (two levels)."""
+    out: dict[str, dict] = {}
+    for b in range(n_budgets):
+        cells = [
+            r for r in rows if r["budget_index"] == b and r["seed"] == 0 and r["in_grid"] and "nats" in r
+        ]
+        if not cells:
+            continue
+        results = []
+        for r in cells:
+            key = (r["family"], r["cell"], r["budget_index"], r["lr"])
+            extra = [
+                _scores(x)
+                for x in sorted(rows, key=lambda x: x["seed"])
+                if x["stage"] == "seeds"
+                and "nats" in x
+                and (x["family"], x["cell"], x["budget_index"], x["lr"]) == key
+            ]
+            results.append(
+                ModelResult(
+                    f"{r['family']} ({r['cell']})",
+                    r["family"],
+                    "run",
+                    eval_set.fingerprint,
+                    _scores(r),
+                    seed_scores=extra or None,
+                )
+            )
+        best = [f"{r['family']} ({r['cell']})" for r in _best_per_family(cells)]
+        ds = stats.document_scores(eval_set, results)
+        record = stats.statistics(ds, best)
+        record["bpb"] = {n: float(v) for n, v in zip(ds.names, ds.bpb)}
+        for r, res in zip(cells, results):
+            r["bpb_ci95"] = record["ci95"][res.name]
+        out[str(b)] = record
+    return out
 
 
 def seed_spread(rows: list[dict]) -> dict:
@@ -281,6 +333,13 @@ def write_outputs(out: Path, report: dict, eval_set: EvalSet) -> None:
                 title=f"held-out BPB per top-level directory, {report['budgets'][last]:.3g} FLOPs",
             )
     report["plots"] = plots
+    scored = [r for r in report["runs"] if "nats" in r]
+    if scored:  # every scored run's bits per segment and document (docs/evaluation.md)
+        write_scores(
+            out / "scores.jsonl",
+            eval_set,
+            [ModelResult(r["id"], r["family"], "run", eval_set.fingerprint, _scores(r)) for r in scored],
+        )
     slim = {
         **report,
         "runs": [{k: v for k, v in r.items() if k not in ("nats", "nbytes")} for r in report["runs"]],
@@ -336,6 +395,7 @@ def markdown(report: dict) -> str:
     ]
     for b, budget in enumerate(report["budgets"]):
         cells = sorted(grid_rows(report, b), key=lambda r: (r["family"], r["cell"]))
+        st = (report.get("statistics") or {}).get(str(b)) or {}
         rows = []
         for r in cells:
             if r.get("bpb") is None:
@@ -344,7 +404,7 @@ def markdown(report: dict) -> str:
                         r["family"],
                         r["cell"],
                         r["status"] + (f": {r['error']}" if r.get("error") else ""),
-                        *["-"] * 11,
+                        *["-"] * 12,
                     ]
                 )
                 continue
@@ -355,6 +415,7 @@ def markdown(report: dict) -> str:
                     r["family"],
                     r["cell"],
                     f"{r['bpb']:.4f}",
+                    interval_cell((st.get("ci95") or {}).get(f"{r['family']} ({r['cell']})")),
                     "-" if g is None else f"{g:.2f}",
                     human(r["train_flops"]),
                     human(r.get("flops_auxiliary")) if r.get("flops_auxiliary") else "0",
@@ -377,6 +438,7 @@ def markdown(report: dict) -> str:
                     "family",
                     "cell",
                     "BPB",
+                    "95% interval",
                     "bytes/global step",
                     "own FLOPs",
                     "aux FLOPs",
@@ -391,10 +453,22 @@ def markdown(report: dict) -> str:
                     "steps",
                 ],
                 rows,
-                "llrrrrrrrrrrrrr",
+                "llrrrrrrrrrrrrrr",
             ),
             "",
         ]
+        if st:
+            view = {"statistics": st}
+            lines += [f"- {line}" for line in statistics_lines(view)] + [""]
+            pairs = pairs_table(view)
+            if pairs:
+                lines += [
+                    "Paired differences of each family's best cell at this budget (the same resampled "
+                    "documents):",
+                    "",
+                    pairs,
+                    "",
+                ]
     if report["seed_spread"]:
         seeds = {"models": report["seed_spread"], "pairs": ranked_pairs(report["seed_spread"])}
         lines += seed_lines(seeds, title="Seed-to-seed spread (smallest budget, best cell of each family)")
@@ -441,9 +515,17 @@ def ablate(
     collect: bool = False,
     progress: StageProgress | None = None,
     note: Note | None = None,
+    seeds: int | None = None,
 ) -> AblationResult:
-    """Run (or resume, print, collect) the grid into ``out``; see the module docstring."""
+    """Run (or resume, print, collect) the grid into ``out``; see the module docstring. ``seeds``
+    (>= 1) replaces the grid's ``extra_seeds + 1``: the seeds each family's best cell is trained with."""
     grid = grid if isinstance(grid, Experiment) else load_grid(grid)
+    if seeds is not None:
+        if seeds < 1:
+            raise UserError(
+                f"--seeds must be a whole number >= 1 (seeds of each family's best cell), got {seeds}"
+            )
+        grid = dataclasses.replace(grid, extra_seeds=seeds - 1)
     if not scale > 0:
         raise UserError(f"--scale must be > 0, got {scale}")
     if jobs < 1:

@@ -66,18 +66,21 @@ from bytelm.baselines.bpe.pretokenize import pattern_name
 from bytelm.config import shipped_configs
 from bytelm.errors import UserError
 from bytelm.evaluation.evaluator import unigram_baselines
-from bytelm.evaluation.plots import eval_curve, plot_bpb_vs_flops
+from bytelm.evaluation.plots import eval_curve, plot_bpb_vs_flops, plot_pair_differences
 from bytelm.evaluation.report import (
     breakdown_table,
     build_report,
     header_lines,
     heldout_lines,
     human,
+    pairs_table,
     pipeline_lines,
     results_table,
     seconds,
+    statistics_lines,
     table,
     write_report_json,
+    write_scores,
 )
 from bytelm.evaluation.results import ModelResult
 from bytelm.experiments import spec
@@ -227,10 +230,12 @@ class CompareRunner(Runner):
         for m in self.exp.members:
             runs = self.member_runs(m.name)
             main = runs[0]
-            results.append(main.heldout)
-            plan[m.name] = self.plan_record(main, runs)
+            result = main.heldout
             if len(runs) > 1:
                 seeds[m.name] = spread([r.heldout.bpb for r in runs])
+                result = dataclasses.replace(result, seed_scores=[r.heldout.scores for r in runs[1:]])
+            results.append(result)
+            plan[m.name] = self.plan_record(main, runs)
         ent = self.runs.get(self.exp.entropy.name) if self.exp.entropy is not None else None
         if ent is not None:
             self.evaluate(ent, "heldout")
@@ -258,7 +263,13 @@ class CompareRunner(Runner):
             if seeds
             else None,
         }
+        compared_names = [m.name for m in self.exp.members]
         report = build_report(self.eval_set, results, baselines, compare=info)
+        # pairs among the compared models only (the entropy model is listed, not compared)
+        report["statistics"]["pairs"] = [
+            p for p in report["statistics"]["pairs"] if p["a"] in compared_names and p["b"] in compared_names
+        ]
+        report["statistics"]["ranking"] = [n for n in report["statistics"]["ranking"] if n in compared_names]
         plot = self.out / "bpb.png"
         report["compare"]["stages_s"] = dict(stages.times)
         report["compare"]["wall_s"] = sum(stages.times.values())
@@ -277,6 +288,13 @@ class CompareRunner(Runner):
             f"+ auxiliary); lines: periodic evals (first {self.plain(exp.members[0]).eval.eval_bytes:,} "
             f"held-out bytes); stars: all {self.eval_set.n_bytes:,} bytes",
         )
+        plot_pair_differences(
+            self.out / "pairs.png",
+            report["statistics"],
+            subtitle=f"preset {exp.name}, {report['statistics']['documents']:,} documents, "
+            f"{report['statistics']['resamples']:,} resamples",
+        )
+        write_scores(self.out / "scores.jsonl", self.eval_set, [*results, *baselines])
         write_report_json(report, report_json)
         atomic_write_text(report_md, markdown_report(report))
         return CompareResult(self.out, report, report_md, report_json, plot)
@@ -422,13 +440,33 @@ def markdown_report(report: dict) -> str:
         f"- matched training budget: {matched_sentence(c)}",
         f"- total wall time: {seconds(c['wall_s'])}",
         "",
-        *[f"**{line}**" for line in heldout_lines(report["data"])],
+        *[f"- {line}" for line in heldout_lines(report["data"]) if not line.startswith("WARNING")],
+        *[f"**{line}**" for line in heldout_lines(report["data"]) if line.startswith("WARNING")],
         *[line for line in _edge_lines(c)],
         "",
         "## Bits per byte on the identical held-out bytes",
         "",
         results_table(report),
         "",
+        *[f"- {line}" for line in statistics_lines(report)],
+        "",
+        *(
+            [
+                "## Paired differences",
+                "",
+                "Each pair of compared models, better minus worse, on the same resampled documents (and "
+                "seeds); *order flips*: the share of resamples in which the worse model comes out ahead. "
+                "Rows marked NO cannot be told apart at this size: the per-document scores are in "
+                "`scores.jsonl`.",
+                "",
+                pairs_table(report) or "",
+                "",
+                "![paired differences](pairs.png)",
+                "",
+            ]
+            if pairs_table(report)
+            else []
+        ),
         "Every model scores every segment on its own from BOS; BPB = total NLL in nats / (held-out bytes x "
         "ln 2). The unigram rows are context-free references: the eval bytes' own byte entropy, and a byte "
         "distribution fit on the train split. *bytes/global step* is measured on the eval set: "

@@ -139,7 +139,7 @@ class Run:
 
 
 def _result_to_json(r: ModelResult) -> dict:
-    d = {k: v for k, v in dataclasses.asdict(r).items() if k not in ("scores", "global_steps")}
+    d = {k: v for k, v in dataclasses.asdict(r).items() if k not in ("scores", "global_steps", "seed_scores")}
     d["nats"] = r.scores.nats.tolist()
     d["nbytes"] = r.scores.nbytes.tolist()
     d["global_steps"] = None if r.global_steps is None else r.global_steps.tolist()

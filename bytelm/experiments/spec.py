@@ -169,12 +169,36 @@ def find_toml(name_or_path: str, directory: Path, what: str) -> Path:
     return path
 
 
-def read_sections(path: Path, what: str, sections: tuple[str, ...]) -> dict:
-    """A preset or grid file's tables, refusing a file that does not parse or has unknown sections."""
+def read_sections(path: Path, what: str, sections: tuple[str, ...], _seen: tuple[Path, ...] = ()) -> dict:
+    """A preset or grid file's tables, refusing a file that does not parse or has unknown sections.
+
+    ``include = "OTHER.toml"`` (relative to the file) starts from that file's tables: a table of
+    keys given here replaces those keys of its table, an array of tables (``[[model]]``) replaces
+    the whole array."""
     try:
         raw = tomllib.loads(path.read_text())
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
         raise UserError(f"cannot parse {what} {path}: {e}") from None
+    except OSError as e:
+        raise UserError(f"cannot read {what} {path}: {e.strerror or e}") from None
+    if "include" in raw:
+        base_name = raw.pop("include")
+        if not isinstance(base_name, str):
+            raise UserError(f"{what} {path}: include must be a file name (a string), got {base_name!r}")
+        base_path = (path.parent / base_name).resolve()
+        if base_path in _seen or base_path == path.resolve():
+            raise UserError(f"{what} {path}: include = {base_name!r} includes itself (a cycle)")
+        base = read_sections(base_path, what, sections, (*_seen, path.resolve()))
+        for table in [t for v in base.values() for t in (v if isinstance(v, list) else [v])]:
+            for key in ("config", "dir"):  # (paths stay relative to the file that gives them)
+                if isinstance(table, dict) and isinstance(table.get(key), str) and table[key]:
+                    table[key] = str(base_path.parent / table[key])
+        for key, value in raw.items():
+            if isinstance(value, dict) and isinstance(base.get(key), dict):
+                base[key] = {**base[key], **value}
+            else:
+                base[key] = value
+        raw = base
     unknown = set(raw) - set(sections)
     if unknown:
         raise UserError(f"{what} {path}: unknown section(s) {sorted(unknown)}; valid: {', '.join(sections)}")
