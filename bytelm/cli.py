@@ -1194,6 +1194,73 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+# -- probe ----------------------------------------------------------------------------------------
+def add_probe(sub) -> None:
+    p = sub.add_parser(
+        "probe",
+        help="continuation-choice, noise-robustness and spelling probes of trained runs on held-out bytes",
+        description="Build the probe set from the held-out segments (deterministic from --seed, written to "
+        "OUT/probe_set.jsonl with its fingerprint) and score every RUN_DIR on it by conditional "
+        "log-likelihood: continuation choice among four, the same with BLT's five noises on the context "
+        "(accuracy, H-Net's robustness score, the continuation's BPB given the noised context and R), and "
+        "spelling minimal pairs per edit kind and word band, each with a 95% interval from the bootstrap "
+        "over documents. Writes OUT/probes.json, OUT/probes.md and OUT/probes.png; a run already probed "
+        "on the same probe set at the same step is reused. See docs/evaluation.md, 'Probes'.",
+    )
+    p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run directories of any family")
+    _add_data_option(p, default="the corpus the runs were trained on, which they must share")
+    p.add_argument("--out", default="probes", metavar="DIR", help="output directory (default: probes)")
+    p.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        metavar="S",
+        help="the probe set's seed (default 0; another seed, another probe set)",
+    )
+    p.add_argument(
+        "--items",
+        type=int,
+        default=None,
+        metavar="N",
+        help="continuation items and spelling pairs, N of each at most (default 96)",
+    )
+    p.set_defaults(func=cmd_probe)
+
+
+def cmd_probe(args: argparse.Namespace) -> int:
+    from bytelm.evaluation.evaluator import eval_sets_for_runs  # noqa: PLC0415
+    from bytelm.evaluation.plots import plot_probes  # noqa: PLC0415
+    from bytelm.evaluation.probes import probe_lines, probe_runs  # noqa: PLC0415
+
+    if args.items is not None and args.items < 1:
+        raise UserError(f"--items must be >= 1, got {args.items}")
+    check_output_dir(args.out, "--out")
+    names = [Path(r).name or str(r) for r in args.run_dirs]
+    if len(set(names)) != len(names):
+        raise UserError("two runs would share a name in one table: give run directories distinct names")
+    eval_set, per_run = eval_sets_for_runs(args.run_dirs, data_spec=args.data)
+    corpus = per_run[str(args.run_dirs[0])]
+    out = Path(args.out)
+    record = probe_runs(
+        eval_set,
+        corpus,
+        dict(zip(names, args.run_dirs)),
+        seed=args.seed,
+        items=args.items,
+        out=out,
+        note=lambda line: print(line, file=sys.stderr),
+    )
+    record["data"] = eval_set.describe()
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out / "probes.json", json.dumps(record, indent=1) + "\n")
+    text = "\n".join(probe_lines(record))
+    atomic_write_text(out / "probes.md", text + "\n")
+    plot_probes(out / "probes.png", record, subtitle=f"probe set {record['fingerprint'][:16]}")
+    print(text)
+    print(f"wrote {out / 'probes.json'}, {out / 'probes.md'}, {out / 'probes.png'}")
+    return 0
+
+
 # -- compare --------------------------------------------------------------------------------------
 def add_compare(sub) -> None:
     p = sub.add_parser(
@@ -1666,6 +1733,7 @@ def build_parser() -> argparse.ArgumentParser:
     ):
         add(tok_sub)
     add_eval(sub)
+    add_probe(sub)
     add_compare(sub)
     add_ablate(sub)
     add_sample(sub)

@@ -207,3 +207,65 @@ def pytest_collection_modifyitems(session, config, items):
         return next((i for i, key in enumerate(_LONGEST_FIRST) if key in item.nodeid), len(_LONGEST_FIRST))
 
     items.sort(key=rank)  # stable: the collection order within a rank
+
+
+# The smallest model of every family (a window of 64): batch invariance, conditional scoring
+TINY_FAMILIES = {
+    "byte": {
+        "model.family": "byte",
+        "model.d_model": 32,
+        "model.n_layers": 1,
+        "model.n_heads": 2,
+        "model.mlp_dim": 64,
+    },
+    "bpe": {
+        "model.family": "bpe",
+        "model.d_model": 32,
+        "model.n_layers": 1,
+        "model.n_heads": 2,
+        "model.mlp_dim": 64,
+    },
+    "megabyte": {
+        "model.family": "megabyte",
+        "model.patch_size": 4,
+        "model.embed_dim": 8,
+        "model.global_d_model": 32,
+        "model.global_layers": 1,
+        "model.global_heads": 2,
+        "model.global_mlp_dim": 64,
+        "model.local_d_model": 32,
+        "model.local_layers": 1,
+        "model.local_heads": 2,
+        "model.local_mlp_dim": 64,
+    },
+    "blt": {
+        "model.family": "blt",
+        "model.target_patch_len": 3.0,
+        "model.local_d_model": 32,
+        "model.local_heads": 2,
+        "model.local_mlp_dim": 64,
+        "model.local_window": 16,
+        "model.global_d_model": 32,
+        "model.global_heads": 2,
+        "model.global_mlp_dim": 64,
+        "model.global_layers": 1,
+        "model.hash_table_size": 257,
+        "model.ngram_sizes": "3,4",
+        "model.max_patches": 65,
+    },
+    "hnet": {
+        "model.family": "hnet",
+        "model.local_d_model": 32,
+        "model.local_heads": 2,
+        "model.local_mlp_dim": 64,
+        "model.encoder_layers": 1,
+        "model.decoder_layers": 1,
+        "model.local_window": 16,
+        "model.global_d_model": 48,
+        "model.global_layers": 1,
+        "model.global_heads": 2,
+        "model.global_mlp_dim": 64,
+        "model.target_chunk_len": 3.0,
+        "model.chunk_slots": 1.0,  # (windows overflow: the slot rule must not depend on the batch either)
+    },
+}

@@ -130,6 +130,20 @@ def check_outputs_and_the_broken_cell(grid_run):
                     assert (
                         "entropy model training" not in aux and r["flops_total_amortised"] == r["flops_total"]
                     )
+    # per budget the statistics: every scored cell's interval, the best cells of the families paired
+    for b in range(2):
+        st = report["statistics"][str(b)]
+        scored = [r for r in cells(report, b) if r["status"] == "done"]
+        assert set(st["ci95"]) == {f"{r['family']} ({r['cell']})" for r in scored}
+        for r in scored:
+            lo, hi = r["bpb_ci95"]
+            assert lo <= r["bpb"] <= hi
+        families = {r["family"] for r in scored}
+        assert len(st["pairs"]) == len(families) * (len(families) - 1) // 2
+    assert (out / "scores.jsonl").is_file() and "95% interval" in (out / "ablation.md").read_text()
+    # the probes of each family's best cell at the largest budget, or the line saying why there are none
+    assert report["probes"].get("models") or report["probes"].get("skipped")
+    assert "## Probes" in (out / "ablation.md").read_text()
     done = [r for r in report["runs"] if r["status"] == "done"]
     by_family = {r["family"]: r for r in cells(report, 0) if r["status"] == "done"}
     assert by_family["byte"]["mean_bytes_per_global_step"] == 1.0

@@ -12,6 +12,7 @@ segments, leaving about 1e-8).
 
 import numpy as np
 import pytest
+from conftest import TINY_FAMILIES as FAMILIES
 from conftest import word_corpus
 
 from bytelm.baselines.bpe import train_bpe_on_corpus
@@ -34,65 +35,6 @@ COMMON = {
     "train.peak_flops": 1e11,
     "eval.every": 0,
     "eval.batch_size": 4,
-}
-FAMILIES = {
-    "byte": {
-        "model.family": "byte",
-        "model.d_model": 32,
-        "model.n_layers": 1,
-        "model.n_heads": 2,
-        "model.mlp_dim": 64,
-    },
-    "bpe": {
-        "model.family": "bpe",
-        "model.d_model": 32,
-        "model.n_layers": 1,
-        "model.n_heads": 2,
-        "model.mlp_dim": 64,
-    },
-    "megabyte": {
-        "model.family": "megabyte",
-        "model.patch_size": 4,
-        "model.embed_dim": 8,
-        "model.global_d_model": 32,
-        "model.global_layers": 1,
-        "model.global_heads": 2,
-        "model.global_mlp_dim": 64,
-        "model.local_d_model": 32,
-        "model.local_layers": 1,
-        "model.local_heads": 2,
-        "model.local_mlp_dim": 64,
-    },
-    "blt": {
-        "model.family": "blt",
-        "model.target_patch_len": 3.0,
-        "model.local_d_model": 32,
-        "model.local_heads": 2,
-        "model.local_mlp_dim": 64,
-        "model.local_window": 16,
-        "model.global_d_model": 32,
-        "model.global_heads": 2,
-        "model.global_mlp_dim": 64,
-        "model.global_layers": 1,
-        "model.hash_table_size": 257,
-        "model.ngram_sizes": "3,4",
-        "model.max_patches": 65,
-    },
-    "hnet": {
-        "model.family": "hnet",
-        "model.local_d_model": 32,
-        "model.local_heads": 2,
-        "model.local_mlp_dim": 64,
-        "model.encoder_layers": 1,
-        "model.decoder_layers": 1,
-        "model.local_window": 16,
-        "model.global_d_model": 48,
-        "model.global_layers": 1,
-        "model.global_heads": 2,
-        "model.global_mlp_dim": 64,
-        "model.target_chunk_len": 3.0,
-        "model.chunk_slots": 1.0,  # (windows overflow: the slot rule must not depend on the batch either)
-    },
 }
 
 

@@ -87,6 +87,20 @@ def test_compare_test_preset_end_to_end_and_resume(corpus_dir, one_process, tmp_
     assert report["fingerprint"] in md and "unigram (eval entropy)" in md and "bpb.png" in md
     assert "auxiliary FLOPs" in md and "patch overflow windows" in md and "not neural compute" in md
     assert "| blt" in printed.out
+    # the statistics and the probes of every compared model (not of the entropy model)
+    assert {(p["a"], p["b"]) for p in report["statistics"]["pairs"]} == {
+        (a, b)
+        for i, a in enumerate(report["statistics"]["ranking"])
+        for b in report["statistics"]["ranking"][i + 1 :]
+    } and "entropy" not in report["statistics"]["ranking"]
+    probes = report["probes"]
+    assert set(probes["models"]) == set(models) - {"entropy"}, probes.get("skipped")
+    for f in probes["models"].values():
+        lo, hi = f["choice"]["accuracy_ci95"]
+        assert lo <= f["choice"]["accuracy"] <= hi and 0 <= f["spelling"]["accuracy"] <= 1
+    assert (out / "probes" / "probe_set.jsonl").is_file() and (out / "probes.png").is_file()
+    assert (out / "pairs.png").is_file() and (out / "scores.jsonl").is_file()
+    assert "## Probes" in md and "## Paired differences" in md and "95% interval" in md
 
     # a second run skips every finished stage and reproduces the report's numbers, through a torn
     # metrics tail and a damaged record of stage times (a crash mid-write)
@@ -181,8 +195,14 @@ def test_presets_load_and_bad_presets_fail(tmp_path):
         and tiny.sweep_fraction == 0.25
         and tiny.size is None
     )
+    seeds = load_preset("seeds")  # the default preset with three seeds (include = "tiny.toml")
+    assert seeds.extra_seeds == 2 and seeds.members == tiny.members and seeds.overrides == tiny.overrides
     with pytest.raises(UserError, match="no compare preset"):
         load_preset("nope")
+    loop = tmp_path / "loop.toml"
+    loop.write_text('include = "loop.toml"\n[compare]\nflop_budget = 1e9\n')
+    with pytest.raises(UserError, match="includes itself"):
+        load_preset(str(loop))
     bad = tmp_path / "bad.toml"
     bad.write_text("[compare]\nflop_budget = 1e9\nbudget = 3\n")
     with pytest.raises(UserError, match="unknown key"):

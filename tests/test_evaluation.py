@@ -15,6 +15,7 @@ from bytelm.baselines.bpe import load_tokenizer, train_bpe_on_corpus
 from bytelm.bpb import LN2, SegmentScores, UnigramByteModel, breakdown, byte_counts, top_directory
 from bytelm.config import load_config
 from bytelm.data import load_corpus
+from bytelm.evaluation import stats
 from bytelm.evaluation.evaluator import EvalSet, evaluate_run, evaluate_runs, unigram_baselines
 from bytelm.evaluation.external import read_heldout, write_scores
 from bytelm.evaluation.report import REPORT_SCHEMA, schema_errors, validate
@@ -180,6 +181,16 @@ def test_eval_cli_writes_valid_report_with_groups(corpus_dir, byte_run, bpe_run,
         assert math.isclose(sum(g["nats"] for g in m["dirs"].values()), m["nats"], rel_tol=1e-12)
         for key in ("flops", "bytes_seen", "mean_bytes_per_global_step", "wall_s"):
             assert m[key] > 0
+        assert m["bpb_ci95"][0] <= m["bpb"] <= m["bpb_ci95"][1] and m["seeds"] == 1
+    # the statistics: a pair of the two runs on the same documents, and the scores as data beside
+    (pair,) = report["statistics"]["pairs"]
+    assert {pair["a"], pair["b"]} == {byte_run.name, bpe_run.name} and pair["diff"] <= 0
+    assert report["statistics"]["documents"] == len({s.doc for s in corpus.segments})
+    assert "95% interval" in out and "ranking (lower BPB first" in out
+    header, ds = stats.read_scores(tmp_path / "scores.jsonl")
+    assert header["fingerprint"] == report["fingerprint"]
+    for m in [*report["models"], *report["baselines"]]:
+        assert ds.bpb[ds.names.index(m["name"])] == pytest.approx(m["bpb"], rel=1e-12)
 
 
 def test_schema_rejects_broken_reports(corpus_dir, byte_run):
@@ -230,6 +241,12 @@ def test_one_changed_heldout_byte_changes_fingerprint_and_eval_refuses(
     RunDir(run_b).write_info(info)
     assert cli.main(["eval", str(run_b), "--json", str(tmp_path / "r.json")]) == 2
     assert "changed since it was trained" in capsys.readouterr().err
+    # a run trained under evaluation protocol 1 is told why, and how to score it anyway
+    info["data"] = {**info["data"], "protocol": 1}
+    RunDir(run_b).write_info(info)
+    assert cli.main(["eval", str(run_b), "--json", str(tmp_path / "r.json")]) == 2
+    err = capsys.readouterr().err
+    assert "evaluation protocol v1" in err and "--data" in err
 
 
 def test_eval_refuses_bpe_run_with_another_tokenizer(corpus_dir, bpe_run, tokenizer_dir, tmp_path, capsys):

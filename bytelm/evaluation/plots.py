@@ -107,6 +107,65 @@ def plot_pair_differences(path: str | Path, statistics: dict, *, subtitle: str =
     return True
 
 
+def plot_probes(path: str | Path, probes: dict, *, subtitle: str = "") -> bool:
+    """One panel per probe kind, one bar per model with its 95% interval: continuation choice
+    (clean and each noise), R per noise, spelling per edit kind; chance as a dashed line. False
+    (nothing written) when the record has no model."""
+    models = probes.get("models") or {}
+    if not models or probes.get("skipped"):
+        return False
+    from bytelm.evaluation.noise import NOISES  # noqa: PLC0415
+    from bytelm.evaluation.probes import EDITS  # noqa: PLC0415
+
+    fig = Figure(figsize=(11, 3.8), dpi=110)
+    FigureCanvasAgg(fig)
+    panels = [
+        ("continuation choice accuracy", ["clean", *NOISES], 0.25),
+        ("R per noise (100: the noise costs nothing)", list(NOISES), None),
+        ("spelling accuracy per edit", list(EDITS), 0.5),
+    ]
+    width = 0.8 / len(models)
+    for p_i, (title, keys, chance) in enumerate(panels):
+        ax = fig.add_subplot(1, 3, p_i + 1)
+        for m_i, (name, f) in enumerate(models.items()):
+            vals, errs = [], [[], []]
+            for k in keys:
+                if p_i == 0:
+                    c = f.get("choice", {})
+                    row = (
+                        {"v": c.get("accuracy"), "ci": c.get("accuracy_ci95")}
+                        if k == "clean"
+                        else {
+                            "v": c.get("noise", {}).get(k, {}).get("accuracy"),
+                            "ci": c.get("noise", {}).get(k, {}).get("accuracy_ci95"),
+                        }
+                    )
+                elif p_i == 1:
+                    n = f.get("choice", {}).get("noise", {}).get(k, {})
+                    row = {"v": n.get("R"), "ci": n.get("R_ci95")}
+                else:
+                    e = f.get("spelling", {}).get("by_edit", {}).get(k, {})
+                    row = {"v": e.get("accuracy"), "ci": e.get("accuracy_ci95")}
+                v = row["v"] if row["v"] is not None else float("nan")
+                ci = row["ci"] if row["ci"] and row["ci"][0] is not None else [v, v]
+                vals.append(v)
+                errs[0].append(max(v - ci[0], 0.0) if v == v else 0.0)
+                errs[1].append(max(ci[1] - v, 0.0) if v == v else 0.0)
+            xs = [i + (m_i - (len(models) - 1) / 2) * width for i in range(len(keys))]
+            ax.bar(xs, vals, width, yerr=errs, capsize=2, label=name)
+        if chance is not None:
+            ax.axhline(chance, linestyle="--", color="0.5", linewidth=1)
+        ax.set_xticks(range(len(keys)), keys, rotation=30, fontsize=7)
+        ax.set_title(title, fontsize=9)
+        ax.grid(True, axis="y", alpha=0.3)
+        if p_i == 0:
+            ax.legend(fontsize=7)
+    if subtitle:
+        fig.suptitle(subtitle, fontsize=9)
+    _save(fig, path)
+    return True
+
+
 def _save(fig: Figure, path: str | Path) -> None:
     fig.tight_layout()
     buf = io.BytesIO()

@@ -155,6 +155,7 @@ REPORT_SCHEMA: dict = {
         "models": {"type": "array", "items": _MODEL},
         "baselines": {"type": "array", "items": _MODEL},
         "compare": {"type": ["object", "null"]},
+        "probes": {"type": ["object", "null"]},
         "statistics": {
             "type": "object",
             "required": ["method", "confidence", "resamples", "seed", "documents", "ranking", "pairs"],

@@ -47,6 +47,7 @@ import dataclasses
 import json
 from pathlib import Path
 
+import jax
 import numpy as np
 
 from bytelm.atomic import atomic_write_text
@@ -54,7 +55,13 @@ from bytelm.bpb import SegmentScores, breakdown
 from bytelm.config import shipped_configs
 from bytelm.errors import UserError
 from bytelm.evaluation import stats
-from bytelm.evaluation.plots import plot_bpb_per_group, plot_bpb_vs_bytes_per_step, plot_training_curves
+from bytelm.evaluation.plots import (
+    plot_bpb_per_group,
+    plot_bpb_vs_bytes_per_step,
+    plot_probes,
+    plot_training_curves,
+)
+from bytelm.evaluation.probes import probe_lines, probe_runs
 from bytelm.evaluation.report import (
     heldout_lines,
     human,
@@ -115,6 +122,17 @@ class AblationRunner(Runner):
                     if name == "entropy model training":
                         shared.setdefault(name, {"flops": flops, "runs": 0})["runs"] += 1
         return shared
+
+    def probe(self, report: dict) -> dict:
+        """The probes (bytelm/evaluation/probes.py) of each family's best cell at the largest budget,
+        cached in ``OUT/probes``."""
+        last = len(self.budgets) - 1
+        best = _best_per_family([r for r in grid_rows(report, last) if r.get("bpb") is not None])
+        runs = {f"{r['family']} ({r['cell']})": r["run_dir"] for r in best}
+        single = jax.process_count() == 1  # (several processes: each scores everything, no cache)
+        return probe_runs(
+            self.eval_set, self.corpus, runs, out=self.out / "probes" if single else None, note=self.say
+        )
 
     def build_report(self, stage: str) -> dict:
         size, validation = self.exp.size, self.validation_set
@@ -332,6 +350,11 @@ def write_outputs(out: Path, report: dict, eval_set: EvalSet) -> None:
                 groups,
                 title=f"held-out BPB per top-level directory, {report['budgets'][last]:.3g} FLOPs",
             )
+    if (report.get("probes") or {}).get("models"):
+        plots["probes"] = "probes.png"
+        plot_probes(
+            out / plots["probes"], report["probes"], subtitle=f"grid {report['grid']}, best cell per family"
+        )
     report["plots"] = plots
     scored = [r for r in report["runs"] if "nats" in r]
     if scored:  # every scored run's bits per segment and document (docs/evaluation.md)
@@ -494,6 +517,14 @@ def markdown(report: dict) -> str:
     ]
     if "bpb_per_group" in report["plots"]:
         lines += [f"![BPB per group]({report['plots']['bpb_per_group']})", ""]
+    if report.get("probes"):
+        lines += [
+            f"Probes of each family's best cell at {report['budgets'][-1]:.3g} FLOPs:",
+            "",
+            *probe_lines(report["probes"]),
+        ]
+        if "probes" in report["plots"]:
+            lines += [f"![probes]({report['plots']['probes']})", ""]
     lines += [
         "BPB: held-out bits per byte over every segment (docs/evaluation.md). *bytes/global step*: held-out "
         "bytes per position of the outermost stack (the patch size, the mean entropy or space patch length, "
@@ -545,5 +576,7 @@ def ablate(
             f"nothing to collect in {out}: no run of the grid {grid.path} has finished there; run 'bytelm "
             f"ablate {grid.path} --out {out}' first (or give the --out it was run with)"
         )
+    if stage == "done" and mode != "print":
+        report["probes"] = runner.probe(report)
     write_outputs(out, report, runner.eval_set)
     return AblationResult(out, report, stage, commands)

@@ -58,7 +58,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import time
 from pathlib import Path
+
+import jax
 
 from bytelm.atomic import atomic_write_text
 from bytelm.baselines import OWN_ENCODER, load_tokenizer
@@ -66,7 +69,8 @@ from bytelm.baselines.bpe.pretokenize import pattern_name
 from bytelm.config import shipped_configs
 from bytelm.errors import UserError
 from bytelm.evaluation.evaluator import unigram_baselines
-from bytelm.evaluation.plots import eval_curve, plot_bpb_vs_flops, plot_pair_differences
+from bytelm.evaluation.plots import eval_curve, plot_bpb_vs_flops, plot_pair_differences, plot_probes
+from bytelm.evaluation.probes import probe_lines, probe_runs
 from bytelm.evaluation.report import (
     breakdown_table,
     build_report,
@@ -246,6 +250,7 @@ class CompareRunner(Runner):
             )
             results.append(made)
             plan[ent.member] = self.plan_record(ent, [ent])
+        probes = self.probe() if self.exp.probes else None
         stages.record(self.stage_s)
         self.stage_s = {}
         exp = self.exp
@@ -265,6 +270,7 @@ class CompareRunner(Runner):
         }
         compared_names = [m.name for m in self.exp.members]
         report = build_report(self.eval_set, results, baselines, compare=info)
+        report["probes"] = probes
         # pairs among the compared models only (the entropy model is listed, not compared)
         report["statistics"]["pairs"] = [
             p for p in report["statistics"]["pairs"] if p["a"] in compared_names and p["b"] in compared_names
@@ -295,9 +301,31 @@ class CompareRunner(Runner):
             f"{report['statistics']['resamples']:,} resamples",
         )
         write_scores(self.out / "scores.jsonl", self.eval_set, [*results, *baselines])
+        if probes:
+            plot_probes(
+                self.out / "probes.png",
+                probes,
+                subtitle=f"preset {exp.name}, probe set {probes['fingerprint'][:16]}",
+            )
         write_report_json(report, report_json)
         atomic_write_text(report_md, markdown_report(report))
         return CompareResult(self.out, report, report_md, report_json, plot)
+
+    def probe(self) -> dict:
+        """The probes of every compared model's seed-0 run (``OUT/probes``: the probe set and a cache
+        per model); timed as the stage ``probes``."""
+        t0 = time.perf_counter()
+        runs = {m.name: self.member_runs(m.name)[0].run_dir for m in self.exp.members}
+        # (a job of several processes scores everything in every process: no process skips a
+        # collective another one runs)
+        single = jax.process_count() == 1
+        record = probe_runs(
+            self.eval_set, self.corpus, runs, out=self.out / "probes" if single else None, note=self.say
+        )
+        if record.get("skipped"):
+            self.say(f"probes: none ({record['skipped']})")
+        self.stage_s["probes"] = self.stage_s.get("probes", 0.0) + time.perf_counter() - t0
+        return record
 
     def tokenizer_info(self) -> dict:
         """The subword tokenizer as the report records it: kind, encoder rule, size, pattern, directory."""
@@ -485,6 +513,9 @@ def markdown_report(report: dict) -> str:
         "",
         *seed_lines(c.get("seeds"), title=f"{(c.get('seeds') or {}).get('n')} seeds per compared model"),
     ]
+    lines += probe_lines(report.get("probes"))
+    if (report.get("probes") or {}).get("models"):
+        lines += ["![probes](probes.png)", ""]
     for key, title in (("dirs", "BPB per top-level directory"),):
         t = breakdown_table(report, key)
         if t:

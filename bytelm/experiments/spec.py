@@ -143,6 +143,7 @@ class Experiment:
     tokenizer: dict = dataclasses.field(
         default_factory=dict
     )  # a preset's one subword tokenizer: tokenizer.* -> value
+    probes: bool = True  # probe the compared models (bytelm/evaluation/probes.py) for the report
 
     def member(self, name: str) -> Member:
         return next(m for m in (*self.members, *([self.entropy] if self.entropy else [])) if m.name == name)
@@ -257,6 +258,7 @@ class _CompareTable:
     learning_rates: tuple[float, ...] = ()
     sweep_fraction: float = 0.25
     seeds: int = 1
+    probes: bool = True  # continuation-choice, noise and spelling probes of every compared model
     set: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
@@ -368,6 +370,7 @@ def load_preset(path: Path, *, seeds: int | None = None, time_budget_s: float | 
         entropy=entropy[0] if entropy else None,
         entropy_budget=(entropy[0].flop_budget or comp.flop_budget) if entropy else 0.0,
         tokenizer=tokenizer,
+        probes=comp.probes,
     )
 
 
