@@ -1230,7 +1230,8 @@ def add_probe(sub) -> None:
 def cmd_probe(args: argparse.Namespace) -> int:
     from bytelm.evaluation.evaluator import eval_sets_for_runs  # noqa: PLC0415
     from bytelm.evaluation.plots import plot_probes  # noqa: PLC0415
-    from bytelm.evaluation.probes import probe_lines, probe_runs  # noqa: PLC0415
+    from bytelm.evaluation.probe_tables import probe_lines  # noqa: PLC0415
+    from bytelm.evaluation.probes import probe_runs  # noqa: PLC0415
 
     if args.items is not None and args.items < 1:
         raise UserError(f"--items must be >= 1, got {args.items}")

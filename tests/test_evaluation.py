@@ -404,3 +404,21 @@ def test_report_json_has_no_nan(corpus_dir, byte_run, tmp_path):
     text = Path(tmp_path / "r.json")
     evaluate_runs([byte_run], json_path=text)
     assert "NaN" not in text.read_text()
+
+
+def test_probe_cli_probes_every_run_on_one_probe_set(corpus_dir, byte_run, bpe_run, tmp_path, capsys):
+    out = tmp_path / "probes"
+    assert cli.main(["probe", str(byte_run), str(bpe_run), "--out", str(out), "--items", "24"]) == 0
+    printed = capsys.readouterr().out
+    record = json.loads((out / "probes.json").read_text())
+    assert (out / "probe_set.jsonl").is_file()
+    if record.get("skipped"):  # (a held-out part too small for the items: said in one line)
+        assert "No probes" in printed
+        return
+    assert set(record["models"]) == {byte_run.name, bpe_run.name} and "## Probes" in printed
+    assert (out / "probes.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # the same command again reuses every run's figures (same probe set, same step)
+    assert cli.main(["probe", str(byte_run), str(bpe_run), "--out", str(out), "--items", "24"]) == 0
+    assert capsys.readouterr().err.count("done earlier") == 2
+    assert json.loads((out / "probes.json").read_text())["models"] == record["models"]
+    assert cli.main(["probe", str(byte_run), "--out", str(out), "--items", "0"]) == 2

@@ -16,6 +16,7 @@ from bytelm.config import load_config
 from bytelm.data import load_corpus, load_corpus_from_config
 from bytelm.evaluation import probes
 from bytelm.evaluation.noise import NOISES, characters, noise
+from bytelm.evaluation.probe_tables import probe_lines
 from bytelm.evaluation.results import EvalSet
 from bytelm.training.restore import make_task
 from bytelm.training.trainer import Trainer
@@ -180,7 +181,7 @@ def test_summary_intervals_bracket_the_point_and_groups_cover_items(eval_set):
     assert sum(v["items"] for v in sp["by_edit"].values()) == len(ps.spelling)
     assert sum(v["items"] for v in sp["by_band"].values()) == len(ps.spelling)
     assert "## Probes" in "\n".join(
-        probes.probe_lines(
+        probe_lines(
             {
                 "version": 1,
                 "fingerprint": ps.fingerprint,

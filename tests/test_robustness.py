@@ -230,6 +230,50 @@ def test_training_resumes_from_the_newest_checkpoint_that_restores(corpus_dir, t
     assert result.step == 6 and result.loss == RunDir(tmp_path / "straight").info()["final_loss"]
 
 
+def test_a_bit_flip_anywhere_in_an_array_file_is_caught_by_the_digests(finished_run, tmp_path):
+    """Every bit position class of every byte of every array file of the newest checkpoint: the
+    restore check names the file (orbax alone restores most such flips without complaint)."""
+    from bytelm.training.checkpoint import DIGEST_FILE, file_digest, verify_digests  # noqa: PLC0415
+
+    run = copy_run(finished_run, tmp_path)
+    step_dir = run / "checkpoints" / "6"
+    assert (step_dir / DIGEST_FILE).is_file() and verify_digests(step_dir) is None
+    arrays = sorted(p for p in step_dir.rglob("*") if p.is_file() and p.parent.name == "d")
+    assert arrays and sum(p.stat().st_size for p in arrays) < 200_000  # (a small checkpoint: every byte)
+    recorded = json.loads((step_dir / DIGEST_FILE).read_text())["files"]
+    for path in arrays:
+        data = path.read_bytes()
+        want = recorded[path.relative_to(step_dir).as_posix()]
+        fd = os.open(path, os.O_WRONLY)
+        try:
+            for i, byte in enumerate(data):
+                os.pwrite(fd, bytes([byte ^ (1 << (i % 8))]), i)  # one bit of byte i, in place
+                assert file_digest(path) != want, (path, i)  # (what the restore check compares)
+                if i in (0, len(data) // 2, len(data) - 1):  # and the check itself names the file
+                    why = verify_digests(step_dir)
+                    assert why is not None and str(path) in why, (path, i)
+                os.pwrite(fd, bytes([byte]), i)
+        finally:
+            os.close(fd)
+    assert verify_digests(step_dir) is None
+
+
+def test_a_bit_flip_in_the_newest_checkpoint_leads_to_the_previous_one_not_to_divergence(
+    corpus_dir, tmp_path, caplog
+):
+    cfg = load_config(None, sets(corpus_dir, **{"train.checkpoint_every": 2})[1::2])
+    train(cfg, tmp_path / "run", stop_after=4)
+    train(cfg, tmp_path / "straight")
+    (array,) = [p for p in (tmp_path / "run" / "checkpoints" / "4").rglob("*") if p.parent.name == "d"][:1]
+    data = bytearray(array.read_bytes())
+    data[len(data) // 2] ^= 0x40  # (an exponent bit of some weight: orbax restores it as it is)
+    array.write_bytes(bytes(data))
+    result = train(cfg, tmp_path / "run")
+    assert "checkpoint 4 in" in caplog.text and "does not match the digest" in caplog.text
+    assert "using checkpoint 2" in caplog.text and (tmp_path / "run" / "damaged-checkpoints" / "4").is_dir()
+    assert result.step == 6 and result.loss == RunDir(tmp_path / "straight").info()["final_loss"]
+
+
 def test_sample_step_that_does_not_exist_lists_the_steps_that_do(finished_run, capsys):
     assert cli.main(["sample", str(finished_run), "--step", "99"]) == 2
     one_line_error(capsys.readouterr().err, "no checkpoint of step 99", "2, 4, 6")

@@ -128,7 +128,8 @@ def plot_probes(path: str | Path, probes: dict, *, subtitle: str = "") -> bool:
     for p_i, (title, keys, chance) in enumerate(panels):
         ax = fig.add_subplot(1, 3, p_i + 1)
         for m_i, (name, f) in enumerate(models.items()):
-            vals, errs = [], [[], []]
+            vals: list[float] = []
+            errs: list[list[float]] = [[], []]
             for k in keys:
                 if p_i == 0:
                     c = f.get("choice", {})

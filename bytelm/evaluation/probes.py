@@ -41,7 +41,7 @@ import hashlib
 import json
 import math
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -163,7 +163,8 @@ def _choice_items(eval_set, settings: ProbeSettings, rng: np.random.Generator) -
     for i, s in enumerate(segs):
         if len(chars[i]) >= n_cont:
             by_group[s.group].append(i)
-    items, truncated = [], {k: 0 for k in NOISES}
+    items: list[dict] = []
+    truncated = {k: 0 for k in NOISES}
     for i in _doc_order(segs, rng):
         if len(items) >= settings.choice_items:
             break
@@ -365,7 +366,7 @@ def item_outcomes(probe_set: ProbeSet, scorer: Scorer) -> dict:
 
 
 # -- statistics ----------------------------------------------------------------------------------
-def _per_doc(docs: Sequence[int], values: Sequence[float], order: np.ndarray) -> np.ndarray:
+def _per_doc(docs: Sequence[int], values: Sequence[float] | np.ndarray, order: np.ndarray) -> np.ndarray:
     pos = np.searchsorted(order, np.asarray(docs, np.int64))
     return np.bincount(pos, weights=np.asarray(values, np.float64), minlength=len(order))
 
@@ -439,6 +440,9 @@ def summarize(
             "R": _nan_none(np.mean([v["R"] for v in noise_rows.values() if v["R"] is not None] or [np.nan])),
             "noise": noise_rows,
             "groups": _group_accuracy(ch, outcomes["choice"]["clean"], resamples, seed),
+            "noised_groups": _group_accuracy(
+                ch, np.mean([outcomes["choice"][k] for k in NOISES], axis=0), resamples, seed
+            ),
         }
     if sp:
         result["spelling"] = _spelling_summary(sp, outcomes["spelling"], resamples, seed)
@@ -450,7 +454,7 @@ def _nan_none(x) -> float | None:
     return x if math.isfinite(x) else None
 
 
-def _accuracy(items: list[dict], correct: Sequence[float], resamples: int, seed: int) -> dict:
+def _accuracy(items: list[dict], correct: Sequence[float] | np.ndarray, resamples: int, seed: int) -> dict:
     docs = np.unique([it["doc"] for it in items])
     d = [it["doc"] for it in items]
     count = _per_doc(d, np.ones(len(items)), docs)
@@ -459,7 +463,9 @@ def _accuracy(items: list[dict], correct: Sequence[float], resamples: int, seed:
     return {"items": len(items), "accuracy": float(right.sum() / count.sum()), "accuracy_ci95": _ci(samples)}
 
 
-def _group_accuracy(items: list[dict], correct: Sequence[float], resamples: int, seed: int) -> dict:
+def _group_accuracy(
+    items: list[dict], correct: Sequence[float] | np.ndarray, resamples: int, seed: int
+) -> dict:
     docs = np.unique([it["doc"] for it in items])
     d = [it["doc"] for it in items]
     count = _per_doc(d, np.ones(len(items)), docs)
@@ -508,7 +514,7 @@ def trainer_scorer(trainer) -> Scorer:
 def probe_runs(
     eval_set,
     corpus,
-    runs: dict[str, str | Path],
+    runs: Mapping[str, str | Path],
     *,
     seed: int = 0,
     items: int | None = None,
@@ -573,129 +579,3 @@ def probe_runs(
             c = figures.get("choice", {})
             note(f"probes {name}: continuation choice {c.get('accuracy', float('nan')):.3f}")
     return record
-
-
-# -- tables --------------------------------------------------------------------------------------
-def _cell(x, ci=None, digits: int = 3) -> str:
-    if x is None:
-        return "-"
-    text = f"{x:.{digits}f}"
-    if ci and ci[0] is not None:
-        text += f" [{ci[0]:.{digits}f}, {ci[1]:.{digits}f}]"
-    return text
-
-
-def probe_lines(probes: dict | None) -> list[str]:
-    """The probes section of a report (Markdown): the summary table, per noise, per edit kind and
-    band, per group; or the line saying why there is none."""
-    from bytelm.evaluation.report import table  # noqa: PLC0415
-
-    if not probes:
-        return []
-    if probes.get("skipped"):
-        return ["## Probes", "", f"No probes: {probes['skipped']}.", ""]
-    s = probes["settings"]
-    models = probes["models"]
-    lines = [
-        "## Probes",
-        "",
-        f"Probe set `{probes['fingerprint'][:16]}` (version {probes['version']}, seed {s['seed']}): "
-        f"{probes['choice_items']} continuation items (contexts of {s['context_bytes']} bytes, four "
-        f"continuations of {s['continuation_chars']} characters) and {probes['spelling_items']} spelling "
-        'pairs, from the held-out segments (docs/evaluation.md, "Probes"). 95% intervals: cluster '
-        "bootstrap over the items' documents. Chance: 0.25 (choice), 0.5 (spelling).",
-        "",
-    ]
-    rows = []
-    for name, f in models.items():
-        c, sp = f.get("choice", {}), f.get("spelling", {})
-        rows.append(
-            [
-                name,
-                _cell(c.get("accuracy"), c.get("accuracy_ci95")),
-                _cell(c.get("noised_accuracy"), c.get("noised_accuracy_ci95")),
-                _cell(c.get("robustness"), c.get("robustness_ci95"), 1),
-                _cell(c.get("bpb_no_context"), None),
-                _cell(c.get("bpb_clean_context"), c.get("bpb_clean_context_ci95")),
-                _cell(c.get("R"), None, 1),
-                _cell(sp.get("accuracy"), sp.get("accuracy_ci95")),
-            ]
-        )
-    lines += [
-        table(
-            [
-                "model",
-                "choice accuracy",
-                "noised accuracy (mean of 5)",
-                "robustness (H-Net)",
-                "cont. BPB, no context",
-                "cont. BPB, clean context",
-                "R (mean of 5)",
-                "spelling accuracy",
-            ],
-            rows,
-            "lrrrrrrr",
-        ),
-        "",
-    ]
-    rows = []
-    for name, f in models.items():
-        noise_rows = f.get("choice", {}).get("noise", {})
-        rows.append(
-            [name]
-            + [
-                f"{_cell(v['accuracy'])} / {_cell(v['bpb'])} / {_cell(v['R'], v['R_ci95'], 1)}"
-                for v in (noise_rows.get(k) for k in NOISES)
-                if v is not None
-            ]
-        )
-    first = next(iter(models.values()), {}).get("choice", {}).get("noise", {})
-    unchanged = ", ".join(f"{k} {v['unchanged']}" for k, v in first.items() if v["unchanged"])
-    cut = ", ".join(f"{k} {v['truncated']}" for k, v in first.items() if v["truncated"])
-    lines += [
-        "Per noise: accuracy / BPB of the true continuation given the noised context / R [95% interval]:",
-        "",
-        table(["model", *NOISES], rows),
-        "",
-        f"Noised contexts equal to the clean one (a noise that changes nothing, e.g. case on a script "
-        f"without case): {unchanged or 'none'}; cut from the left to fit: {cut or 'none'}.",
-        "",
-    ]
-    rows = []
-    for name, f in models.items():
-        sp = f.get("spelling", {})
-        cells = [_cell(sp.get("by_edit", {}).get(e, {}).get("accuracy")) for e in EDITS]
-        cells += [_cell(sp.get("by_band", {}).get(b, {}).get("accuracy")) for b in ("frequent", "rare")]
-        rows.append([name, *cells])
-    first_sp = next(iter(models.values()), {}).get("spelling", {})
-    counts = {
-        **{e: first_sp.get("by_edit", {}).get(e, {}).get("items", 0) for e in EDITS},
-        **{b: first_sp.get("by_band", {}).get(b, {}).get("items", 0) for b in ("frequent", "rare")},
-    }
-    lines += [
-        f"Spelling accuracy per edit kind and per word band (frequent: seen at least {FREQUENT} times in a "
-        "sample of the training documents):",
-        "",
-        table(["model", *[f"{k} ({n})" for k, n in counts.items()]], rows),
-        "",
-    ]
-    groups = sorted(
-        {g for f in models.values() for g in f.get("choice", {}).get("groups", {})},
-        key=lambda g: -next(iter(models.values()))["choice"]["groups"].get(g, {}).get("items", 0),
-    )[:20]
-    if len(groups) > 1:
-        rows = []
-        for g in groups:
-            first_g = next(iter(models.values()))["choice"]["groups"].get(g, {})
-            cells = [g, str(first_g.get("items", 0))]
-            for f in models.values():
-                row = f.get("choice", {}).get("groups", {}).get(g)
-                cells.append("-" if row is None else _cell(row["accuracy"], row["accuracy_ci95"]))
-            rows.append(cells)
-        lines += [
-            "Continuation choice per group:",
-            "",
-            table(["group", "items", *models], rows),
-            "",
-        ]
-    return lines

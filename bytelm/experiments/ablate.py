@@ -61,7 +61,8 @@ from bytelm.evaluation.plots import (
     plot_probes,
     plot_training_curves,
 )
-from bytelm.evaluation.probes import probe_lines, probe_runs
+from bytelm.evaluation.probe_tables import probe_lines
+from bytelm.evaluation.probes import probe_runs
 from bytelm.evaluation.report import (
     heldout_lines,
     human,

@@ -70,7 +70,8 @@ from bytelm.config import shipped_configs
 from bytelm.errors import UserError
 from bytelm.evaluation.evaluator import unigram_baselines
 from bytelm.evaluation.plots import eval_curve, plot_bpb_vs_flops, plot_pair_differences, plot_probes
-from bytelm.evaluation.probes import probe_lines, probe_runs
+from bytelm.evaluation.probe_tables import probe_lines
+from bytelm.evaluation.probes import probe_runs
 from bytelm.evaluation.report import (
     breakdown_table,
     build_report,

@@ -5,10 +5,22 @@ manager keeps the last ``keep`` steps, and restore targets carry the live shardi
 checkpoint restores directly onto the mesh. A checkpoint damaged afterwards (a truncated or
 emptied file) is reported with its step and reason, and the newest one before it that restores
 is used (:meth:`Checkpointer.restore_newest`).
+
+**Digests.** Orbax checks a checkpoint's structure, not its array bytes: a bit flipped inside a
+weight restores without complaint (and a resumed training then diverges, as if its learning rate
+were wrong). So once a local checkpoint is finalised (at the next save, or when the run closes),
+process 0 writes :data:`DIGEST_FILE` into its directory: the BLAKE2b-128 of every file in it. A
+restore first checks every file against it; a file that differs, or is missing, makes the
+checkpoint unreadable, so the newest one before it is used (and a resumed training moves the
+damaged one aside), naming the file. A checkpoint without the file (killed between its
+finalisation and its digest, or written before digests existed) restores unchecked; checkpoints
+in an object store (``gs://``) are not digested (the store keeps its own CRC32C of every object).
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import sys
 import threading
@@ -26,6 +38,51 @@ from bytelm.rundir import is_url, run_path, store_errors
 
 log = logging.getLogger(__name__)
 R = TypeVar("R")
+DIGEST_FILE = "bytelm-digests.json"
+_DIGEST = "blake2b-128"
+
+
+def file_digest(path: Path) -> str:
+    h = hashlib.blake2b(digest_size=16)
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def checkpoint_files(step_dir: Path) -> list[Path]:
+    """Every file of a checkpoint directory but its digest record, in a fixed order."""
+    return sorted(p for p in step_dir.rglob("*") if p.is_file() and p.name != DIGEST_FILE)
+
+
+def write_digests(step_dir: Path) -> None:
+    """Record the digest of every file of a finalised checkpoint (:data:`DIGEST_FILE`, atomically)."""
+    from bytelm.atomic import atomic_write_text  # noqa: PLC0415
+
+    files = {p.relative_to(step_dir).as_posix(): file_digest(p) for p in checkpoint_files(step_dir)}
+    atomic_write_text(step_dir / DIGEST_FILE, json.dumps({"algorithm": _DIGEST, "files": files}, indent=0))
+
+
+def verify_digests(step_dir: Path) -> str | None:
+    """None when every file of the checkpoint matches its recorded digest (or nothing is recorded),
+    else why not, naming the file."""
+    record_path = step_dir / DIGEST_FILE
+    if not record_path.is_file():
+        return None
+    try:
+        record = json.loads(record_path.read_text())
+        files = record["files"]
+        if record.get("algorithm") != _DIGEST or not isinstance(files, dict):
+            raise ValueError(f"algorithm {record.get('algorithm')!r}")
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError) as e:
+        return f"its digest record {record_path} is damaged ({type(e).__name__})"
+    for rel, want in files.items():
+        path = step_dir / rel
+        if not path.is_file():
+            return f"{path} is missing"
+        if file_digest(path) != want:
+            return f"{path} does not match the digest written with the checkpoint (a damaged or changed file)"
+    return None
 
 
 class CheckpointUnreadable(UserError):
@@ -98,7 +155,9 @@ def _asyncio_noise(record: logging.LogRecord) -> bool:
 class Checkpointer:
     def __init__(self, directory: Path, *, keep: int):
         path = run_path(directory)  # (a URL: orbax writes to the object store, finalising with a marker)
-        self.directory = path if is_url(path) else path.absolute()
+        self.local = not is_url(path)
+        self.directory = path if not self.local else path.absolute()
+        self.unsealed: list[int] = []  # steps saved whose digests are not written yet
         with store_errors(self.directory, "open the checkpoints in"):
             self.manager = ocp.CheckpointManager(
                 self.directory,
@@ -149,8 +208,24 @@ class Checkpointer:
             "damaged"
         )
 
+    def seal(self) -> None:
+        """Wait for the saves in flight, then write the digests of the checkpoints they finalised
+        (process 0, local checkpoints only; see the module docstring)."""
+        if not self.unsealed:
+            return
+        self.manager.wait_until_finished()
+        if self.local and jax.process_index() == 0:
+            for step in self.unsealed:
+                step_dir = Path(self.directory) / str(step)
+                if step_dir.is_dir():  # (a checkpoint already rotated out by keep_checkpoints has none)
+                    write_digests(step_dir)
+        self.unsealed = []
+
     def save(self, step: int, state: dict, meta: dict) -> None:
-        """Save ``state`` (a pytree of arrays) and ``meta`` (JSON) as checkpoint ``step``."""
+        """Save ``state`` (a pytree of arrays) and ``meta`` (JSON) as checkpoint ``step`` (its digests
+        are written once it is finalised: at the next save, or :meth:`close`)."""
+        self.seal()
+        self.unsealed.append(step)
         self.manager.save(
             step,
             args=ocp.args.Composite(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)),
@@ -186,6 +261,10 @@ class Checkpointer:
         # into the closed loop while the failure is still on its way up here; that race put a bare
         # traceback on stderr in one CI run of tests/test_robustness.py)
         _quiet_restore_noise()
+        if self.local:
+            damaged = verify_digests(Path(self.directory) / str(step))
+            if damaged is not None:
+                raise CheckpointUnreadable(step, self.directory, damaged)
         try:
             out = self.manager.restore(
                 step, args=ocp.args.Composite(state=state_args, meta=ocp.args.JsonRestore())
@@ -199,7 +278,9 @@ class Checkpointer:
 
     def wait(self) -> None:
         self.manager.wait_until_finished()
+        self.seal()
 
     def close(self) -> None:
         self.manager.wait_until_finished()
+        self.seal()
         self.manager.close()
