@@ -57,6 +57,21 @@ from bytelm.training.trainer import TrainingDiverged
 
 EXIT_USER_ERROR = 2
 EXIT_SIGNAL = 130  # (128 + SIGINT, as shells report an interrupted command)
+# The signal contract of every long command (train, compare, ablate, data prepare): SIGINT (Ctrl-C)
+# stops it with exit status 130, SIGTERM (a scheduler's preemption notice) with exit status 0 (a
+# clean stop: the scheduler runs the same command again, which resumes); training saves a
+# checkpoint first, every other stage leaves only finished, atomically written files.
+EXIT_TERMINATED = 0
+LONG_COMMANDS = ("train", "compare", "ablate", "prepare")
+
+
+class Terminated(BaseException):
+    """SIGTERM outside a training step (which has its own handler, bytelm.training.loop): raised
+    where the main thread is, like KeyboardInterrupt for SIGINT."""
+
+
+def _terminate(signum, frame):
+    raise Terminated()
 
 
 # -- shared options -------------------------------------------------------------------------
@@ -1829,6 +1844,8 @@ def main(argv: list[str] | None = None) -> int:
     keep_jax_off_absent_tpu()  # (libtpu installed, no TPU here: the CPU, without libtpu's complaints)
     configure_cpu_devices()  # before the first computation starts JAX's CPU backend
     func: Callable[[argparse.Namespace], int] = args.func
+    long_command = func.__name__.removeprefix("cmd_").removeprefix("data_") in LONG_COMMANDS
+    previous = signal.signal(signal.SIGTERM, _terminate) if long_command else None
     try:
         return func(args)
     except UserError as e:
@@ -1836,13 +1853,22 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USER_ERROR
     except StageStopped as e:  # a compare or ablate training stopped by a signal: checkpoint saved
         print(f"bytelm: {e}", file=sys.stderr)
-        return EXIT_SIGNAL
+        return EXIT_TERMINATED if e.signum == signal.SIGTERM else EXIT_SIGNAL
+    except Terminated:
+        print(
+            "bytelm: stopped by SIGTERM (what was finished is kept); run the same command again to resume",
+            file=sys.stderr,
+        )
+        return EXIT_TERMINATED
     except KeyboardInterrupt:
         print("bytelm: interrupted", file=sys.stderr)
         return EXIT_SIGNAL
     except BrokenPipeError:  # the reader went away (`bytelm sample RUN | head -c1`): a normal end
         _silence_stdout()
         return 0
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
 
 
 def _silence_stdout() -> None:

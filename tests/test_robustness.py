@@ -136,6 +136,81 @@ def test_a_signal_on_a_checkpoint_step_saves_once_exits_130_and_resumes_to_the_s
     assert a["final_loss"] == b["final_loss"]
 
 
+def _wait_for_any_step(out: Path, proc: subprocess.Popen, timeout: float = 600) -> None:
+    """Until some training under ``out`` has logged a step (the job is inside a training)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and proc.poll() is None:
+        for metrics in out.rglob("metrics.jsonl"):
+            if '"kind": "train"' in metrics.read_text():
+                return
+        time.sleep(0.05)
+    raise AssertionError(f"no training started: {proc.stderr.read().decode()[-2000:]}")
+
+
+@pytest.mark.parametrize("command", ["compare", "ablate"])
+def test_sigterm_stops_a_multi_run_job_with_exit_0_and_the_same_command_resumes(
+    command, corpus_dir, tmp_path
+):
+    """The signal contract (bytelm/cli.py): SIGTERM to compare or ablate in a training saves its
+    checkpoint and exits 0 with one line; the same command then finishes the job."""
+    out = tmp_path / "out"
+    if command == "compare":
+        args = ["compare", "--preset", "test", "--data", f"files:{corpus_dir}", "--out", str(out)]
+        done_file = out / "report.json"
+    else:
+        from test_ablate import micro_grid  # noqa: PLC0415
+
+        grid = micro_grid(tmp_path, families={"byte"})
+        args = ["ablate", str(grid), "--data", f"files:{corpus_dir}", "--out", str(out)]
+        done_file = out / "ablation.json"
+    proc = bytelm_process(args)
+    _wait_for_any_step(out, proc)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=300)
+    text = err.decode()
+    assert proc.returncode == 0, text[-2000:]
+    assert "Traceback" not in text and "stopped at step" in text and "resume" in text, text[-2000:]
+    assert not done_file.exists()
+    done = subprocess.run(
+        [sys.executable, "-m", "bytelm", *args], env=subprocess_env(1), capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done_file.is_file() and "Traceback" not in done.stderr
+
+
+def test_sigterm_outside_a_training_exits_0_and_leaves_no_partial_file(tmp_path, monkeypatch, capsys):
+    """SIGTERM while a corpus is being prepared (no training: the CLI's own handler): exit 0, one line,
+    no cache directory half written; the same command then prepares it."""
+    root = word_corpus(tmp_path / "corpus", n_docs=30, words_per_doc=50)
+    cache = tmp_path / "cache"
+    real = cli.load_corpus_from_config
+
+    def interrupted(cfg, progress=None, **kw):
+        def tick(done, total):
+            if done >= 5:
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(5)  # (the handler raises here)
+            if progress:
+                progress(done, total)
+
+        return real(cfg, progress=tick, **kw)
+
+    monkeypatch.setattr(cli, "load_corpus_from_config", interrupted)
+    assert (
+        cli.main(["data", "prepare", "--data", f"files:{root}", "--out", str(cache), "--workers", "1"]) == 0
+    )
+    err = capsys.readouterr().err
+    assert "stopped by SIGTERM" in err and "Traceback" not in err
+    corpora = cache / "corpora"
+    assert not corpora.exists() or not any((p / "index.json").is_file() for p in corpora.iterdir())
+    assert signal.getsignal(signal.SIGTERM) is not cli._terminate  # (the handler is the command's only)
+    monkeypatch.setattr(cli, "load_corpus_from_config", real)
+    assert (
+        cli.main(["data", "prepare", "--data", f"files:{root}", "--out", str(cache), "--workers", "1"]) == 0
+    )
+    assert any((p / "index.json").is_file() for p in corpora.iterdir())
+
+
 # -- two writers -----------------------------------------------------------------------------------
 def test_a_second_writer_stops_at_once_naming_the_first_and_no_metrics_are_lost(corpus_dir, tmp_path, capsys):
     config = config_file(tmp_path)

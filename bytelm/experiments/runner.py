@@ -71,7 +71,12 @@ Note = Callable[[str], None]
 
 class StageStopped(RuntimeError):
     """A training stopped before its last step (SIGINT/SIGTERM) inside a multi-run job; its checkpoint
-    is saved and the same command resumes it (the CLI exits with status 130)."""
+    is saved and the same command resumes it (the CLI's signal contract: exit 0 after SIGTERM, 130
+    after SIGINT; ``signum``: the signal)."""
+
+    def __init__(self, message: str, signum: int | None = None):
+        super().__init__(message)
+        self.signum = signum
 
 
 @dataclasses.dataclass
@@ -592,7 +597,8 @@ class Runner:
             if result.stopped_by_signal or not run.finished():
                 raise StageStopped(
                     f"training {run.id} stopped at step {result.step} (checkpoint saved in {run.run_dir}); "
-                    + self.stopped_message.format(out=self.out)
+                    + self.stopped_message.format(out=self.out),
+                    signum=result.signum,
                 )
             if result.trainer is not None:  # score it now, without a restore
                 for split in self.splits(run):
