@@ -1563,6 +1563,9 @@ def cmd_sample(args: argparse.Namespace) -> int:
     prompt = _prompt_bytes(args)
     _join_processes(args)
     decoder = load_decoder(args.run_dir, step=args.step)
+    note = RunDir(args.run_dir).progress_note(decoder.checkpoint_step)
+    if note and distributed.is_primary():
+        print(f"bytelm: note: {args.run_dir} is at {note}: a partial run", file=sys.stderr)
     out = sys.stdout.buffer if distributed.is_primary() else io.BytesIO()  # (process 0 prints)
     started, produced = time.perf_counter(), 0
 

@@ -29,6 +29,7 @@ def load_decoder(run_dir: str | Path, *, step: int | None = None) -> Decoder:
     trainer = restore_trainer(run_dir, load_corpus=False, step=step)
     decoder = trainer.task.decoder(nnx.merge(trainer.graphdef, trainer.model_params))
     decoder.family = trainer.task.family
+    decoder.checkpoint_step = trainer.step  # (the checkpoint restored: the newest that restores, or ``step``)
     return decoder
 
 

@@ -377,6 +377,23 @@ class RunDir:
             )
         return record
 
+    def progress_note(self, step: int | None = None) -> str | None:
+        """``"step 211 of 4000, stopped"`` for a run that has not finished (``step``: the checkpoint
+        used, when it is not the run's last), None for a finished run or one without a record."""
+        info = self.info_or_empty()
+        if not info:
+            return None
+        planned = info.get("planned_steps")
+        at = info.get("step") if step is None else step
+        if info.get("status") == "finished" and (step is None or step == info.get("step")):
+            return None
+        of = f" of {planned}" if planned else ""
+        return f"step {at}{of}, {info.get('status', 'unknown')}" + (
+            f" (the run is at step {info.get('step')})"
+            if step is not None and step != info.get("step")
+            else ""
+        )
+
     def info_or_empty(self) -> dict:
         """The run's record, or ``{}`` when there is none yet (a damaged one still raises)."""
         return self.info() if self.has_info() else {}

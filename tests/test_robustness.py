@@ -349,6 +349,26 @@ def test_a_bit_flip_in_the_newest_checkpoint_leads_to_the_previous_one_not_to_di
     assert result.step == 6 and result.loss == RunDir(tmp_path / "straight").info()["final_loss"]
 
 
+def test_a_partial_run_says_so_in_eval_and_sample(corpus_dir, finished_run, tmp_path, capsys):
+    cfg = load_config(None, sets(corpus_dir)[1::2])
+    train(cfg, tmp_path / "part", stop_after=4)
+    assert (
+        cli.main(["eval", str(tmp_path / "part"), str(finished_run), "--json", str(tmp_path / "r.json")]) == 0
+    )
+    out = capsys.readouterr().out
+    assert "PARTIAL: part is at step 4 of 6, stopped" in out and "part (PARTIAL: step 4 of 6, stopped)" in out
+    rows = {m["name"]: m for m in json.loads((tmp_path / "r.json").read_text())["models"]}
+    assert rows["part"]["complete"] is False and rows["part"]["partial"] == "step 4 of 6, stopped"
+    assert rows[finished_run.name]["complete"] is True and rows[finished_run.name]["partial"] is None
+    assert cli.main(["sample", str(tmp_path / "part"), "--max-bytes", "2"]) == 0
+    assert "is at step 4 of 6, stopped: a partial run" in capsys.readouterr().err
+    # a finished run sampled at an older checkpoint says which
+    assert cli.main(["sample", str(finished_run), "--max-bytes", "2", "--step", "4"]) == 0
+    assert "step 4 of 6, finished (the run is at step 6)" in capsys.readouterr().err
+    assert cli.main(["sample", str(finished_run), "--max-bytes", "2"]) == 0
+    assert "partial" not in capsys.readouterr().err
+
+
 def test_sample_step_that_does_not_exist_lists_the_steps_that_do(finished_run, capsys):
     assert cli.main(["sample", str(finished_run), "--step", "99"]) == 2
     one_line_error(capsys.readouterr().err, "no checkpoint of step 99", "2, 4, 6")

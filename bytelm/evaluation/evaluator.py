@@ -207,6 +207,7 @@ def evaluate_trained(
         pipeline_stats=pipeline_stats or None,
         flops_auxiliary=books["flops_auxiliary"] if books else None,
         auxiliary=books["auxiliary"] if books else None,
+        partial=RunDir(run_dir).progress_note(step),
     )
 
 

@@ -101,6 +101,8 @@ _MODEL = {
         "bpb": _NUM,
         "bpb_ci95": _CI,
         "seeds": {"type": "integer", "minimum": 1},
+        "complete": {"type": ["boolean", "null"]},
+        "partial": {"type": ["string", "null"]},
         "nats": _NUM,
         "bytes": {"type": "integer", "minimum": 1},
         "segments": {"type": "integer", "minimum": 1},
@@ -402,7 +404,7 @@ def results_table(report: dict) -> str:
         ngram = (m["params"] or {}).get("ngram")
         rows.append(
             [
-                m["name"],
+                m["name"] + (f" (PARTIAL: {m['partial']})" if m.get("partial") else ""),
                 m["family"] + (f" x{m['seeds']} seeds" if m.get("seeds", 1) > 1 else ""),
                 _bpb(m["bpb"]),
                 interval_cell(m.get("bpb_ci95")),
@@ -493,6 +495,15 @@ def pairs_table(report: dict) -> str | None:
     )
 
 
+def partial_lines(report: dict) -> list[str]:
+    """A loud line per run scored before it finished (its figures are a partial run's)."""
+    return [
+        f"PARTIAL: {m['name']} is at {m['partial']}: its figures are those of a run that has not finished"
+        for m in report["models"]
+        if m.get("partial")
+    ]
+
+
 def pipeline_lines(report: dict) -> list[str]:
     """One line per model whose input pipeline reported rates (a BLT's patch-slot overflow)."""
     lines = []
@@ -547,6 +558,7 @@ def terminal_report(report: dict) -> str:
         results_table(report),
         "",
         *header_lines(report),
+        *partial_lines(report),
         *heldout_lines(report["data"]),
         *statistics_lines(report),
         *pipeline_lines(report),

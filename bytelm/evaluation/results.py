@@ -112,6 +112,8 @@ class ModelResult:
     # the scores of the model's other seeds on the same segments (bytelm compare --seeds K): the
     # report's BPB is the mean over all seeds and its interval folds seed variance in
     seed_scores: list[SegmentScores] | None = None
+    # a run scored before it finished: "step 211 of 4000, stopped" (None: finished, or not a run)
+    partial: str | None = None
 
     @property
     def flops_total(self) -> float | None:
@@ -177,6 +179,8 @@ class ModelResult:
             "fingerprint": self.fingerprint,
             "note": self.note,
             "seeds": len(self.all_scores),
+            "complete": None if self.kind != "run" else self.partial is None,
+            "partial": self.partial,
             "groups": breakdown(self.mean_scores, eval_set.groups, self.global_steps),
             "dirs": breakdown(self.mean_scores, eval_set.dirs, self.global_steps),
         }

@@ -66,6 +66,7 @@ class Decoder(abc.ABC):
 
     allowed_V: np.ndarray  # bool: the ids that may be generated (the units, and EOS)
     family: str = ""  # the run's family, when loaded from a run directory
+    checkpoint_step: int | None = None  # the checkpoint's step, when loaded from a run directory
     global_calls: int = 0  # calls of a global model (MegaByte, BLT), the prefill's included
 
     def stats(self) -> dict:

@@ -310,6 +310,8 @@ class _Run:
             **self.info,
             "status": status,
             "step": self.trainer.step,
+            # the steps the run is to make (a time budget's: the horizon planned from its first steps)
+            "planned_steps": self.clock.horizon if self.budgeted else self.cfg.train.steps,
             **self.task.stats_record(self.stats_run),
             **extra,
         }
