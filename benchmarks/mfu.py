@@ -11,11 +11,15 @@ data-parallel). The step is timed ``--steps`` times after 2 warm-up steps (compi
 
 MFU = the step's analytic training FLOPs (``bytelm.models.flops`` and each family's formula: 6 x the
 multiply-adds the model needs per position, attention counted over the keys a position may see) / step time /
-(devices x peak). The peak is printed two ways and the MFU against each:
+(devices x peak). ``mfu`` is the figure ``bytelm train`` prints, by its definition
+(``bytelm.training.peak.device_peak``): against the datasheet's dense bf16 peak of the device kind
+(the table in bytelm/training/peak.py), or against ``--peak-flops`` per device when given, and none
+at all on a CPU without it (a CPU has no peak that holds while other processes share its cores); a
+ratio above 1 is never reported as MFU. Beside it, two diagnostics that are not MFU:
 
-- **datasheet**: the dense bf16 peak of the device kind, from the table in
-  bytelm/training/peak.py (None where the device is not in it; CPU never is);
-- **measured**: the best of 5 square matmuls (4096, the model's compute dtype) on one device.
+- ``mfu_datasheet``: against the datasheet peak (None where the device is not in the table);
+- ``mfu_measured``: against the best of 5 square matmuls (4096, the model's compute dtype) on one
+  device, timed here (on a CPU it moves with the machine's load).
 
 Beside it, for the decoder LMs (``byte``, ``bpe``), ``mfu_palm_datasheet``: the PaLM paper's
 convention (Chowdhery et al. 2022, appendix B), ``6 N + 12 L H Q T`` FLOPs per token (``N`` the
@@ -28,8 +32,8 @@ needed to time a step; the FLOPs count its head). ``blt``: patch boundaries ever
 ``target_patch_len`` bytes instead of an entropy model's (the model's step at that mean patch
 length; patching runs in the input pipeline, timed by ``benchmarks/train_step.py``). The last
 line printed is one JSON object: per family ``step_s``, ``bytes_s`` (``positions_s``: tokens for
-``bpe``), ``mfu_datasheet``,
-``mfu_measured``, ``params``, and the device, peaks and settings.
+``bpe``), ``mfu``, ``mfu_datasheet``, ``mfu_measured``, ``params``, and the device, peaks and
+settings; ``--record`` also appends it to benchmarks/results/mfu.jsonl.
 """
 
 from __future__ import annotations
@@ -43,7 +47,7 @@ import time
 
 from results import record
 
-from bytelm.training.peak import datasheet_peak
+from bytelm.training.peak import datasheet_peak, device_peak
 
 N_TOKEN_IDS = 32768
 
@@ -167,6 +171,16 @@ def main(argv: list[str] | None = None) -> int:
         metavar="KEY=VALUE",
         help="config override for every family (repeatable)",
     )
+    p.add_argument(
+        "--peak-flops",
+        type=float,
+        default=0.0,
+        metavar="F",
+        help="per-device peak FLOP/s for mfu, as train.peak_flops (default: the datasheet's; none on CPU)",
+    )
+    p.add_argument(
+        "--record", action="store_true", help="append the JSON line to benchmarks/results/mfu.jsonl"
+    )
     args = p.parse_args(argv)
 
     import jax
@@ -183,6 +197,10 @@ def main(argv: list[str] | None = None) -> int:
         "families": {},
     }
     measured: dict[str, float] = {}
+    peak_per_device, peak_source = device_peak(
+        jax.default_backend(), kind, args.peak_flops, measure=lambda: measured_peak("bfloat16")
+    )
+    result["peak_flops"], result["peak_source"] = peak_per_device, peak_source
     for family in [f.strip() for f in args.families.split(",") if f.strip()]:
         step, info, trainer = family_step(args.size, family, args.overrides, args.batch, args.seq_len)
         if info["dtype"] not in measured:
@@ -205,6 +223,7 @@ def main(argv: list[str] | None = None) -> int:
             "bytes_s": None
             if family == "bpe"
             else info["positions_per_step"] / step_s,  # bpe: tokens, not bytes
+            "mfu": _mfu(info["flops_per_step"] / step_s, peak_per_device, n),
             "mfu_measured": info["flops_per_step"] / step_s / peak_m,
             "mfu_datasheet": (info["flops_per_step"] / step_s / (sheet * n)) if sheet else None,
             # the PaLM convention beside ours (module docstring): decoder LMs only
@@ -231,8 +250,17 @@ def main(argv: list[str] | None = None) -> int:
         file=sys.stderr,
     )
     print(json.dumps(result))
-    record("mfu", result)
+    if args.record:
+        record("mfu", result)
     return 0
+
+
+def _mfu(flops_s: float, peak_per_device: float | None, devices: int) -> float | None:
+    """bytelm's MFU (``bytelm train``'s): None without a peak, or where the ratio exceeds 1."""
+    if peak_per_device is None:
+        return None
+    ratio = flops_s / (peak_per_device * devices)
+    return ratio if ratio <= 1 else None
 
 
 if __name__ == "__main__":

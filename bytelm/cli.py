@@ -300,7 +300,10 @@ def add_train(sub) -> None:
         "from the latest checkpoint (the config must match). SIGTERM (a preemption notice) or SIGINT to any "
         "process saves a checkpoint, every process at the same step, and stops: exit 0 after SIGTERM, 130 "
         "after Ctrl-C. --out may be a URL (gs://BUCKET/RUN, with the .[gcs] extra): the checkpoints, records "
-        "and TensorBoard events go to the bucket.",
+        "and TensorBoard events go to the bucket. Progress lines give the loss and BPB of the last step, and "
+        "bytes/s and MFU averaged over the log intervals of the last 30 s of training time (evaluations "
+        "excluded); MFU is against the datasheet bf16 peak of a GPU/TPU or train.peak_flops, none on a CPU "
+        "without it, and a ratio above 1 is never printed as MFU (a warning says the peak is too low).",
     )
     p.add_argument(
         "config",

@@ -104,7 +104,7 @@ class TrainConfig:
     mesh_fsdp: int = 1
     mesh_tensor: int = 1
     # per-device peak FLOP/s for MFU; 0 = the datasheet bf16 peak of a GPU/TPU (bytelm/training/peak.py),
-    # a measured matmul peak on CPU
+    # and no MFU on a CPU (it has no peak that holds while other processes share its cores)
     peak_flops: float = 0.0
     # > 0: train for this many seconds of training time (compilation included, evaluations not;
     # summed across resumes) instead of train.steps, which is then ignored; the schedule's horizon
@@ -163,7 +163,7 @@ class TrainConfig:
         for name, meaning in (
             ("weight_decay", "0: none"),
             ("grad_clip", "0: no clipping"),
-            ("peak_flops", "0: datasheet or measured"),
+            ("peak_flops", "0: datasheet, none on CPU"),
         ):
             value = getattr(self, name)
             if not (value >= 0 and math.isfinite(value)):

@@ -9,6 +9,7 @@ The files of a run directory are :class:`~bytelm.rundir.RunDir`'s.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import hashlib
 import json
@@ -237,6 +238,8 @@ class _Run:
         )
         trainer.horizon = self.clock.horizon if self.clock.horizon is not None else Clock.UNPLANNED
         self.peak_total = self._peak_flops()
+        self.intervals: collections.deque = collections.deque()  # (seconds, steps, bytes) of recent logs
+        self.warned_peak = False
         self.flops_per_step = self.task.train_flops_per_position() * self.task.positions_per_step()
         self.ledger = self.task.ledger()  # own + auxiliary FLOPs (bytelm/ledger.py)
         self.info = self._run_info(corpus)
@@ -272,14 +275,14 @@ class _Run:
         self.horizon0 = meta.get("horizon")
         log.info("resumed %s at step %d", self.run_dir, self.trainer.step)
 
-    def _peak_flops(self) -> float:
+    def _peak_flops(self) -> float | None:
         """The MFU denominator (:mod:`bytelm.training.peak`): the configured per-device peak, else
-        the datasheet's bf16 peak of an accelerator, else a measured matmul peak (on CPU all virtual
-        devices share one set of cores, so the peak is the machine's)."""
+        the datasheet's bf16 peak of an accelerator, else on an accelerator a measured matmul peak,
+        times the job's devices; None on a CPU without ``train.peak_flops`` (no MFU)."""
         n_devices = self.trainer.mesh.devices.size
         backend = jax.default_backend()
         peak, self.peak_source = device_peak(backend, jax.devices()[0].device_kind, self.cfg.train.peak_flops)
-        return peak if backend == "cpu" and self.peak_source == "measured" else peak * n_devices
+        return None if peak is None else peak * n_devices
 
     def _run_info(self, corpus) -> dict:
         task, trainer = self.task, self.trainer
@@ -366,9 +369,45 @@ class _Run:
         if self.metrics is not None:
             self.metrics.write(record)
 
+    # progress lines average throughput and MFU over the log intervals of the last THROUGHPUT_WINDOW_S
+    # seconds of training time (evaluations excluded), so that consecutive lines are comparable
+    THROUGHPUT_WINDOW_S = 30.0
+
+    def _windowed(self, step_s: float, steps_logged: int, nbytes: float) -> tuple[float, float]:
+        """``(seconds per step, bytes per second)`` over the recent intervals (this one included)."""
+        self.intervals.append((step_s * steps_logged, steps_logged, nbytes * steps_logged))
+        while len(self.intervals) > 1 and sum(x[0] for x in self.intervals) - self.intervals[0][0] >= (
+            self.THROUGHPUT_WINDOW_S
+        ):
+            self.intervals.popleft()
+        seconds_ = sum(x[0] for x in self.intervals)
+        return seconds_ / sum(x[1] for x in self.intervals), sum(x[2] for x in self.intervals) / seconds_
+
+    def mfu(self, step_s: float) -> tuple[float | None, float | None]:
+        """``(MFU, FLOP/s over the peak)``: MFU when there is a peak and the ratio is at most 1; a
+        ratio above 1 is not an MFU (the configured peak is below what was achieved) and is returned
+        second, with a warning once."""
+        if self.peak_total is None or step_s <= 0:
+            return None, None
+        ratio = self.flops_per_step / step_s / self.peak_total
+        if ratio <= 1.0:
+            return ratio, None
+        if not self.warned_peak:
+            log.warning(
+                "the achieved %.3g FLOP/s exceed the peak MFU is measured against (%.3g, %s): no MFU is "
+                "printed; set train.peak_flops to the devices' real peak",
+                self.flops_per_step / step_s,
+                self.peak_total,
+                self.peak_source,
+            )
+            self.warned_peak = True
+        return None, ratio
+
     def log_train(self, m: dict, loss: float, step_s: float, progress, steps_logged: int = 1) -> None:
         trainer, steps = self.trainer, self.clock.horizon
         nbytes = float(m["bytes"])
+        window_step_s, window_bytes_s = self._windowed(step_s, steps_logged, nbytes)
+        mfu, over = self.mfu(window_step_s)
         rec = {
             "kind": "train",
             "step": trainer.step,
@@ -379,7 +418,9 @@ class _Run:
             "step_s": step_s,
             "bytes_s": nbytes / step_s,
             "tokens_s": float(m["positions"]) / step_s,
-            "mfu": self.flops_per_step / step_s / self.peak_total,
+            "mfu": mfu,  # (over the window; None: no peak, or achieved FLOP/s above it)
+            **({"flops_over_peak": over} if over is not None else {}),
+            "window_bytes_s": window_bytes_s,
             "flops": self.flops_per_step * trainer.step,
             "flops_total": self.ledger.total(trainer.step),
             "bytes_seen": self.bytes_seen(),
@@ -395,7 +436,8 @@ class _Run:
             progress(
                 trainer.step,
                 steps,
-                f"loss {loss:.3f} bpb {rec['bpb']:.3f} {rec['bytes_s']:,.0f} B/s mfu {rec['mfu']:.2f}",
+                f"loss {loss:.3f} bpb {rec['bpb']:.3f} {window_bytes_s:,.0f} B/s"
+                + (f" mfu {mfu:.2f}" if mfu is not None else " mfu >1?" if over is not None else ""),
             )
 
     def evaluate(self) -> None:

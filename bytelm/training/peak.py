@@ -3,9 +3,9 @@
 On an accelerator the default is the datasheet's dense bf16 peak of its device kind (the table
 below; no sparsity), the convention MFU is reported in (PaLM, MaxText): a matmul timed at start-up
 would run in TF32 or float32 on a GPU and make MFU read several times too high. On the CPU, which
-has no datasheet peak, it is the best observed FLOP/s of a float32 matmul. ``train.peak_flops``
-overrides both. Where the device kind is not in the table the measured peak is used, with a
-warning. MFU's numerator is bytelm's FLOP convention (docs/architecture.md).
+has no datasheet peak, there is no MFU unless ``train.peak_flops`` gives one (:func:`device_peak`).
+``train.peak_flops`` overrides both. Where an accelerator's kind is not in the table, a measured
+matmul peak is used, with a warning. MFU's numerator is bytelm's FLOP convention (docs/architecture.md).
 """
 
 from __future__ import annotations
@@ -68,17 +68,22 @@ def measure_matmul_peak(n: int = 2048, repeats: int = 5, dtype=None) -> float:
 
 def device_peak(
     backend: str, kind: str, configured: float = 0.0, measure: Callable[[], float] = measure_matmul_peak
-) -> tuple[float, str]:
-    """One device's peak FLOP/s and where it came from ("config", "datasheet" or "measured")."""
+) -> tuple[float | None, str]:
+    """One device's peak FLOP/s and where it came from ("config", "datasheet" or "measured"); on a
+    CPU without ``train.peak_flops``: ``(None, "none")``, no MFU at all. A CPU has no datasheet
+    peak, and a matmul timed at start-up measured 43 to 152 GFLOP/s on one machine depending on
+    what else ran (it shares the cores with the other processes of a job, and with anything else),
+    so an MFU against it swings 3x from its denominator alone and reads above 1."""
     if configured > 0:
         return configured, "config"
-    if backend != "cpu":
-        sheet = datasheet_peak(kind)
-        if sheet is not None:
-            return sheet, "datasheet"
-        log.warning(
-            "device kind %r is not in the datasheet table (bytelm/training/peak.py): MFU is against a "
-            "measured matmul peak, which reads high where the matmul runs in TF32; set train.peak_flops",
-            kind,
-        )
+    if backend == "cpu":
+        return None, "none"
+    sheet = datasheet_peak(kind)
+    if sheet is not None:
+        return sheet, "datasheet"
+    log.warning(
+        "device kind %r is not in the datasheet table (bytelm/training/peak.py): MFU is against a "
+        "measured matmul peak, which reads high where the matmul runs in TF32; set train.peak_flops",
+        kind,
+    )
     return measure(), "measured"
