@@ -52,7 +52,7 @@ from bytelm.sampling.sampler import SamplingOptions
 from bytelm.training import distributed
 from bytelm.training.host import configure_cpu_devices, keep_jax_off_absent_tpu, quiet_libtpu_without_tpu
 from bytelm.training.loop import train
-from bytelm.training.restore import restore_model, restore_trainer
+from bytelm.training.restore import ensure_run_record, restore_model, restore_trainer
 from bytelm.training.trainer import TrainingDiverged
 
 EXIT_USER_ERROR = 2
@@ -654,6 +654,7 @@ def add_patch(sub) -> None:
 def cmd_patch(args: argparse.Namespace) -> int:
     if args.png:
         check_output_file(args.png, "--png")
+    ensure_run_record(args.run_dir)  # (a damaged run.json is rebuilt, not refused)
     source = read_patch_source(args.run_dir)
     if args.file is not None:
         try:
@@ -1212,6 +1213,38 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+# -- run check ------------------------------------------------------------------------------------
+def add_run_check(sub) -> None:
+    p = sub.add_parser(
+        "check",
+        help="verify a run directory, repair what can be repaired (run.json), say what cannot",
+        description="Check RUN_DIR's config.toml, run.json (a damaged one is rebuilt from the config, the "
+        "newest checkpoint that restores and metrics.jsonl), every checkpoint (its files against the digests "
+        "written with it, then its parameters restored) and metrics.jsonl (a train record every "
+        "train.log_every steps: the records lost and from which step). One line per item: ok, repaired, "
+        "damaged, lost records or unusable. Exit 0 when the run is usable (its config and some checkpoint), "
+        "else 2.",
+    )
+    p.add_argument("run_dir", metavar="RUN_DIR", help="a run directory written by bytelm train or compare")
+    p.add_argument("--json", metavar="PATH", help="also write the findings as JSON to PATH")
+    p.set_defaults(func=cmd_run_check)
+
+
+def cmd_run_check(args: argparse.Namespace) -> int:
+    from bytelm.training.check import check_run, findings_json  # noqa: PLC0415
+
+    if args.json:
+        check_output_file(args.json, "--json")
+    if not RunDir(args.run_dir).config_path.is_file() and not RunDir(args.run_dir).has_info():
+        raise UserError(f"{args.run_dir} is not a run directory (no config.toml, no run.json)")
+    findings = check_run(args.run_dir)
+    for f in findings:
+        print(f"{f.state:12s} {f.what}" + (f": {f.detail}" if f.detail else ""))
+    if args.json:
+        atomic_write_text(args.json, findings_json(findings) + "\n")
+    return 2 if any(f.state == "unusable" for f in findings) else 0
+
+
 # -- probe ----------------------------------------------------------------------------------------
 def add_probe(sub) -> None:
     p = sub.add_parser(
@@ -1733,6 +1766,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_data_info(data_sub)
     add_data_prepare(data_sub)
     add_data_export_heldout(data_sub)
+    run = sub.add_parser("run", help="run directories: check (and repair) one")
+    run_sub = run.add_subparsers(dest="run_command", metavar="SUBCOMMAND", required=True, help="run command")
+    add_run_check(run_sub)
     add_train(sub)
     add_compile(sub)
     add_patch(sub)

@@ -53,6 +53,18 @@ CONFIG_END = "# end of the resolved config (bytelm)"
 _CHECKSUM = "checksum"  # run.json: the SHA-256 (first 16 hex digits) of the rest of the record
 
 
+class RunRecordDamaged(UserError):
+    """``run.json`` cannot be trusted; :func:`bytelm.training.restore.ensure_run_record` rebuilds it
+    from ``config.toml``, the checkpoints and ``metrics.jsonl``."""
+
+    def __init__(self, path, why: str):
+        super().__init__(
+            f"{path} {why}; the run directory's record is damaged: it is rebuilt from config.toml and the "
+            "checkpoints when bytelm next uses the run (bytelm run check RUN does it now)"
+        )
+        self.path, self.why = path, why
+
+
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 
 
@@ -361,19 +373,13 @@ class RunDir:
             with store_errors(self.info_path, "read"):
                 record = json.loads(self.info_path.read_text())
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise UserError(
-                f"cannot read {self.info_path}: {e}; the run directory is damaged, retrain it"
-            ) from None
+            raise RunRecordDamaged(self.info_path, f"cannot be read ({e})") from None
         if not isinstance(record, dict):
-            raise UserError(
-                f"{self.info_path} holds no run record (a JSON object); the run directory is damaged, "
-                "retrain it"
-            )
+            raise RunRecordDamaged(self.info_path, "holds no run record (a JSON object)")
         checksum = record.pop(_CHECKSUM, None)
         if checksum is not None and checksum != _checksum(record):
-            raise UserError(
-                f"{self.info_path} does not match its checksum: the file was changed or damaged since the "
-                "run wrote it; retrain the run (or restore the file)"
+            raise RunRecordDamaged(
+                self.info_path, "does not match its checksum (changed or damaged since the run wrote it)"
             )
         return record
 

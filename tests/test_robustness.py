@@ -253,19 +253,83 @@ def test_a_config_cut_at_a_line_boundary_is_refused_not_read_with_defaults(finis
         one_line_error(capsys.readouterr().err, "config.toml is incomplete")
 
 
-def test_a_truncated_run_json_fails_in_one_line_for_every_reader(finished_run, tmp_path, capsys):
+def test_a_truncated_run_json_is_rebuilt_and_eval_gives_the_same_bpb(finished_run, tmp_path, capsys, caplog):
+    """A run.json cut in half: every reader rebuilds it from config.toml, the newest checkpoint and
+    metrics.jsonl (one warning), and eval scores exactly what it scored before the damage."""
     run = copy_run(finished_run, tmp_path)
+    assert cli.main(["eval", str(run), "--json", str(tmp_path / "before.json")]) == 0
+    before = json.loads((tmp_path / "before.json").read_text())["models"][0]
+    original = RunDir(run).info()
     text = (run / "run.json").read_text()
-    (run / "run.json").write_text(text[: len(text) // 2])
     for command in (
-        ["sample", str(run), "--max-bytes", "4"],
-        ["export", "hf", str(run), "--out", str(tmp_path / "hf")],
         ["eval", str(run), "--json", str(tmp_path / "r.json")],
+        ["sample", str(run), "--max-bytes", "4"],
         ["patch", str(run), "--text", "the", "--threshold", "1"],
     ):
-        assert cli.main(command) == 2, command
-        one_line_error(capsys.readouterr().err, "run.json")
-    assert not (tmp_path / "hf").exists()
+        (run / "run.json").write_text(text[: len(text) // 2])
+        caplog.clear()
+        assert cli.main(command) == 0, (command, capsys.readouterr().err[-2000:])
+        assert "rebuilt from config.toml, checkpoint 6 and metrics.jsonl" in caplog.text, command
+        capsys.readouterr()
+    after = json.loads((tmp_path / "r.json").read_text())["models"][0]
+    assert after["bpb"] == before["bpb"] and after["step"] == before["step"] == 6
+    rebuilt = RunDir(run).info()
+    assert rebuilt["rebuilt"]["from_checkpoint"] == 6 and rebuilt["status"] == "finished"
+    for key in ("family", "fingerprint", "params", "train_flops_per_position", "positions_per_step", "step"):
+        assert rebuilt[key] == original[key], key
+    assert rebuilt["final_loss"] == original["final_loss"]
+    # a run without a checkpoint to rebuild from says so in one line
+    (run / "run.json").write_text("{")
+    shutil.rmtree(run / "checkpoints")
+    (run / "checkpoints").mkdir()
+    assert cli.main(["eval", str(run), "--json", str(tmp_path / "x.json")]) == 2
+    one_line_error(capsys.readouterr().err, "run.json", "no checkpoint")
+
+
+def test_a_cut_metrics_file_is_reported_with_the_records_lost(
+    finished_run, corpus_dir, tmp_path, capsys, caplog
+):
+    """metrics.jsonl cut to half a line (5 of its 6 train records lost) or ending in garbage: eval, a
+    resumed training and bytelm run check each say how many records were lost and from which step."""
+    run = copy_run(finished_run, tmp_path)
+    lines = (run / "metrics.jsonl").read_text().splitlines(keepends=True)
+    assert sum('"kind": "train"' in x for x in lines) == 6
+    (run / "metrics.jsonl").write_text(lines[0][: len(lines[0]) // 2])
+    assert cli.main(["eval", str(run), "--json", str(tmp_path / "r.json")]) == 0
+    assert "lost 6 of its 6 train records (from step 1)" in caplog.text
+    caplog.clear()
+    assert cli.main(["run", "check", str(run), "--json", str(tmp_path / "check.json")]) == 0
+    out = capsys.readouterr().out
+    assert "lost records" in out and "lost 6 of its 6 train records (from step 1)" in out
+    states = {Path(f["what"]).name: f["state"] for f in json.loads((tmp_path / "check.json").read_text())}
+    assert states["config.toml"] == states["run.json"] == states["6"] == "ok"
+    # garbage at the end of an intact file: the records before it are kept, the torn line is lost
+    run2 = copy_run(finished_run, tmp_path, "run2")
+    kept = [x for x in lines if '"kind": "train"' in x][:4]
+    (run2 / "metrics.jsonl").write_text("".join(kept) + "\x00garbage{")
+    assert cli.main(["run", "check", str(run2)]) == 0
+    assert "lost 2 of its 6 train records (from step 5)" in capsys.readouterr().out
+    # a resumed training (steps 6 -> 8: its records up to 6 are checked first)
+    cfg = load_config(None, sets(corpus_dir, **{"train.steps": 6})[1::2])
+    train(cfg, tmp_path / "resumed", stop_after=4)
+    metrics = tmp_path / "resumed" / "metrics.jsonl"
+    metrics.write_text(metrics.read_text().splitlines(keepends=True)[0])
+    caplog.clear()
+    train(cfg, tmp_path / "resumed")
+    assert "lost 3 of its 4 train records (from step 2)" in caplog.text
+
+
+def test_run_check_names_a_damaged_checkpoint_and_an_unusable_run(finished_run, tmp_path, capsys):
+    run = copy_run(finished_run, tmp_path)
+    empty_the_data_files(run, 6)
+    assert cli.main(["run", "check", str(run)]) == 0  # checkpoints 2 and 4 restore
+    out = capsys.readouterr().out
+    assert "damaged" in out and "checkpoints/6" in out and "ok           " in out
+    for step in (2, 4):
+        empty_the_data_files(run, step)
+    assert cli.main(["run", "check", str(run)]) == 2
+    assert "no checkpoint restores" in capsys.readouterr().out
+    assert cli.main(["run", "check", str(tmp_path / "nothing")]) == 2
 
 
 # -- damaged checkpoints ---------------------------------------------------------------------------

@@ -28,8 +28,9 @@ from bytelm.evaluation.results import EvalSet, ModelResult
 from bytelm.families import STATS_KEY
 from bytelm.ledger import Ledger
 from bytelm.rundir import RunDir, run_path
+from bytelm.training.check import metrics_line
 from bytelm.training.distributed import load_job_corpus
-from bytelm.training.restore import restore_trainer
+from bytelm.training.restore import ensure_run_record, restore_trainer
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +39,9 @@ Progress = Callable[[int, int], None]
 
 # -- corpora ---------------------------------------------------------------------------------
 def read_run_json(run_dir: str | Path) -> dict:
-    """A run's record (:class:`~bytelm.rundir.RunDir`); :class:`UserError` when missing or damaged."""
+    """A run's record (:class:`~bytelm.rundir.RunDir`), rebuilt first when it is damaged
+    (:func:`~bytelm.training.restore.ensure_run_record`); :class:`UserError` when missing."""
+    ensure_run_record(run_dir)
     return RunDir(run_dir).info()
 
 
@@ -182,6 +185,9 @@ def evaluate_trained(
     info = read_run_json(run_dir)
     scores, global_steps, pipeline_stats = evaluate_trainer(trainer, eval_set, progress=progress)
     step = trainer.step
+    lost = metrics_line(run_dir, trainer.cfg.train.log_every, int(info.get("step") or step))
+    if lost:
+        log.warning("%s", lost)
     positions = float(info.get("positions_per_step") or trainer.task.positions_per_step())
     per_position = info.get("train_flops_per_position")
     bytes_per_position = info.get("bytes_per_position")

@@ -32,11 +32,12 @@ from bytelm.errors import UserError
 from bytelm.families import STATS_KEY
 from bytelm.paths import check_output_dir
 from bytelm.rundir import RunDir, check_output_url, run_path, upload_directory, write_text
+from bytelm.training.check import metrics_line
 from bytelm.training.checkpoint import Checkpointer, CheckpointUnreadable
 from bytelm.training.clock import Clock
 from bytelm.training.distributed import agree, barrier, is_primary, load_job_corpus
 from bytelm.training.peak import device_peak, measure_matmul_peak
-from bytelm.training.restore import make_task
+from bytelm.training.restore import ensure_run_record, make_task, run_record
 from bytelm.training.trainer import (
     Trainer,
     TrainingDiverged,
@@ -250,6 +251,10 @@ class _Run:
             wandb_project=cfg.train.wandb_project,
             config=config_to_dict(cfg),
         )
+        if trainer.step and is_primary():  # (a resumed run: its curves' records up to here)
+            lost = metrics_line(run_dir, cfg.train.log_every, trainer.step)
+            if lost:
+                log.warning("%s", lost)
         self.segments = eval_slice(corpus, cfg.eval.eval_bytes) if cfg.eval.every else []
         self.t_start = time.perf_counter()
         self.last_loss, self.last_eval, self.stopped_by_signal = float("nan"), None, False
@@ -285,22 +290,7 @@ class _Run:
         return None if peak is None else peak * n_devices
 
     def _run_info(self, corpus) -> dict:
-        task, trainer = self.task, self.trainer
-        return {
-            "family": task.family,
-            "fingerprint": corpus.fingerprint,
-            "data": corpus.summary(),
-            "params": trainer.param_counts,
-            "train_flops_per_byte": task.train_flops_per_byte(),
-            "train_flops_per_position": task.train_flops_per_position(),
-            "bytes_per_position": task.bytes_per_position(),
-            "positions_per_step": task.positions_per_step(),
-            "peak_flops": self.peak_total,
-            "peak_source": self.peak_source,
-            "devices": trainer.mesh.devices.size,
-            "backend": jax.default_backend(),
-            **task.run_info(),
-        }
+        return run_record(self.task, self.trainer, corpus, self.peak_total, self.peak_source)
 
     # -- records ----------------------------------------------------------------------------
     def wall_s(self) -> float:
@@ -665,6 +655,8 @@ def train(
         check_output_dir(run_dir, "the run directory")
     with files.lock() if is_primary() else contextlib.nullcontext():  # one writer at a time
         check_run_config(run_dir, cfg)
+        if files.checkpoint_steps():
+            ensure_run_record(run_dir, corpus=corpus)
         finished = _finished_result(run_dir, cfg)
         if finished is not None:  # nothing left to do: leave the run as it is
             return finished

@@ -14,8 +14,9 @@ from bytelm.config import Config, load_run_config
 from bytelm.data import load_corpus_from_config
 from bytelm.errors import UserError
 from bytelm.families import ARTEFACT_KINDS, FAMILIES, Task, task_class
-from bytelm.rundir import RunDir, run_path
+from bytelm.rundir import RunDir, RunRecordDamaged, run_path
 from bytelm.training.checkpoint import Checkpointer
+from bytelm.training.distributed import barrier, is_primary
 from bytelm.training.trainer import Trainer, check_fingerprints, default_mesh
 
 log = logging.getLogger(__name__)
@@ -32,7 +33,12 @@ def make_task(cfg: Config, corpus, run_dir: Path | None = None) -> Task:
         kind = ARTEFACT_KINDS[kind_name]
         if kind.run_family is not None:
             modules[field], records[field] = _restore_artefact_run(getattr(cfg.model, field), field, kind)
-    record = RunDir(run_dir).info_or_empty() if run_dir is not None else {}
+    record = {}
+    if run_dir is not None:
+        try:
+            record = RunDir(run_dir).info_or_empty()
+        except RunRecordDamaged:  # (being rebuilt: what the task would read is derived again)
+            record = {}
     return cls(cfg, corpus, run_dir, modules=modules, records=records, record=record)
 
 
@@ -54,6 +60,95 @@ def _restore_artefact_run(value: str, field: str, kind) -> tuple[nnx.Module, dic
             f"{FAMILIES[kind.run_family].description} (family {kind.run_family!r})"
         )
     return restore_model(run_dir), record
+
+
+def run_record(task: Task, trainer: Trainer, corpus, peak_total: float | None, peak_source: str) -> dict:
+    """What ``run.json`` says of a run besides its progress: family, fingerprints, parameters, the
+    FLOP and byte rates, the MFU peak, the task's own record (tokenizer, ledger...)."""
+    return {
+        "family": task.family,
+        "fingerprint": corpus.fingerprint,
+        "data": corpus.summary(),
+        "params": trainer.param_counts,
+        "train_flops_per_byte": task.train_flops_per_byte(),
+        "train_flops_per_position": task.train_flops_per_position(),
+        "bytes_per_position": task.bytes_per_position(),
+        "positions_per_step": task.positions_per_step(),
+        "peak_flops": peak_total,
+        "peak_source": peak_source,
+        "devices": trainer.mesh.devices.size,
+        "backend": jax.default_backend(),
+        **task.run_info(),
+    }
+
+
+def ensure_run_record(run_dir: str | Path, *, corpus=None) -> None:
+    """Rebuild a damaged ``run.json`` (:class:`~bytelm.rundir.RunRecordDamaged`) from the run's
+    ``config.toml``, its newest checkpoint that restores and ``metrics.jsonl``, with a warning naming
+    what was lost; a readable record, or none, is left as it is. The rebuilt record carries
+    ``"rebuilt"``: its artefacts' and held-out bytes' fingerprints are today's, not those the run
+    was trained with."""
+    files = RunDir(run_dir)
+    try:
+        files.info_or_empty()
+        return
+    except RunRecordDamaged as damage:
+        why = damage.why
+    record = rebuild_run_record(run_dir, why, corpus=corpus)
+    if is_primary():
+        files.write_info(record)
+    barrier("bytelm: run record rebuilt")
+    log.warning(
+        "%s %s: rebuilt from config.toml, checkpoint %d and metrics.jsonl (status %s)",
+        files.info_path,
+        why,
+        record["step"],
+        record["status"],
+    )
+
+
+def rebuild_run_record(run_dir: str | Path, why: str, *, corpus=None) -> dict:
+    """The record :func:`ensure_run_record` writes (see there)."""
+    from bytelm.training.peak import device_peak  # noqa: PLC0415
+
+    files = RunDir(run_dir)
+    cfg = _run_config(run_dir)
+    if not files.checkpoint_steps():
+        raise UserError(
+            f"{files.info_path} {why}, and {run_dir} has no checkpoint to rebuild it from: retrain the run"
+        )
+    corpus = corpus if corpus is not None else load_corpus_from_config(cfg.data)
+    task = make_task(cfg, corpus, run_path(run_dir))
+    trainer = Trainer(cfg, task, mesh=_restore_mesh(cfg, run_path(run_dir)), init=False)
+    ckpt = Checkpointer(files.checkpoints_path, keep=cfg.train.keep_checkpoints)
+    try:
+        step, (_, meta), _ = ckpt.restore_newest(lambda s: ckpt.restore_params(s, trainer.params))
+    finally:
+        ckpt.close()
+    peak, source = device_peak(jax.default_backend(), jax.devices()[0].device_kind, cfg.train.peak_flops)
+    budgeted = cfg.train.time_budget_s > 0
+    planned = meta.get("horizon") if budgeted else cfg.train.steps
+    metrics = files.metrics()
+    losses = [r["loss"] for r in metrics if r.get("kind") == "train" and r.get("step") == step]
+    evals = [r["bpb"] for r in metrics if r.get("kind") == "eval" and r.get("step") == step]
+    return {
+        **run_record(
+            task, trainer, corpus, None if peak is None else peak * trainer.mesh.devices.size, source
+        ),
+        "status": "finished" if planned is not None and step >= planned else "stopped",
+        "step": step,
+        "planned_steps": planned,
+        "wall_s": meta.get("wall_s"),
+        "train_s": meta.get("train_s"),
+        **({"time_budget_s": cfg.train.time_budget_s} if budgeted else {}),
+        "final_loss": losses[-1] if losses else None,
+        "final_eval_bpb": evals[-1] if evals else None,
+        "rebuilt": {
+            "why": why,
+            "from_checkpoint": step,
+            "note": "fingerprints recorded at the rebuild, not at training",
+        },
+    }
 
 
 def restore_trainer(
@@ -82,6 +177,7 @@ def _run_config(run_dir: str | Path) -> Config:
 
 
 def _restore(run_dir: Path, cfg: Config, corpus, step: int | None) -> Trainer:
+    ensure_run_record(run_dir, corpus=corpus)
     task = make_task(cfg, corpus, run_dir)
     check_fingerprints(run_dir, task)
     trainer = Trainer(cfg, task, mesh=_restore_mesh(cfg, run_dir), init=False)
