@@ -20,6 +20,7 @@ from conftest import (  # noqa: F401  (WORDS: imported by other test modules)
 from bytelm import cli
 from bytelm.config import load_config, with_values
 from bytelm.errors import UserError
+from bytelm.rundir import RunDir
 from bytelm.training.clock import Clock
 from bytelm.training.loop import train
 from bytelm.training.optim import learning_rate_schedule
@@ -217,6 +218,50 @@ def test_nan_loss_stops_with_step_and_keeps_last_good_checkpoint(corpus_dir, tmp
     assert trainer.step == run["last_good_checkpoint"]
     assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(trainer.params))
     assert "Lower train.learning_rate" in str(e.value)
+
+
+def test_an_extended_run_equals_the_unextended_one_up_to_its_steps_and_goes_on(corpus_dir, tmp_path):
+    """train.steps raised on a finished run (and on an interrupted one) continues it: the first N
+    steps are the unextended run's, then a new warmup + cosine segment to the floor at M; the change
+    is recorded in run.json and every checkpoint; other differences are still refused, by key."""
+    base = {"eval.every": 0, "train.checkpoint_every": 2, "train.warmup_steps": 2}
+    six = load_config(None, tiny_overrides(corpus_dir, **{**base, "train.steps": 6}))
+    nine = load_config(None, tiny_overrides(corpus_dir, **{**base, "train.steps": 9}))
+    train(six, tmp_path / "short")
+    import shutil  # noqa: PLC0415
+
+    shutil.copytree(tmp_path / "short", tmp_path / "long")
+    result = train(nine, tmp_path / "long")
+    assert result.step == 9
+    short, long = metrics(tmp_path / "short"), metrics(tmp_path / "long")
+    assert [r["loss"] for r in long[:6]] == [r["loss"] for r in short]  # the first 6 steps: the same
+    assert [r["step"] for r in long] == list(range(1, 10))
+    # steps 7-9 run the schedule of a fresh run of 3 steps (warmup again, cosine to the floor at 9)
+    schedule = learning_rate_schedule(nine.train)
+    fresh = [float(schedule(c, 3)) for c in range(3)]
+    assert [r["lr"] for r in long[6:]] == pytest.approx(fresh, rel=1e-6)
+    assert [r["lr"] for r in long[:6]] == pytest.approx([r["lr"] for r in short], rel=1e-6)
+    info = RunDir(tmp_path / "long").info()
+    assert info["status"] == "finished" and info["step"] == 9 and info["planned_steps"] == 9
+    assert info["extensions"] == [{"from": 6, "to": 9, "steps_before": 6}]
+    # an interrupted extended run resumes inside its segment (kept in the checkpoints' meta)
+    twelve = load_config(None, tiny_overrides(corpus_dir, **{**base, "train.steps": 12}))
+    shutil.copytree(tmp_path / "short", tmp_path / "split")
+    train(twelve, tmp_path / "split", stop_after=2)
+    train(twelve, tmp_path / "split")
+    shutil.copytree(tmp_path / "short", tmp_path / "whole")
+    train(twelve, tmp_path / "whole")
+    assert [r["loss"] for r in metrics(tmp_path / "split")] == [
+        r["loss"] for r in metrics(tmp_path / "whole")
+    ]
+    # fewer steps, or any other key, is refused naming it
+    with pytest.raises(UserError, match=r"train.steps: checkpoint has 9, now 6 \(a run can be extended"):
+        train(six, tmp_path / "long")
+    other = load_config(
+        None, tiny_overrides(corpus_dir, **{**base, "train.steps": 12, "train.learning_rate": 1e-2})
+    )
+    with pytest.raises(UserError, match=r"train.learning_rate: checkpoint has 0.003, now 0.01"):
+        train(other, tmp_path / "long")
 
 
 def test_resume_refuses_a_different_config(corpus_dir, tmp_path):

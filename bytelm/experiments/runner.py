@@ -360,7 +360,12 @@ class Runner:
             values["train.time_budget_s"] = self.exp.time_budget_s * run.fraction
         run.cfg = with_values(cfg, values)
         run.steps = None if timed and not run.artefact else steps
-        trainer.check_run_config(run.run_dir, run.cfg)
+        extended_from = trainer.check_run_config(run.run_dir, run.cfg)
+        if extended_from is not None:  # (an experiment's run is its budget's schedule, never an extension)
+            raise UserError(
+                f"the run directory {run.run_dir} holds a run of {extended_from} steps, this plan makes "
+                f"{steps}: its budget or settings changed; use a new --out directory"
+            )
 
     # -- stage 0: the corpus
     def prepare(self) -> None:

@@ -213,7 +213,9 @@ class _Run:
     """One invocation of :func:`train` on a run directory: its checkpoints, metrics, periodic
     evaluations and ``run.json``, around the trainer's steps."""
 
-    def __init__(self, cfg: Config, run_dir: Path, trainer: Trainer, corpus):
+    def __init__(
+        self, cfg: Config, run_dir: Path, trainer: Trainer, corpus, extended_from: int | None = None
+    ):
         self.cfg, self.run_dir, self.trainer, self.task = cfg, run_dir, trainer, trainer.task
         self.files = RunDir(run_dir)
         self.files.metrics()  # (read first: a damaged record stops the run before any file is touched)
@@ -244,6 +246,23 @@ class _Run:
         self.flops_per_step = self.task.train_flops_per_position() * self.task.positions_per_step()
         self.ledger = self.task.ledger()  # own + auxiliary FLOPs (bytelm/ledger.py)
         self.info = self._run_info(corpus)
+        # an extended run: its schedule's segments (docs/architecture.md, "Extending a run")
+        extensions = list(self.files.info_or_empty().get("extensions", [])) if trainer.step else []
+        if extended_from is not None and trainer.step:
+            extensions.append({"from": trainer.step, "to": cfg.train.steps, "steps_before": extended_from})
+            log.info(
+                "extending %s from %d to %d steps: the schedule warms up again at step %d and decays to "
+                "its floor at %d",
+                run_dir,
+                extended_from,
+                cfg.train.steps,
+                trainer.step,
+                cfg.train.steps,
+            )
+        if extended_from is not None and trainer.step:
+            trainer.segment_start = trainer.step  # (kept in every checkpoint from here: meta)
+        if extensions:
+            self.info["extensions"] = extensions
         self.metrics: _Metrics | None = _Metrics(
             self.files,
             trainer.step,
@@ -278,6 +297,7 @@ class _Run:
         self.wall0 = float(meta.get("wall_s", 0.0))
         self.train_s0 = float(meta.get("train_s", self.wall0))
         self.horizon0 = meta.get("horizon")
+        self.trainer.segment_start = int(meta.get("segment_start", 0))
         log.info("resumed %s at step %d", self.run_dir, self.trainer.step)
 
     def _peak_flops(self) -> float | None:
@@ -318,6 +338,7 @@ class _Run:
             "horizon": self.clock.horizon,
             "data": {"step": step, "seed": self.cfg.train.seed},
             "stats": self.stats_run,
+            "segment_start": self.trainer.segment_start,
         }
         self.ckpt.save(step, self.trainer.state_tree(), meta)
         self.last_good_step = step
@@ -654,7 +675,7 @@ def train(
     if not files.remote:
         check_output_dir(run_dir, "the run directory")
     with files.lock() if is_primary() else contextlib.nullcontext():  # one writer at a time
-        check_run_config(run_dir, cfg)
+        extended_from = check_run_config(run_dir, cfg)
         if files.checkpoint_steps():
             ensure_run_record(run_dir, corpus=corpus)
         finished = _finished_result(run_dir, cfg)
@@ -670,7 +691,7 @@ def train(
         if is_primary():
             files.write_config(dump_config(cfg))
         with _SignalFlag() as flag:
-            run = _Run(cfg, run_dir, Trainer(cfg, task), corpus)
+            run = _Run(cfg, run_dir, Trainer(cfg, task), corpus, extended_from=extended_from)
             try:
                 run.loop(flag, progress, stop_after)
             except TrainingDiverged:  # (recorded as "diverged" already)

@@ -39,26 +39,31 @@ MUON_RMS = 0.2  # Muon's update RMS, matched to AdamW's (Liu et al. 2025, sectio
 _HEAD_AXES = ("heads", "kv")  # an attention projection's per-head output (or input) axes
 
 
-def schedule_plan(tcfg, horizon) -> dict:
-    """The schedule's run-time arguments: ``horizon``, ``peak`` (``train.learning_rate``) and
-    ``warmup`` (``train.warmup_steps``), float32 scalars."""
+def schedule_plan(tcfg, horizon, start: int = 0) -> dict:
+    """The schedule's run-time arguments: ``horizon``, ``peak`` (``train.learning_rate``),
+    ``warmup`` (``train.warmup_steps``) and ``start``, the step its current segment began at (0; an
+    extended run's: the step it was extended at, docs/architecture.md), float32 scalars."""
     return {
         "horizon": np.float32(horizon),
         "peak": np.float32(tcfg.learning_rate),
         "warmup": np.float32(tcfg.warmup_steps),
+        "start": np.float32(start),
     }
 
 
 def learning_rate_schedule(tcfg):
-    """``schedule(count, horizon, peak=None, warmup=None)``: ``peak / warmup`` -> ``peak``
+    """``schedule(count, horizon, peak=None, warmup=None, start=0)``: ``peak / warmup`` -> ``peak``
     linearly over ``warmup = min(warmup, horizon - 1)`` steps (so the first update is not wasted at
     0), then cosine to ``peak * min_lr_ratio`` at ``horizon``, held there after it. ``peak`` and
-    ``warmup`` default to ``train.learning_rate`` and ``train.warmup_steps``."""
+    ``warmup`` default to ``train.learning_rate`` and ``train.warmup_steps``. With ``start`` > 0 (an
+    extended run's segment) the same shape runs from step ``start`` to ``horizon``: warmup again,
+    then cosine to the floor at the new horizon."""
     ratio = float(tcfg.min_lr_ratio)
 
-    def schedule(count, horizon, peak=None, warmup=None):
-        count = jnp.asarray(count, jnp.float32)
-        horizon = jnp.asarray(horizon, jnp.float32)
+    def schedule(count, horizon, peak=None, warmup=None, start=0.0):
+        start = jnp.asarray(start, jnp.float32)
+        count = jnp.asarray(count, jnp.float32) - start
+        horizon = jnp.asarray(horizon, jnp.float32) - start
         peak = jnp.asarray(tcfg.learning_rate if peak is None else peak, jnp.float32)
         warmup = jnp.asarray(tcfg.warmup_steps if warmup is None else warmup, jnp.float32)
         end = peak * ratio
@@ -84,7 +89,7 @@ def _scale_by_schedule_at_horizon(schedule) -> optax.GradientTransformationExtra
 
     def update(updates, state, params=None, *, plan, **extra):
         del params, extra
-        step_size = -schedule(state.count, plan["horizon"], plan["peak"], plan["warmup"])
+        step_size = -schedule(state.count, plan["horizon"], plan["peak"], plan["warmup"], plan["start"])
 
         def scaled(g):
             # a parameter's own multiplier (metadata "lr_scale": H-Net's per-stage rates), else 1

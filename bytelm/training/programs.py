@@ -59,7 +59,7 @@ class Programs:
         self._placed_inits: dict = {}
         schedule = learning_rate_schedule(spec)
         self.lr = jax.jit(
-            lambda count, plan: schedule(count, plan["horizon"], plan["peak"], plan["warmup"])
+            lambda count, plan: schedule(count, plan["horizon"], plan["peak"], plan["warmup"], plan["start"])
         )  # one call, not a dozen eager ops
 
     def placed_opt_init(self, mesh, shardings):

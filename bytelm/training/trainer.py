@@ -86,11 +86,13 @@ def count_params(state: nnx.State) -> dict:
     return {"total": total, "embedding": embedding, "non_embedding": total - embedding, "ngram": ngram}
 
 
-def check_run_config(run_dir: Path, cfg: Config) -> None:
-    """Refuse to resume a run directory whose recorded config disagrees with ``cfg``."""
+def check_run_config(run_dir: Path, cfg: Config) -> int | None:
+    """Refuse to resume a run directory whose recorded config disagrees with ``cfg``, naming every key
+    that differs, except ``train.steps`` raised (a step-planned run is extended: docs/architecture.md,
+    "Extending a run"); returns the recorded ``train.steps`` then, else None."""
     rd = RunDir(run_dir)
     if not rd.has_config():
-        return
+        return None
     try:
         old = config_to_dict(load_run_config(rd))
     except UserError as e:
@@ -99,19 +101,29 @@ def check_run_config(run_dir: Path, cfg: Config) -> None:
         ) from None
     new = config_to_dict(cfg)
     diffs = []
+    extended_from = None
     for section in sorted(set(old) | set(new)):
         a, b = old.get(section, {}), new.get(section, {})
         for key in sorted(set(a) | set(b)):
             if (section, key) in RESUMABLE_CHANGES:
                 continue
-            if a.get(key) != b.get(key):
-                diffs.append(f"{section}.{key}: checkpoint has {a.get(key)!r}, now {b.get(key)!r}")
+            if a.get(key) == b.get(key):
+                continue
+            budgeted = a.get("time_budget_s") or b.get("time_budget_s")
+            if (section, key) == ("train", "steps") and not budgeted and b[key] > a[key]:
+                extended_from = int(a[key])  # an extension: more steps, the rest the same
+                continue
+            why = ""
+            if (section, key) == ("train", "steps"):
+                why = " (a run can be extended to more steps, not shortened; a time-budgeted one by time)"
+            diffs.append(f"{section}.{key}: checkpoint has {a.get(key)!r}, now {b.get(key)!r}{why}")
     if diffs:
         raise UserError(
             f"the run directory {run_dir} holds a run with a different config, so it cannot be resumed: "
             + "; ".join(diffs)
             + ". Use a new --out directory, or the original config."
         )
+    return extended_from
 
 
 def default_mesh(cfg: Config):
@@ -186,6 +198,8 @@ class Trainer:
         self._lr = self.programs.lr
         # the step at which the schedule ends: train.steps, or what a time-budgeted run plans
         self.horizon = cfg.train.steps
+        # the step the schedule's current segment began at: 0, or where the run was extended
+        self.segment_start = 0
         # Every leaf on the mesh from the start, placed as the parameters are (FSDP shards Adam's moments
         # too), the step counts replicated (sharding.state_shardings): a leaf that only lands on the mesh
         # after the first step would make the second step compile again.
@@ -249,7 +263,7 @@ class Trainer:
 
     def train_step(self, batch: dict) -> dict:
         # arguments: a new horizon (or learning rate, or warmup) does not compile the step again
-        plan = self.last_plan = schedule_plan(self.cfg.train, self.horizon)
+        plan = self.last_plan = schedule_plan(self.cfg.train, self.horizon, self.segment_start)
         seed_step = np.asarray([self.cfg.train.seed, self.step], np.uint32)
         if self.ema is None:
             self.params, self.opt_state, metrics = self._train_step(
