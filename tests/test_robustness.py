@@ -155,7 +155,15 @@ def test_sigterm_stops_a_multi_run_job_with_exit_0_and_the_same_command_resumes(
     checkpoint and exits 0 with one line; the same command then finishes the job."""
     out = tmp_path / "out"
     if command == "compare":
-        args = ["compare", "--preset", "test", "--data", f"files:{corpus_dir}", "--out", str(out)]
+        from bytelm.config import shipped_configs  # noqa: PLC0415
+
+        preset = tmp_path / "one.toml"  # the test preset with one model (its model list replaced)
+        preset.write_text(
+            f'include = "{shipped_configs() / "compare" / "test.toml"}"\n[compare]\nprobes = false\n'
+            f'[[model]]\nname = "byte"\nconfig = "{shipped_configs() / "tiny" / "byte.toml"}"\n'
+            'set = ["model.d_model=32", "model.n_layers=2", "model.n_heads=2", "model.mlp_dim=64"]\n'
+        )
+        args = ["compare", "--preset", str(preset), "--data", f"files:{corpus_dir}", "--out", str(out)]
         done_file = out / "report.json"
     else:
         from test_ablate import micro_grid  # noqa: PLC0415
