@@ -1361,6 +1361,7 @@ def add_compare(sub) -> None:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
+    started = time.perf_counter()
     check_output_dir(args.out, "--out")
     _join_processes(args)
     primary = distributed.is_primary()
@@ -1380,8 +1381,11 @@ def cmd_compare(args: argparse.Namespace) -> int:
     if primary:
         print(terminal_report(result.report))
         print(
-            f"wall time {seconds(result.report['compare']['wall_s'])}; wrote {result.report_md}, "
-            f"{result.report_json}, {result.plot}"
+            f"wall time {seconds(result.report['compare']['wall_s'])}, its stages summed over every "
+            f"invocation on {args.out} (this one: {seconds(time.perf_counter() - started)}); wrote "
+            f"{result.report_md}, "
+            f"{result.report_json}, {result.plot} and scores.jsonl, pairs.png"
+            + (", probes.png" if (result.report.get("probes") or {}).get("models") else "")
         )
     return 0
 

@@ -233,7 +233,7 @@ def _read_toml(path: Path) -> dict:
         with open(path, "rb") as f:
             return tomllib.load(f)
     except FileNotFoundError:
-        raise UserError(f"config file not found: {path}") from None
+        raise UserError(f"config file not found: {path}; {shipped_names_line(path)}") from None
     except tomllib.TOMLDecodeError as e:
         raise UserError(f"cannot parse config file {path}: {e}") from None
     except UnicodeDecodeError as e:
@@ -259,6 +259,19 @@ def shipped_configs() -> Path:
     """The configs and presets that ship inside the package (``bytelm/configs``, package data;
     ``configs/`` at the repository root is a link to it)."""
     return Path(str(importlib.resources.files("bytelm") / "configs"))
+
+
+def shipped_names_line(path: str | Path) -> str:
+    """The shipped configs a user may name (``tiny/byte``...), those of the missing name's folder
+    first, as the end of a "not found" line."""
+    root = shipped_configs()
+    names = sorted(p.relative_to(root).with_suffix("").as_posix() for p in root.glob("*/*.toml"))
+    names = [n for n in names if not n.startswith(("compare/", "ablations/"))]
+    folder = Path(path).parent.name
+    near = [n for n in names if n.startswith(f"{folder}/")]
+    shown = near or names
+    more = f" (and {len(names) - len(shown)} more: configs/)" if len(shown) < len(names) else ""
+    return f"give a TOML file, or a shipped config by name: {', '.join(shown)}{more}"
 
 
 def resolve_config_path(path: str | Path) -> Path:

@@ -340,6 +340,44 @@ def test_run_check_names_a_damaged_checkpoint_and_an_unusable_run(finished_run, 
     assert cli.main(["run", "check", str(tmp_path / "nothing")]) == 2
 
 
+def test_the_misleading_lines_are_true(corpus_dir, tmp_path, capsys):
+    """Each line the new-user trial found misleading, now saying what is the case."""
+    from bytelm.training.checkpoint import restore_reason  # noqa: PLC0415
+
+    # an empty data file is called empty, not a held-out part without documents
+    (tmp_path / "empty.txt").write_bytes(b"")
+    assert cli.main(["data", "info", "--data", f"files:{tmp_path / 'empty.txt'}"]) == 2
+    one_line_error(capsys.readouterr().err, "holds no bytes (the file is empty)")
+    # a failed restore names the file tensorstore could not read, not the repr of its objects
+    error = ValueError(
+        '<bound method pybind11_detail_function_record_v1.spec of TensorStore({"driver": "ocdbt", '
+        '"kvstore": {"path": "/r/checkpoints/4/state/d/abc"}})>: CRC mismatch'
+    )
+    assert (
+        restore_reason(error)
+        == "ValueError: a file of the checkpoint cannot be read (/r/checkpoints/4/state/d/abc)"
+    )
+    assert restore_reason(OSError("disk gone")) == "OSError: disk gone"
+    # a config name that does not exist lists the shipped ones of its folder
+    assert cli.main(["train", "tiny/nonexistent", "--out", str(tmp_path / "x")]) == 2
+    err = capsys.readouterr().err
+    one_line_error(err, "config file not found", "tiny/byte", "tiny/blt")
+    # a train that fails its checks leaves no --out behind (not even a .lock)
+    assert (
+        cli.main(
+            ["train", "tiny/byte", *sets(corpus_dir, **{"train.seq_len": 32}), "--out", str(tmp_path / "v")]
+        )
+        == 2
+    )
+    one_line_error(capsys.readouterr().err, "evaluation segment needs")
+    assert not (tmp_path / "v").exists()
+    # convert hf-blt on another model's folder names its model type before looking for weights
+    (tmp_path / "llama").mkdir()
+    (tmp_path / "llama" / "config.json").write_text('{"model_type": "llama"}')
+    assert cli.main(["convert", "hf-blt", str(tmp_path / "llama"), "--out", str(tmp_path / "conv")]) == 2
+    one_line_error(capsys.readouterr().err, "model_type 'llama' is not 'blt'")
+
+
 # -- damaged checkpoints ---------------------------------------------------------------------------
 def empty_the_data_files(run: Path, step: int) -> None:
     for path in (run / "checkpoints" / str(step)).rglob("*"):

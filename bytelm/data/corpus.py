@@ -1002,6 +1002,9 @@ def _check_split(corpus: Corpus, spec: str, heldout_fraction: float) -> None:
     n = corpus.n_documents
     if n == 0:
         raise UserError(f"data spec {spec!r} yields no documents")
+    if corpus.n_bytes == 0:
+        what = "the file is empty" if n == 1 else f"its {n} documents are all empty"
+        raise UserError(f"data spec {spec!r} holds no bytes ({what}): give files with some text")
     held = int(corpus.heldout.sum())
     hint = (
         "split the files into more documents with '?split=paragraph' or '?split=line' on the files: spec, "

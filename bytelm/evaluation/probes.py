@@ -544,11 +544,13 @@ def probe_runs(
         "models": {},
     }
     if len(probe_set.choice) < MIN_ITEMS:
+        docs = len({s.doc for s in eval_set.segments})
         record["skipped"] = (
-            f"only {len(probe_set.choice)} continuation items could be built from the held-out segments "
-            f"(at least {MIN_ITEMS} are needed, each from a segment of at least "
-            f"{settings.context_bytes} bytes plus {settings.continuation_chars} characters): score more "
-            "held-out bytes (data.max_eval_bytes) or longer segments (data.segment_bytes)"
+            f"only {len(probe_set.choice)} continuation items could be built from the held-out segments of "
+            f"{docs} document{'s' * (docs != 1)} (at least {MIN_ITEMS} are needed, each from a segment of "
+            f"at least {settings.context_bytes} bytes plus {settings.continuation_chars} characters, with "
+            "three spans of other held-out documents): hold out more documents (data.heldout_fraction), "
+            "score more held-out bytes (data.max_eval_bytes) or longer segments (data.segment_bytes)"
         )
         return record
     cache = Path(out) if out is not None else None

@@ -389,7 +389,28 @@ class Runner:
             f"corpus {self.corpus.spec}: {e.n_bytes:,} held-out bytes in {len(e.data):,} segments, "
             f"fingerprint {e.fingerprint[:16]}..."
         )
+        self.check_data_of_out()
         self.timed("corpus", t0)
+
+    def check_data_of_out(self) -> None:
+        """``OUT/data.json`` names the data an output directory was made with; another corpus (whose
+        tokenizer and runs would be reused by mistake) is refused in one line."""
+        marker = self.out / "data.json"
+        mine = {"spec": self.corpus.spec, "fingerprint": self.eval_set.fingerprint}
+        if marker.is_file():
+            try:
+                theirs = json.loads(marker.read_text())
+            except (ValueError, UnicodeDecodeError):
+                theirs = {}
+            if isinstance(theirs, dict) and theirs.get("fingerprint") not in (None, mine["fingerprint"]):
+                raise UserError(
+                    f"{self.out} holds a {self.exp.kind} of the data {theirs.get('spec')!r} (held-out "
+                    f"fingerprint {str(theirs.get('fingerprint'))[:16]}...), not of {mine['spec']!r} "
+                    f"({mine['fingerprint'][:16]}...): its tokenizer and runs belong to that data; use "
+                    "another --out, or the data it was made with"
+                )
+        elif is_primary():
+            atomic_write_text(marker, json.dumps(mine) + "\n")
 
     # -- stage 1: artefacts
     def tokenizer_cells(self) -> list[dict]:

@@ -643,6 +643,11 @@ def convert_hf_blt(
                 f"{d} already holds a run: choose a new --out (conversion never overwrites a run)"
             )
     config = read_config_json(hf_dir)
+    if config.get("model_type") not in (None, "blt"):  # (said before the weights are looked for)
+        raise UserError(
+            f"{hf_dir / CONFIG_FILE}: model_type {config.get('model_type')!r} is not 'blt': 'convert hf-blt' "
+            "takes a BltForCausalLM folder (a Llama-style byte LM is exported, not converted, by bytelm)"
+        )
     tensors = SafetensorsFolder(hf_dir)
     blt_cfg, entropy_cfg, note = blt_configs_from_hf(
         config,

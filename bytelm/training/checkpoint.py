@@ -22,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import re
 import sys
 import threading
 import traceback
@@ -152,6 +153,21 @@ def _asyncio_noise(record: logging.LogRecord) -> bool:
     )
 
 
+_PATH_IN_ERROR = re.compile(r"""["']path["']\s*:\s*["']([^"']+)["']""")
+
+
+def restore_reason(e: BaseException) -> str:
+    """One readable line for a failed restore: the error's first line, or, where tensorstore put the
+    repr of one of its objects there (``<bound method ... of TensorStore({...``), the file it names."""
+    text = str(e).strip()
+    first = text.splitlines()[0] if text else ""
+    if "<bound method" in first or "TensorStore(" in first or len(first) > 300:
+        found = _PATH_IN_ERROR.search(text)
+        where = f" ({found.group(1)})" if found else ""
+        return f"{type(e).__name__}: a file of the checkpoint cannot be read{where}"
+    return f"{type(e).__name__}: {first}"
+
+
 class Checkpointer:
     def __init__(self, directory: Path, *, keep: int):
         path = run_path(directory)  # (a URL: orbax writes to the object store, finalising with a marker)
@@ -273,8 +289,7 @@ class Checkpointer:
                 raise ValueError(f"its meta record is {out['meta']!r}, not step {step}'s")
             return out
         except Exception as e:  # (orbax and tensorstore raise many kinds: each means "not restorable")
-            first = str(e).strip().splitlines()[0] if str(e).strip() else ""
-            raise CheckpointUnreadable(step, self.directory, f"{type(e).__name__}: {first[:300]}") from None
+            raise CheckpointUnreadable(step, self.directory, restore_reason(e)) from None
 
     def wait(self) -> None:
         self.manager.wait_until_finished()

@@ -674,6 +674,17 @@ def train(
         )
     if not files.remote:
         check_output_dir(run_dir, "the run directory")
+    created = not files.remote and not Path(run_dir).exists()
+    try:
+        return _train_locked(cfg, run_dir, files, progress, corpus, stop_after, allow_cpu)
+    except BaseException:
+        # a run that failed before it wrote anything leaves no directory behind (only its .lock)
+        if created and is_primary() and not files.has_config():
+            shutil.rmtree(run_dir, ignore_errors=True)
+        raise
+
+
+def _train_locked(cfg, run_dir, files, progress, corpus, stop_after, allow_cpu) -> TrainResult:
     with files.lock() if is_primary() else contextlib.nullcontext():  # one writer at a time
         extended_from = check_run_config(run_dir, cfg)
         if files.checkpoint_steps():
