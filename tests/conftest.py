@@ -209,7 +209,23 @@ def pytest_collection_modifyitems(session, config, items):
     items.sort(key=rank)  # stable: the collection order within a rank
 
 
-# The smallest model of every family (a window of 64): batch invariance, conditional scoring
+# The settings and the smallest model of every family (a window of 64): batch invariance, conditional scoring
+TINY_COMMON = {
+    "data.segment_bytes": 48,
+    "data.max_eval_bytes": 2400,
+    "data.heldout_fraction": 0.2,
+    "train.batch_size": 4,
+    "train.seq_len": 64,
+    "train.steps": 2,
+    "train.warmup_steps": 1,
+    "train.log_every": 1,
+    "train.checkpoint_every": 100,
+    "train.peak_flops": 1e11,
+    "eval.every": 0,
+    "eval.batch_size": 4,
+}
+
+
 TINY_FAMILIES = {
     "byte": {
         "model.family": "byte",

@@ -12,6 +12,7 @@ segments, leaving about 1e-8).
 
 import numpy as np
 import pytest
+from conftest import TINY_COMMON as COMMON
 from conftest import TINY_FAMILIES as FAMILIES
 from conftest import word_corpus
 
@@ -21,21 +22,6 @@ from bytelm.data import load_corpus_from_config
 from bytelm.training.loop import train
 from bytelm.training.restore import make_task
 from bytelm.training.trainer import Trainer
-
-COMMON = {
-    "data.segment_bytes": 48,
-    "data.max_eval_bytes": 2400,
-    "data.heldout_fraction": 0.2,
-    "train.batch_size": 4,
-    "train.seq_len": 64,
-    "train.steps": 2,
-    "train.warmup_steps": 1,
-    "train.log_every": 1,
-    "train.checkpoint_every": 100,
-    "train.peak_flops": 1e11,
-    "eval.every": 0,
-    "eval.batch_size": 4,
-}
 
 
 def overrides(corpus_dir, extra):

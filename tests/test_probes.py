@@ -7,6 +7,7 @@ import math
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import TINY_COMMON as INVARIANCE
 from conftest import TINY_FAMILIES as FAMILIES
 from conftest import word_corpus, write_files
 from flax import nnx
@@ -200,12 +201,7 @@ def test_summary_intervals_bracket_the_point_and_groups_cover_items(eval_set):
 
 # -- conditional scoring for every family --------------------------------------------------------
 COMMON = {
-    "data.segment_bytes": 48,
-    "data.max_eval_bytes": 2400,
-    "data.heldout_fraction": 0.2,
-    "train.batch_size": 4,
-    "train.seq_len": 64,
-    "eval.batch_size": 4,
+    k: v for k, v in INVARIANCE.items() if k.startswith(("data.", "train.batch", "train.seq", "eval.batch"))
 }
 
 

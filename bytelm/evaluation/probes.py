@@ -154,6 +154,11 @@ def _span(chars: list[str], off: np.ndarray, start: int, n: int) -> bytes:
     return encode(chars[start : start + n])
 
 
+def _item_of(segment, kind: str) -> dict:
+    """What every probe item records of where it comes from."""
+    return {"kind": kind, "doc": segment.doc, "name": segment.name, "group": segment.group}
+
+
 def _choice_items(eval_set, settings: ProbeSettings, rng: np.random.Generator) -> tuple[list[dict], dict]:
     segs, data = eval_set.segments, eval_set.data
     n_cont, ctx_bytes, limit = settings.continuation_chars, settings.context_bytes, settings.max_bytes
@@ -207,10 +212,7 @@ def _choice_items(eval_set, settings: ProbeSettings, rng: np.random.Generator) -
             truncated[kind] += cut
         items.append(
             {
-                "kind": "choice",
-                "doc": segs[i].doc,
-                "name": segs[i].name,
-                "group": segs[i].group,
+                **_item_of(segs[i], "choice"),
                 "context": context,
                 "candidates": candidates,
                 "answer": answer,
@@ -283,10 +285,7 @@ def _spelling_items(
             continue
         items.append(
             {
-                "kind": "spelling",
-                "doc": segs[i].doc,
-                "name": segs[i].name,
-                "group": segs[i].group,
+                **_item_of(segs[i], "spelling"),
                 "real": real,
                 "altered": fake,
                 "edit": edit,
