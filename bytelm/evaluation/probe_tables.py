@@ -36,6 +36,13 @@ def probe_lines(probes: dict | None) -> list[str]:
         "bootstrap over the items' documents. Chance: 0.25 (choice), 0.5 (spelling).",
         "",
     ]
+    if probes.get("cross_group_items"):
+        lines += [
+            f"{probes['cross_group_items']} of the {probes['choice_items']} continuation items draw their "
+            "distractors from other groups (their own had fewer than three other held-out documents): "
+            "another language's script or another package's style makes them easier than the rest.",
+            "",
+        ]
     rows = []
     for name, f in models.items():
         c, sp = f.get("choice", {}), f.get("spelling", {})

@@ -216,6 +216,8 @@ def _choice_items(eval_set, settings: ProbeSettings, rng: np.random.Generator) -
                 "context": context,
                 "candidates": candidates,
                 "answer": answer,
+                # (distractors from other groups are easier: another language's script, another package)
+                "distractors": "same group" if pool is same else "any group",
                 "noised": noised,
             }
         )
@@ -539,6 +541,7 @@ def probe_runs(
             "context_bytes": settings.context_bytes,
         },
         "choice_items": len(probe_set.choice),
+        "cross_group_items": sum(it["distractors"] == "any group" for it in probe_set.choice),
         "spelling_items": len(probe_set.spelling),
         "models": {},
     }
