@@ -746,8 +746,13 @@ def test_fuzz_damaged_run_directories_work_or_fail_in_one_line(bpe_run, tmp_path
             assert "Traceback" not in err, (what, command[0], err[-3000:])
             if rc == 2:
                 one_line_error(err)
+            after = digests(work)
+            if kind == "run.json" and rc == 0 and after.get("run/run.json") != before.get("run/run.json"):
+                # a damaged record is rebuilt by every reader (from the config and the checkpoints)
+                assert "rebuilt" in RunDir(work / "run").info(), (what, command[0])
+                before["run/run.json"] = after["run/run.json"]
             if rc == 2 or command[0] != "train":
-                assert digests(work) == before, (what, command[0], "changed a file")
+                assert after == before, (what, command[0], "changed a file")
     print(outcomes)
     assert outcomes.get(2, 0) >= 10 and outcomes.get(0, 0) >= 10  # (both outcomes exercised)
 

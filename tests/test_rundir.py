@@ -8,7 +8,7 @@ import pytest
 
 import bytelm
 from bytelm.errors import UserError
-from bytelm.rundir import RunDir
+from bytelm.rundir import RunDir, RunRecordDamaged
 
 
 def test_only_rundir_names_the_run_files():
@@ -40,7 +40,7 @@ def test_record_status_and_metrics(tmp_path, caplog):
     with pytest.raises(UserError, match="line 2 is not JSON"):
         rd.metrics()
     rd.info_path.write_text('{"status": "fini')
-    with pytest.raises(UserError, match="cannot read .*run.json.*damaged"):
+    with pytest.raises(RunRecordDamaged, match="run.json cannot be read .*damaged: it is rebuilt"):
         rd.info()
     rd.info_path.write_text("[1, 2]")
     with pytest.raises(UserError, match="holds no run record"):
