@@ -747,7 +747,8 @@ def test_fuzz_damaged_run_directories_work_or_fail_in_one_line(bpe_run, tmp_path
             if rc == 2:
                 one_line_error(err)
             after = digests(work)
-            if kind == "run.json" and rc == 0 and after.get("run/run.json") != before.get("run/run.json"):
+            changed = after.get("run/run.json") != before.get("run/run.json")
+            if kind == "run.json" and rc == 0 and command[0] != "train" and changed:
                 # a damaged record is rebuilt by every reader (from the config and the checkpoints)
                 assert "rebuilt" in RunDir(work / "run").info(), (what, command[0])
                 before["run/run.json"] = after["run/run.json"]
