@@ -147,6 +147,7 @@ def _wait_for_any_step(out: Path, proc: subprocess.Popen, timeout: float = 600) 
     raise AssertionError(f"no training started: {proc.stderr.read().decode()[-2000:]}")
 
 
+@pytest.mark.slow  # (the fast tier: pytest -m "not slow")
 @pytest.mark.parametrize("command", ["compare", "ablate"])
 def test_sigterm_stops_a_multi_run_job_with_exit_0_and_the_same_command_resumes(
     command, corpus_dir, tmp_path
@@ -415,6 +416,7 @@ def test_training_resumes_from_the_newest_checkpoint_that_restores(corpus_dir, t
     assert result.step == 6 and result.loss == RunDir(tmp_path / "straight").info()["final_loss"]
 
 
+@pytest.mark.slow  # (the fast tier: pytest -m "not slow")
 def test_a_bit_flip_anywhere_in_an_array_file_is_caught_by_the_digests(finished_run, tmp_path):
     """Every bit position class of every byte of every array file of the newest checkpoint: the
     restore check names the file (orbax alone restores most such flips without complaint)."""

@@ -220,6 +220,7 @@ def test_nan_loss_stops_with_step_and_keeps_last_good_checkpoint(corpus_dir, tmp
     assert "Lower train.learning_rate" in str(e.value)
 
 
+@pytest.mark.slow  # (the fast tier: pytest -m "not slow")
 def test_an_extended_run_equals_the_unextended_one_up_to_its_steps_and_goes_on(corpus_dir, tmp_path):
     """train.steps raised on a finished run (and on an interrupted one) continues it: the first N
     steps are the unextended run's, then a new warmup + cosine segment to the floor at M; the change
@@ -681,6 +682,7 @@ MFU_WORKER = textwrap.dedent(
 )
 
 
+@pytest.mark.slow  # (the fast tier: pytest -m "not slow")
 def test_mfu_is_never_above_1_with_two_processes_and_a_busy_neighbour(corpus_dir, tmp_path, caplog):
     """A process spinning beside the training (the load that made MFU read 1.04-2.40): on a CPU
     without train.peak_flops there is no MFU at all, one process or two; with a peak below what is

@@ -150,7 +150,7 @@ def _fit_left(data: bytes, limit: int) -> tuple[bytes, bool]:
     return encode(chars[k:]), True
 
 
-def _span(chars: list[str], off: np.ndarray, start: int, n: int) -> bytes:
+def _span(chars: list[str], start: int, n: int) -> bytes:
     return encode(chars[start : start + n])
 
 
@@ -181,7 +181,7 @@ def _choice_items(eval_set, settings: ProbeSettings, rng: np.random.Generator) -
         at = int(valid[rng.integers(len(valid))])
         first = int(np.searchsorted(off, off[at] - ctx_bytes))
         context = encode(c[first:at])
-        true = _span(c, off, at, n_cont)
+        true = _span(c, at, n_cont)
         same = [j for j in by_group[segs[i].group] if segs[j].doc != segs[i].doc]
         pool = (
             same
@@ -193,7 +193,7 @@ def _choice_items(eval_set, settings: ProbeSettings, rng: np.random.Generator) -
         distractors: list[bytes] = []
         for j in rng.permutation(pool):
             start = int(rng.integers(len(chars[j]) - n_cont + 1))
-            span = _span(chars[j], offs[j], start, n_cont)
+            span = _span(chars[j], start, n_cont)
             if span != true and span not in distractors:
                 distractors.append(span)
             if len(distractors) == 3:
@@ -455,11 +455,15 @@ def _nan_none(x) -> float | None:
     return x if math.isfinite(x) else None
 
 
-def _accuracy(items: list[dict], correct: Sequence[float] | np.ndarray, resamples: int, seed: int) -> dict:
+def _doc_totals(items: list[dict], correct: Sequence[float] | np.ndarray) -> tuple[np.ndarray, ...]:
+    """``(documents, items per document, right answers per document)`` of ``items``."""
     docs = np.unique([it["doc"] for it in items])
     d = [it["doc"] for it in items]
-    count = _per_doc(d, np.ones(len(items)), docs)
-    right = _per_doc(d, correct, docs)
+    return docs, _per_doc(d, np.ones(len(items)), docs), _per_doc(d, correct, docs)
+
+
+def _accuracy(items: list[dict], correct: Sequence[float] | np.ndarray, resamples: int, seed: int) -> dict:
+    _, count, right = _doc_totals(items, correct)
     samples = stats.bootstrap([right[None]], count, resamples=resamples, seed=seed)[:, 0]
     return {"items": len(items), "accuracy": float(right.sum() / count.sum()), "accuracy_ci95": _ci(samples)}
 
@@ -467,10 +471,7 @@ def _accuracy(items: list[dict], correct: Sequence[float] | np.ndarray, resample
 def _group_accuracy(
     items: list[dict], correct: Sequence[float] | np.ndarray, resamples: int, seed: int
 ) -> dict:
-    docs = np.unique([it["doc"] for it in items])
-    d = [it["doc"] for it in items]
-    count = _per_doc(d, np.ones(len(items)), docs)
-    right = _per_doc(d, correct, docs)
+    docs, count, right = _doc_totals(items, correct)
     group_of = {it["doc"]: it["group"] for it in items}
     labels = [group_of[int(x)] for x in docs]
     intervals = stats.group_intervals([right[None]], count, labels, resamples=resamples, seed=seed + 1)
