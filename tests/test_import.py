@@ -363,3 +363,118 @@ def test_bad_tokenizer_json_is_refused_naming_the_key(hf_sources, tmp_path):
         import_tokenizer_json(path).encode("Hello, world")
         == ref.encode("Hello, world", add_special_tokens=False).ids
     )
+
+
+# -- bytelm's own tokenizer.json -------------------------------------------------------------------
+BYTELM_KINDS = ("bpe", "bpe-longest", "unigram", "unigram-longest", "wordpiece-byte", "wordpiece-char")
+
+
+@pytest.fixture(scope="module")
+def bytelm_round_trips(tmp_path_factory):
+    """Each kind bytelm trains, saved by bytelm and imported back with the CLI: (original, imported)."""
+    from conftest import text_dir_files  # noqa: PLC0415
+
+    from bytelm import cli  # noqa: PLC0415
+    from bytelm.baselines.unigram.trainer import train_unigram  # noqa: PLC0415
+    from bytelm.baselines.wordpiece.trainer import train_wordpiece  # noqa: PLC0415
+
+    docs = list(text_dir_files().values()) + [m.encode() for m in MULTILINGUAL]
+    special = ["<|endoftext|>"]
+    bpe = train_bpe(docs, vocab_size=400, pattern="gpt2", special_tokens=special)
+    unigram = train_unigram(docs, vocab_size=400, special_tokens=special)
+    originals = {
+        "bpe": bpe,
+        "bpe-longest": bpe.with_encoder("longest"),
+        "unigram": unigram,
+        "unigram-longest": unigram.with_encoder("longest"),
+        "wordpiece-byte": train_wordpiece(docs, vocab_size=700, special_tokens=special),
+        "wordpiece-char": train_wordpiece(docs, vocab_size=500, level="char", special_tokens=special),
+    }
+    out = {}
+    for name, tok in originals.items():
+        d = tmp_path_factory.mktemp(name)
+        tok.save(d / "tok")
+        assert (
+            cli.main(["tokenizer", "import", str(d / "tok" / "tokenizer.json"), "--out", str(d / "imp")]) == 0
+        )
+        out[name] = (tok, load_tokenizer(d / "imp"), d / "tok" / "tokenizer.json")
+    return out
+
+
+def check_round_trip(original, imported, text: str) -> None:
+    ids = original.encode(text, allowed_special="all")
+    assert imported.encode(text, allowed_special="all") == ids, (text[:80], original)
+    assert imported.decode_bytes(ids) == original.decode_bytes(ids)
+
+
+def test_bytelm_tokenizer_json_imports_back_with_the_same_ids(bytelm_round_trips):
+    """Every kind bytelm writes (BPE, Unigram, WordPiece byte- and char-level, longest match) is read
+    back as the class it came from with identical ids, special tokens included, and HF agrees."""
+    for name, (original, imported, _) in bytelm_round_trips.items():
+        assert isinstance(imported, ImportedTokenizer) and imported.n_vocab == original.n_vocab, name
+        assert imported.special_tokens == original.special_tokens and imported.lossy is None
+        assert (imported.kind, imported.encoder) == (
+            ("longest", "longest") if name.endswith("-longest") else (original.kind, original.encoder)
+        )
+        texts = list(MULTILINGUAL) + ["x<|endoftext|>the ## #a", "", "  \n\t", "日本語 don't"]
+        ids, counts = imported.encode_documents(texts, num_workers=1)
+        assert ids.tolist() == [i for t in texts for i in original.encode_ordinary(t)], name
+        for text in texts:
+            check_round_trip(original, imported, text)
+
+
+@settings(max_examples=60, deadline=None)
+@given(stable_text(60))
+def test_bytelm_tokenizer_json_round_trip_on_random_text(bytelm_round_trips, text):
+    for original, imported, _ in bytelm_round_trips.values():
+        check_round_trip(original, imported, text)
+
+
+def test_malformed_tokenizer_json_is_one_line_and_exit_2(bytelm_round_trips, tmp_path, capsys):
+    """Missing keys, wrong types, bad merges, duplicate ids, an empty vocabulary, a Sequence bytelm does
+    not write, a vocabulary out of bytelm's order: exit 2, one line naming the key, no traceback."""
+    import json  # noqa: PLC0415
+
+    from bytelm import cli  # noqa: PLC0415
+
+    def written(name: str) -> dict:
+        return json.loads(bytelm_round_trips[name][2].read_text())
+
+    bpe = written("bpe")
+    unigram = written("unigram")
+    wordpiece = written("wordpiece-byte")
+    model = bpe["model"]
+    first = next(iter(model["vocab"]))
+    cases = [
+        ({"model": {"type": "BPE"}}, "model.vocab = null"),
+        ({**bpe, "model": {**model, "vocab": []}}, "model.vocab = []"),
+        ({**bpe, "model": {**model, "vocab": {}}}, "model.vocab = {}"),
+        ({**bpe, "model": {**model, "vocab": {**model["vocab"], "xyz": model["vocab"][first]}}},
+         'model.vocab["xyz"] = 0 is also the id of'),
+        ({**bpe, "model": {**model, "vocab": {**model["vocab"], first: "7"}}},
+         "is not a non-negative integer id"),
+        ({**bpe, "model": {**model, "merges": "a b"}}, 'model.merges = "a b"'),
+        ({**bpe, "model": {**model, "merges": ["a b c"]}}, 'model.merges[0] = "a b c"'),
+        ({**bpe, "model": {**model, "merges": [["qq", "zz"]]}}, "joins tokens that are not in model.vocab"),
+        ({**bpe, "model": {**model, "merges": [[1, 2]]}}, "model.merges[0] = [1, 2]"),
+        ({**bpe, "pre_tokenizer": "ByteLevel"}, 'pre_tokenizer = "ByteLevel" is not an object'),
+        ({**bpe, "pre_tokenizer": {"type": "Sequence", "pretokenizers": [{"type": "Whitespace"}]}},
+         "pre_tokenizer.pretokenizers[0]"),
+        ({**bpe, "added_tokens": {"a": 1}}, "added_tokens = "),
+        ({**unigram, "model": {**unigram["model"], "vocab": [["a", "x"]]}}, 'model.vocab[0] = ["a", "x"]'),
+        ({**unigram, "model": {**unigram["model"], "vocab": unigram["model"]["vocab"][::-1]}},
+         "does not start with the 256 bytes in order"),
+        ({**unigram, "model": {**unigram["model"], "unk_id": 10**6}}, "model.unk_id = 1000000"),
+        ({**wordpiece, "model": {**wordpiece["model"], "max_input_chars_per_word": "many"}},
+         "model.max_input_chars_per_word"),
+        ({**wordpiece, "pre_tokenizer": bpe["pre_tokenizer"]}, "does not go with a WordPiece model"),
+    ]  # fmt: skip
+    path = tmp_path / "tokenizer.json"
+    for k, (doc, message) in enumerate(cases):
+        path.write_text(json.dumps(doc))
+        capsys.readouterr()
+        code = cli.main(["tokenizer", "import", str(path), "--out", str(tmp_path / f"imp{k}")])
+        err = capsys.readouterr().err.strip()
+        assert code == 2 and "\n" not in err and "Traceback" not in err, (k, err)
+        assert str(path) in err and message in err, (k, err)
+        assert len(err) < 600, (k, err)

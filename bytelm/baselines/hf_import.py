@@ -14,7 +14,18 @@ else is refused with a :class:`UserError` naming the JSON key and its value):
   spaces become ``▁``, then HF's Viterbi over the pieces (:meth:`MetaspaceUnigram.viterbi`,
   unknown characters fused into one ``unk_id``).
 
-The normalizer must be absent or an identity (``BertNormalizer`` with every option off); the
+- **bytelm's own files** (what ``bytelm tokenizer train`` writes): the pre-tokenizer is the
+  ``Sequence`` bytelm writes (``Split`` on its pattern, ``Isolated``; for its WordPiece a
+  ``Split`` on ``"#"``; then ``ByteLevel`` without prefix space or regex, absent for a
+  character-level WordPiece), and the tokenizer is rebuilt as the bytelm class it came from
+  (:func:`_import_bytelm_form`): ``BPE`` as bytelm's BPE (merges that re-make a token included),
+  ``Unigram`` as bytelm's Unigram, ``WordPiece`` with ``"##"`` as bytelm's WordPiece and without a
+  prefix (greedy longest match, ``encoder = "longest"``) as :class:`LongestMatchTokenizer`. Its
+  vocabulary must be laid out as bytelm lays it out (checked id by id), so the ids are the original's.
+
+Every file is checked for shape first (:func:`_check_shape`): a missing key, a wrong type, an empty
+vocabulary, two tokens with one id, a merge that is not two tokens: one :class:`UserError` naming the
+key. The normalizer must be absent or an identity (``BertNormalizer`` with every option off); the
 post-processor is not applied (ids as HF's ``encode(text, add_special_tokens=False)``);
 ``truncation`` is refused; the decoder is not read.
 
@@ -36,6 +47,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import re
 import unicodedata
 from collections.abc import Collection, Iterable
@@ -43,17 +55,20 @@ from pathlib import Path
 from typing import Literal
 
 import numpy as np
+import regex
 
-from bytelm.baselines.bpe.bytelevel import BYTE_TO_CHAR
+from bytelm.baselines.bpe.bytelevel import BYTE_TO_CHAR, bytes_to_chars, chars_to_bytes
 from bytelm.baselines.bpe.pretokenize import GPT2_PATTERN
 from bytelm.baselines.bpe.tokenizer import Tokenizer
-from bytelm.baselines.subword import as_text
+from bytelm.baselines.subword import SubwordTokenizer, as_text
+from bytelm.baselines.unigram.tokenizer import UnigramTokenizer
 from bytelm.baselines.wordpiece.tokenizer import WordPieceTokenizer
 from bytelm.errors import UserError
 
 HF_MODELS = ("BPE", "WordPiece", "Unigram")
 SOURCE_KIND = "tokenizer.json"
 _ONE_CHUNK = r"(?s).+"  # ByteLevel(use_regex=false): the whole text is one chunk
+_NO_WORD_LIMIT = 1 << 30  # max_input_chars_per_word bytelm writes where words have no length limit
 _IGNORED_POST = {None, "TemplateProcessing", "BertProcessing", "RobertaProcessing", "ByteLevel"}
 
 # -- BertPreTokenizer ------------------------------------------------------------------------------
@@ -606,7 +621,80 @@ def read_tokenizer_json(path: str | Path) -> dict | None:
 
 
 def _refuse(path, key: str, value, why: str) -> UserError:
-    return UserError(f"{path}: {key} = {json.dumps(value, ensure_ascii=False)} {why}")
+    shown = json.dumps(value, ensure_ascii=False)
+    if len(shown) > 120:
+        shown = shown[:100] + f"... ({len(shown)} characters)"
+    return UserError(f"{path}: {key} = {shown} {why}")
+
+
+def _is_id(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _check_shape(path, doc: dict) -> None:
+    """The type and size of every key the importer reads: one refusal naming the first bad one."""
+    for key in ("normalizer", "pre_tokenizer", "post_processor"):
+        part = doc.get(key)
+        if part is not None and not isinstance(part, dict):
+            raise _refuse(path, key, part, "is not an object (or null)")
+        if part is not None and not isinstance(part.get("type"), str):
+            raise _refuse(path, f"{key}.type", part.get("type"), "is missing or not a string")
+    if doc.get("added_tokens") is not None and not isinstance(doc["added_tokens"], list):
+        raise _refuse(path, "added_tokens", doc["added_tokens"], "is not a list of added tokens (or null)")
+    model = doc["model"]
+    vocab = model.get("vocab")
+    if model["type"] == "Unigram":
+        if not isinstance(vocab, list) or not vocab:
+            raise _refuse(path, "model.vocab", vocab, "is not a non-empty list of [piece, score] pairs")
+        for k, row in enumerate(vocab):
+            if not (
+                isinstance(row, list)
+                and len(row) == 2
+                and isinstance(row[0], str)
+                and isinstance(row[1], (int, float))
+                and not isinstance(row[1], bool)
+                and math.isfinite(row[1])
+            ):
+                raise _refuse(
+                    path, f"model.vocab[{k}]", row, "is not a [piece, score] pair (a string, a number)"
+                )
+        unk = model.get("unk_id")
+        if unk is not None and not (_is_id(unk) and unk < len(vocab)):
+            raise _refuse(
+                path, "model.unk_id", unk, f"is not null or an index into model.vocab (0..{len(vocab) - 1})"
+            )
+        return
+    if not isinstance(vocab, dict) or not vocab:
+        raise _refuse(path, "model.vocab", vocab, "is not a non-empty object of {token: id}")
+    owner: dict[int, str] = {}
+    for token, i in vocab.items():
+        key = f"model.vocab[{json.dumps(token, ensure_ascii=False)}]"
+        if not _is_id(i):
+            raise _refuse(path, key, i, "is not a non-negative integer id")
+        if i in owner:
+            raise _refuse(path, key, i, f"is also the id of {owner[i]!r}: two tokens cannot share an id")
+        owner[i] = token
+    if model["type"] == "BPE":
+        merges = model.get("merges")
+        if not isinstance(merges, list):
+            raise _refuse(path, "model.merges", merges, "is not a list of merges")
+        for k, m in enumerate(merges):
+            pair = m.split(" ") if isinstance(m, str) else m
+            if not (
+                isinstance(pair, list) and len(pair) == 2 and all(isinstance(x, str) and x for x in pair)
+            ):
+                raise _refuse(
+                    path,
+                    f"model.merges[{k}]",
+                    m,
+                    'is not a merge of two tokens ("left right" or [left, right])',
+                )
+    else:
+        if not isinstance(model.get("unk_token"), str):
+            raise _refuse(path, "model.unk_token", model.get("unk_token"), "is not a string")
+        limit = model.get("max_input_chars_per_word")
+        if not (_is_id(limit) and limit >= 1):
+            raise _refuse(path, "model.max_input_chars_per_word", limit, "is not an integer >= 1")
 
 
 def _check_common(path, doc: dict) -> None:
@@ -660,18 +748,22 @@ def _pre_type(path, doc: dict, allowed: str, model: str) -> dict:
     return pre  # type: ignore[return-value]
 
 
-def _import_bpe(path, doc: dict, added: AddedTokens | None) -> tuple[object, list[int]]:
-    model = doc["model"]
-    for key, ok in (
-        ("dropout", (None,)),
-        ("continuing_subword_prefix", (None, "")),
-        ("end_of_word_suffix", (None, "")),
-        ("byte_fallback", (False, None)),
-        ("ignore_merges", (False, None)),
-    ):
+_BPE_OPTIONS = (
+    ("dropout", (None,)),
+    ("continuing_subword_prefix", (None, "")),
+    ("end_of_word_suffix", (None, "")),
+    ("byte_fallback", (False, None)),
+    ("ignore_merges", (False, None)),
+)
+
+
+def _bpe_merges(path, model: dict) -> tuple[list[tuple[int, int]], list[int]]:
+    """``(merges in inner ids, source id of each inner id)`` of a BPE model over GPT-2's byte
+    characters: inner id ``b`` is byte ``b``, each merge that makes a new token the next inner id (a
+    merge that re-makes a token an earlier one made adds none, as in bytelm's BPE)."""
+    for key, ok in _BPE_OPTIONS:
         if model.get(key) not in ok:
             raise _refuse(path, f"model.{key}", model.get(key), f"is not supported (only {ok[0]!r})")
-    pre = _pre_type(path, doc, "ByteLevel", "BPE")
     vocab: dict[str, int] = model["vocab"]
     to_source = []
     for b in range(256):
@@ -689,20 +781,249 @@ def _import_bpe(path, doc: dict, added: AddedTokens | None) -> tuple[object, lis
         made = left + right
         if left not in inner_of or right not in inner_of or made not in vocab:
             raise _refuse(path, f"model.merges[{k}]", m, "joins tokens that are not in model.vocab")
-        if made in inner_of:
-            raise _refuse(
-                path, f"model.merges[{k}]", m, "makes a token an earlier merge made (not supported)"
-            )
         merges.append((inner_of[left], inner_of[right]))
-        inner_of[made] = 256 + k
-        to_source.append(vocab[made])
+        if made not in inner_of:
+            inner_of[made] = len(to_source)
+            to_source.append(vocab[made])
+    return merges, to_source
+
+
+def _import_bpe(path, doc: dict, added: AddedTokens | None) -> tuple[object, list[int]]:
+    pre = _pre_type(path, doc, "ByteLevel", "BPE")
+    merges, to_source = _bpe_merges(path, doc["model"])
     pattern = GPT2_PATTERN if pre.get("use_regex", True) else _ONE_CHUNK
-    bpe = Tokenizer(merges, pattern=pattern)
-    prefix = bool(pre.get("add_prefix_space", True))
+    return _bpe_result(
+        Tokenizer(merges, pattern=pattern), to_source, doc, added, pre.get("add_prefix_space", True)
+    )
+
+
+def _bpe_result(bpe: Tokenizer, to_source: list[int], doc: dict, added, prefix) -> tuple[object, list[int]]:
+    """The inner BPE with its id map, or, with added tokens or a prefix space, the HF pipeline around it."""
     if prefix or added is not None:
-        pipeline = ByteLevelBPE(bpe, to_source, doc, prefix=prefix, added=added)
+        pipeline = ByteLevelBPE(bpe, to_source, doc, prefix=bool(prefix), added=added)
         return pipeline, list(range(pipeline.n_vocab))
     return bpe, to_source
+
+
+# -- bytelm's own files ----------------------------------------------------------------------------
+_BYTELM_SEQUENCE = (
+    'a Sequence pre-tokenizer is read as bytelm writes it: Split on a Regex (behavior "Isolated"), for '
+    'WordPiece a Split on "#", then ByteLevel (add_prefix_space and use_regex false; none for a '
+    "character-level WordPiece)"
+)
+_BYTE_LEVEL_STEP = {"type": "ByteLevel", "add_prefix_space": False, "use_regex": False}
+_HASH_STEP = {"type": "Split", "pattern": {"String": "#"}, "behavior": "Isolated", "invert": False}
+
+
+def _bytelm_form(path, pre: dict | None) -> tuple[str, bool, bool] | None:
+    """``(regex, a "#" split, ByteLevel)`` when ``pre`` is the ``Sequence`` bytelm writes (module
+    docstring); ``None`` when it is no ``Sequence``; a refusal naming the step otherwise."""
+    if pre is None or pre.get("type") != "Sequence":
+        return None
+    steps = pre.get("pretokenizers")
+    if not isinstance(steps, list) or not steps or not all(isinstance(x, dict) for x in steps):
+        raise _refuse(path, "pre_tokenizer.pretokenizers", steps, f"is not supported: {_BYTELM_SEQUENCE}")
+    first = steps[0]
+    regex_source = first.get("pattern", {}).get("Regex") if isinstance(first.get("pattern"), dict) else None
+    if not (
+        first.get("type") == "Split"
+        and isinstance(regex_source, str)
+        and first.get("behavior") == "Isolated"
+        and not first.get("invert")
+    ):
+        raise _refuse(path, "pre_tokenizer.pretokenizers[0]", first, f"is not supported: {_BYTELM_SEQUENCE}")
+    hash_split = byte_level = False
+    for k, step in enumerate(steps[1:], 1):
+        if k == 1 and step == _HASH_STEP:
+            hash_split = True
+        elif k == len(steps) - 1 and {key: step.get(key) for key in _BYTE_LEVEL_STEP} == _BYTE_LEVEL_STEP:
+            byte_level = True
+        else:
+            raise _refuse(
+                path, f"pre_tokenizer.pretokenizers[{k}]", step, f"is not supported: {_BYTELM_SEQUENCE}"
+            )
+    try:
+        regex.compile(regex_source)
+    except regex.error as e:
+        raise _refuse(
+            path, "pre_tokenizer.pretokenizers[0].pattern.Regex", regex_source, f"does not compile ({e})"
+        ) from None
+    return regex_source, hash_split, byte_level
+
+
+class LongestMatchTokenizer(SubwordTokenizer):
+    """Greedy longest match over a byte vocabulary whose first 256 pieces are the bytes: what a
+    ``tokenizer.json`` bytelm wrote for ``encoder = "longest"`` holds (HF's ``WordPiece`` without a
+    prefix; the merges or scores that chose the vocabulary are not in the file and not needed)."""
+
+    kind = "longest"
+    encoders = ("longest",)
+
+    def __init__(self, vocab: list[bytes], *, pattern: str, special_tokens=(), added_tokens=()) -> None:
+        id_of: dict[bytes, int] = {}
+        for i, piece in enumerate(vocab):
+            id_of.setdefault(piece, i)
+        self._init_vocab(
+            list(vocab),
+            id_of,
+            pattern=pattern,
+            special_tokens=special_tokens,
+            added_tokens=added_tokens,
+            encoder="longest",
+        )
+
+    def _fingerprint_payload(self) -> dict:
+        return {
+            "kind": self.kind,
+            "pattern": self.pattern,
+            "vocab": [p.hex() for p in self.vocab],
+            "special_tokens": self.special_tokens,
+            "added_tokens": self.added_tokens,
+        }
+
+    def encode_documents(self, documents: Iterable, *, num_workers: int | None = None, dtype=np.int32):
+        return self._reference_documents(documents, dtype)
+
+
+def _id_strings(path, vocab: dict[str, int]) -> list[str]:
+    """The token string of each id ``0 .. n - 1`` (bytelm's vocabularies have no gap)."""
+    strings = _strings_of(vocab)
+    if len(strings) != len(vocab):
+        gap = next(i for i, s in enumerate(strings) if i not in set(vocab.values()))
+        raise _refuse(
+            path, "model.vocab", f"<{len(vocab)} ids>", f"has no token with id {gap}; ids must be 0..n-1"
+        )
+    return strings
+
+
+def _byte_pieces(path, strings: list[str]) -> list[bytes]:
+    """Each string in GPT-2's byte characters as bytes; the first 256 must be the bytes in order."""
+    pieces = []
+    for i, s in enumerate(strings):
+        try:
+            pieces.append(chars_to_bytes(s))
+        except KeyError:
+            raise _refuse(
+                path,
+                f"model.vocab[{i}]",
+                s,
+                "is not in GPT-2's byte characters (as a ByteLevel vocabulary is)",
+            ) from None
+    if pieces[:256] != [bytes([b]) for b in range(256)]:
+        raise _refuse(
+            path,
+            "model.vocab",
+            f"<{len(pieces)} pieces>",
+            "does not start with the 256 bytes in order, as bytelm's does",
+        )
+    return pieces
+
+
+def _import_bytelm_form(path, doc: dict, added: AddedTokens | None, form) -> tuple[object, list[int]]:
+    """bytelm's own class for a file in its ``Sequence`` form (module docstring), ids checked."""
+    pattern, hash_split, byte_level = form
+    model = doc["model"]
+    kind = model["type"]
+    wordpiece = kind == "WordPiece" and model.get("continuing_subword_prefix") == "##"
+    if hash_split != wordpiece or not (byte_level or wordpiece):
+        steps = "Split, Split '#' and (byte level) ByteLevel" if wordpiece else "Split then ByteLevel"
+        raise _refuse(
+            path,
+            "pre_tokenizer.pretokenizers",
+            [step.get("type") for step in doc["pre_tokenizer"]["pretokenizers"]],
+            f"does not go with a {kind} model (bytelm writes {steps} for it)",
+        )
+    entries = doc.get("added_tokens") or []
+    specials = [t["content"] for t in entries if t.get("special")]
+    plain = [t["content"] for t in entries if not t.get("special")]
+    if kind == "BPE":
+        merges, to_source = _bpe_merges(path, model)
+        if to_source == list(range(len(to_source))):
+            bpe = Tokenizer(merges, pattern=pattern, special_tokens=specials, added_tokens=plain)
+            if {**bpe.special_tokens, **bpe.added_tokens} == (added.id_of if added else {}):
+                return bpe, list(range(bpe.n_vocab))
+        return _bpe_result(Tokenizer(merges, pattern=pattern), to_source, doc, added, False)
+    tok: SubwordTokenizer
+    try:
+        if kind == "Unigram":
+            if model.get("unk_id") is not None:
+                raise _refuse(
+                    path, "model.unk_id", model["unk_id"], "is not null (bytelm's Unigram has none)"
+                )
+            pieces = _byte_pieces(path, [str(p) for p, _ in model["vocab"]])
+            scores = [float(sc) for _, sc in model["vocab"]]
+            tok = UnigramTokenizer(
+                pieces[256:], scores, pattern=pattern, special_tokens=specials, added_tokens=plain
+            )
+            strings = [bytes_to_chars(p) for p in tok.vocab]
+            written = [str(p) for p, _ in model["vocab"]]
+        else:
+            written = _id_strings(path, model["vocab"])
+            limit = model["max_input_chars_per_word"]
+            if not wordpiece:
+                if model.get("continuing_subword_prefix") not in ("", None):
+                    raise _refuse(
+                        path,
+                        "model.continuing_subword_prefix",
+                        model.get("continuing_subword_prefix"),
+                        'is not "##" (WordPiece) or "" (longest match)',
+                    )
+                if limit < _NO_WORD_LIMIT:  # (HF would turn longer words into its unk_token)
+                    raise _refuse(
+                        path,
+                        "model.max_input_chars_per_word",
+                        limit,
+                        "turns longer words into the unknown token; bytelm's longest match writes "
+                        f"{_NO_WORD_LIMIT}",
+                    )
+                tok = LongestMatchTokenizer(
+                    _byte_pieces(path, written), pattern=pattern, special_tokens=specials, added_tokens=plain
+                )
+                strings = [bytes_to_chars(p) for p in tok.vocab]
+            else:
+                level = "byte" if byte_level else "char"
+                if byte_level and limit < _NO_WORD_LIMIT:
+                    raise _refuse(
+                        path,
+                        "model.max_input_chars_per_word",
+                        limit,
+                        "turns longer words into the unknown token; a byte-level WordPiece has none "
+                        f"({_NO_WORD_LIMIT})",
+                    )
+                probe = WordPieceTokenizer([], level=level)
+                first = 512 if byte_level else 1
+                tok = WordPieceTokenizer(
+                    [probe._piece_of_string(x) for x in written[first:]],
+                    level=level,
+                    max_input_chars_per_word=None if byte_level else limit,
+                    pattern=pattern,
+                    special_tokens=specials,
+                    added_tokens=plain,
+                )
+                strings = [tok.token_string(i) for i in range(tok.n_mergeable)]
+    except UserError as e:
+        if str(e).startswith(str(path)):
+            raise
+        raise UserError(f"{path}: model.vocab: {e}") from None
+    if strings != written:
+        at = next(
+            (i for i, (a, b) in enumerate(zip(strings, written)) if a != b), min(len(strings), len(written))
+        )
+        raise _refuse(
+            path,
+            f"model.vocab (id {at})",
+            written[at] if at < len(written) else None,
+            f"is not where bytelm's {tok.kind} puts it ({strings[at] if at < len(strings) else None!r}): "
+            "the ids would differ from the file's",
+        )
+    if {**tok.special_tokens, **tok.added_tokens} != (added.id_of if added else {}):
+        raise _refuse(
+            path,
+            "added_tokens",
+            [t["content"] for t in entries],
+            "do not have the ids bytelm gives them (special tokens after the model's, then added ones)",
+        )
+    return tok, list(range(tok.n_vocab))
 
 
 def _import_wordpiece(path, doc: dict, added: AddedTokens | None) -> BertWordPiece:
@@ -741,15 +1062,21 @@ def inner_from_tokenizer_json(path: str | Path) -> tuple[object, list[int]]:
     doc = read_tokenizer_json(path)
     if doc is None:
         raise UserError(f"{path} is not a tokenizer.json (it does not start with '{{')")
+    _check_shape(path, doc)
     _check_common(path, doc)
     relevant = {k: doc.get(k) for k in ("normalizer", "pre_tokenizer", "model", "added_tokens")}
     added = _added_tokens(path, doc)
     try:
         kind = doc["model"]["type"]
+        form = _bytelm_form(path, doc.get("pre_tokenizer"))
+        if form is not None:
+            return _import_bytelm_form(path, relevant, added, form)
         if kind == "BPE":
             return _import_bpe(path, relevant, added)
         importer = _import_wordpiece if kind == "WordPiece" else _import_unigram
         inner = importer(path, relevant, added)
     except (KeyError, TypeError, ValueError, AttributeError) as e:
+        if isinstance(e, UserError):
+            raise
         raise UserError(f"{path}: a malformed tokenizer.json ({type(e).__name__}: {e})") from None
     return inner, list(range(inner.n_vocab))
