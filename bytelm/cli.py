@@ -20,7 +20,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import jax
 from flax import nnx
@@ -43,8 +43,9 @@ from bytelm.experiments.runner import StageStopped
 from bytelm.families.blt.source import read_patch_source
 from bytelm.generate import load_decoder, stream, text_pieces
 from bytelm.interop.hf import convert_hf_blt, export_hf
-from bytelm.patching import EntropyModel, format_patches, patch_text
+from bytelm.patching import EntropyModel, PatchedText, format_patches, patch_windows, read_windows
 from bytelm.patching.plot import plot_entropies
+from bytelm.patching.show import CALIBRATION_WINDOWS
 from bytelm.paths import check_output_dir, check_output_file
 from bytelm.progress import ProgressBar
 from bytelm.rundir import RunDir, run_path
@@ -623,7 +624,10 @@ def add_patch(sub) -> None:
         description="Run an entropy model on a text and print the text with '|' between patches (bytes that "
         "are not printable, or UTF-8 split across patches, shown escaped) and the mean patch length. RUN_DIR "
         "is a BLT run (its entropy model and recorded patching settings are used) or an entropy-model run "
-        "(family 'byte'; give --threshold or --target-len).",
+        "(family 'byte'; give --threshold or --target-len). A text of any length is read and patched in "
+        "windows of the run's train.seq_len + 1 positions, each by itself, as the run patches the windows it "
+        "trains on (memory stays bounded; a progress bar on stderr for long files). --png draws the first "
+        "window.",
     )
     p.add_argument(
         "run_dir", metavar="RUN_DIR", help="a BLT run directory, or an entropy-model (byte LM) run directory"
@@ -643,7 +647,8 @@ def add_patch(sub) -> None:
         "--target-len",
         type=float,
         metavar="L",
-        help="calibrate the threshold on this text itself to give a mean patch length of L bytes",
+        help="calibrate the threshold on this text itself (its first 256 windows) to give a mean patch "
+        "length of L bytes",
     )
     p.add_argument(
         "--png", metavar="PATH", help="also draw per-byte entropy, the threshold and the boundaries to PATH"
@@ -656,51 +661,87 @@ def cmd_patch(args: argparse.Namespace) -> int:
         check_output_file(args.png, "--png")
     ensure_run_record(args.run_dir)  # (a damaged run.json is rebuilt, not refused)
     source = read_patch_source(args.run_dir)
+    kwargs = source.patch_kwargs(threshold=args.threshold, target_len=args.target_len)
+    width = source.width()
     if args.file is not None:
         try:
-            data = Path(args.file).read_bytes()
+            stream: BinaryIO = open(args.file, "rb")  # noqa: SIM115 (closed below, also on error)
+            total = os.fstat(stream.fileno()).st_size
         except OSError as e:
             raise UserError(f"cannot read --file {args.file}: {e.strerror}; give a readable file") from None
     else:
         data = os.fsencode(args.text)
-    kwargs = source.patch_kwargs(threshold=args.threshold, target_len=args.target_len)
-    if not data:
-        raise UserError("the text to patch is empty; give some text (--text or --file)")
-    model = EntropyModel(restore_model(source.entropy_run))
-    source.check_fingerprint(model.fingerprint)
-    result = patch_text(model, data, **kwargs)
-    print(format_patches(result.patches()))
-    if result.calibrated:
-        how = f"calibrated on this text for a target mean patch length of {result.target_len:g}"
+        stream, total = io.BytesIO(data), len(data)
+    with stream:
+        if not total:
+            what = f"the file {args.file} is empty" if args.file is not None else "the text to patch is empty"
+            raise UserError(f"{what}; give some text (--text or --file)")
+        model = EntropyModel(restore_model(source.entropy_run), width=width)
+        source.check_fingerprint(model.fingerprint)
+        bar = ProgressBar("patching", unit="B")
+        first: PatchedText | None = None
+        n_bytes = n_patches = n_windows = 0
+        t0 = time.perf_counter()
+        for part in patch_windows(model, read_windows(stream, width), width=width, **kwargs):
+            sys.stdout.write(("|" if n_windows else "") + format_patches(part.patches()))
+            first = first or part
+            n_windows += 1
+            n_bytes += len(part.data)
+            n_patches += part.n_patches
+            bar.update(n_bytes, total)
+        bar.close()
+        sys.stdout.write("\n")
+        seconds = time.perf_counter() - t0
+    assert first is not None
+    if first.calibrated:
+        calibrated_on = min(n_windows, CALIBRATION_WINDOWS)
+        how = (
+            f"calibrated on the first {calibrated_on} window(s) of this text for a target mean patch length "
+            f"of {first.target_len:g}"
+        )
     elif args.threshold is not None:
         how = "given with --threshold"
     else:
         how = f"from the BLT run {source.run_dir}"
     rows = [("entropy model", f"{source.entropy_run} (fingerprint {model.fingerprint[:16]})")]
-    if result.threshold is not None:
-        rows.append(("threshold", f"{result.threshold:.6g} nats ({how})"))
-    if result.monotonic_threshold is not None:
-        rows.append(("monotonic", f"{result.monotonic_threshold:.6g} nats (from the BLT run)"))
-    if result.max_patch_len is not None:
-        rows.append(("max patch len", str(result.max_patch_len)))
+    if first.threshold is not None:
+        rows.append(("threshold", f"{first.threshold:.6g} nats ({how})"))
+    if first.monotonic_threshold is not None:
+        rows.append(("monotonic", f"{first.monotonic_threshold:.6g} nats (from the BLT run)"))
+    if first.max_patch_len is not None:
+        rows.append(("max patch len", str(first.max_patch_len)))
+    rows.append(
+        (
+            "windows",
+            f"{n_windows} of {width} positions (the run's train.seq_len + 1), each patched by itself as the "
+            "run patches its training windows: a patch starts at each window's first two positions",
+        )
+    )
     rows.append(
         (
             "mean patch len",
-            f"{result.text_mean_patch_len:.3f} bytes ({len(data)} bytes in {result.n_patches} patches; "
-            f"{result.mean_patch_len:.3f} counting the BOS patch, as calibration does)",
+            f"{n_bytes / max(n_patches, 1):.3f} bytes ({n_bytes} bytes in {n_patches} patches; "
+            f"{(n_bytes + 1) / (n_patches + 1):.3f} counting the BOS patch, as calibration does)",
         )
     )
+    rows.append(("speed", f"{n_bytes / max(seconds, 1e-9) / 1e6:.3f} MB/s ({seconds:.1f}s)"))
     if args.png:
         plot_entropies(
             args.png,
-            data,
-            result.entropies,
-            result.starts,
-            threshold=result.threshold,
-            monotonic_threshold=result.monotonic_threshold,
-            title=f"entropy patching, {source.entropy_run.name}",
+            first.data,
+            first.entropies,
+            first.starts,
+            threshold=first.threshold,
+            monotonic_threshold=first.monotonic_threshold,
+            title=f"entropy patching, {source.entropy_run.name}"
+            + (f" (first window, {len(first.data)} bytes)" if n_windows > 1 else ""),
         )
-        rows.append(("png", args.png))
+        rows.append(
+            (
+                "png",
+                f"{args.png}" + (f" (the first window, {len(first.data)} bytes)" if n_windows > 1 else ""),
+            )
+        )
     _print_rows(rows)
     return 0
 

@@ -3,6 +3,7 @@
 bytelm/patching/patchers.py, not by running the code."""
 
 import json
+import shutil
 
 import jax
 import numpy as np
@@ -523,7 +524,9 @@ def test_cli_prints_marked_text_and_writes_png(entropy_run, trained_model, tmp_p
 
     assert cli.main(["patch", str(entropy_run), "--text", text * 3, "--target-len", "4"]) == 0
     out = capsys.readouterr().out
-    assert "calibrated on this text" in out
+    windows = -(-(len(text) * 3 + 1) // read_patch_source(entropy_run).width())  # BOS + text, per window
+    assert windows > 1 and f"calibrated on the first {windows} window(s) of this text" in out
+    assert f"{windows} of {read_patch_source(entropy_run).width()} positions" in out
 
 
 def test_cli_on_a_blt_run(entropy_run, trained_model, tmp_path, capsys):
@@ -533,6 +536,7 @@ def test_cli_on_a_blt_run(entropy_run, trained_model, tmp_path, capsys):
     (blt / "run.json").write_text(
         json.dumps({"family": "blt", "entropy_run": str(entropy_run), "patching": patching})
     )
+    shutil.copy(entropy_run / "config.toml", blt / "config.toml")  # (its train.seq_len: the windows)
     (tmp_path / "t.txt").write_bytes("abcdefgh\nij\xe9".encode())
     assert cli.main(["patch", str(blt), "--file", str(tmp_path / "t.txt")]) == 0
     out = capsys.readouterr().out.splitlines()
@@ -598,3 +602,48 @@ def test_space_patcher_layout_follows_the_space_rule_and_covers_every_byte():
     np.testing.assert_array_equal(layout.lengths_BxP, starts_to_lengths(starts, n, 32))
     assert layout.lengths_BxP.max() <= 8 and not layout.overflow_B.any()
     assert patcher.record() == {"rule": "space", "max_patch_len": 8}
+
+
+def test_patch_streams_a_long_file_window_by_window(entropy_run, tiny_byte_lm, tmp_path, capsys):
+    """A file of many windows: the printed patches are those of each window patched by itself, one row
+    at a time (the first [BOS, width - 1 bytes], then width bytes each), and the windows are read lazily
+    (an endless source yields its first patches)."""
+    import io  # noqa: PLC0415
+    import itertools  # noqa: PLC0415
+
+    from bytelm.patching import patch_windows, read_windows  # noqa: PLC0415
+
+    width = read_patch_source(entropy_run).width()
+    rng = np.random.default_rng(3)
+    data = " ".join(rng.choice(WORDS, size=2500)).encode() + bytes(rng.integers(0, 256, 300, dtype=np.uint8))
+    path = tmp_path / "long.txt"
+    path.write_bytes(data)
+    assert cli.main(["patch", str(entropy_run), "--file", str(path), "--threshold", "2.5"]) == 0
+    printed = capsys.readouterr().out.splitlines()[0]
+
+    model = EntropyModel(tiny_byte_lm, width=width)
+    cuts = [0, width - 1, *range(width - 1 + width, len(data), width), len(data)]
+    patches = []
+    for k, (a, b) in enumerate(zip(cuts[:-1], cuts[1:])):
+        chunk = data[a:b]
+        row = text_ids(chunk) if k == 0 else np.frombuffer(chunk, np.uint8).astype(np.int32) + BYTE_OFFSET
+        padded = np.pad(row, (0, width - len(row)))
+        starts = entropy_starts(padded, model.entropies(padded), threshold=2.5)[: len(row)]
+        starts = starts[1:] if k == 0 else starts
+        assert starts[0] and (k == 0 or starts[1]), k  # a window's first two positions start patches
+        edges = [*np.flatnonzero(starts), len(chunk)]
+        patches += [chunk[x:y] for x, y in zip(edges[:-1], edges[1:])]
+    assert len(cuts) - 1 > 20 and printed == format_patches(patches)
+
+    class Endless:  # a stream that never ends, recording what is asked of it
+        asked: list[int] = []
+
+        def read(self, n: int) -> bytes:
+            self.asked.append(n)
+            return (b"the of and " * (n // 11 + 1))[:n]
+
+    windows = read_windows(Endless(), width)
+    first = list(itertools.islice(patch_windows(model, windows, width=width, threshold=2.5), 3))
+    assert [len(p.data) for p in first] == [width - 1, width, width] and np.isnan(first[1].entropies[0])
+    assert max(Endless.asked) == width and len(Endless.asked) <= 16  # (one call's rows at most)
+    assert [len(w) for w in read_windows(io.BytesIO(data[: 2 * width + 5]), width)] == [width - 1, width, 6]

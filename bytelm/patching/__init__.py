@@ -42,7 +42,14 @@ from bytelm.patching.patchers import (
     static_starts,
     valid_mask,
 )
-from bytelm.patching.show import PatchedText, format_patches, patch_text, text_ids
+from bytelm.patching.show import (
+    PatchedText,
+    format_patches,
+    patch_text,
+    patch_windows,
+    read_windows,
+    text_ids,
+)
 
 __all__ = [
     "EntropyModel",
@@ -61,6 +68,8 @@ __all__ = [
     "params_fingerprint",
     "patch_counts",
     "patch_text",
+    "patch_windows",
+    "read_windows",
     "real_lengths",
     "space_like",
     "space_starts",

@@ -1,17 +1,30 @@
-"""Patch a piece of text for inspection (``bytelm patch``): patch the text with an entropy model
-and settings (a BLT run's, found by :mod:`bytelm.families.blt.source`), and render it with its
+"""Patch a text for inspection (``bytelm patch``): patch the text with an entropy model and
+settings (a BLT run's, found by :mod:`bytelm.families.blt.source`), and render it with its
 boundaries marked.
 
-A text ``t`` becomes the row ``[BOS, t[0] + 4, t[1] + 4, ...]``; text byte ``j`` sits at row
-position ``j + 1``, and its entropy (the model's uncertainty about it) is ``H[j]``, the entropy
-after position ``j``. The BOS patch is not shown.
+A text of any length is patched as a BLT run patches the stream it trains on: cut into windows of
+``width`` positions (the run's ``train.seq_len + 1``), the first holding ``[BOS, t[0] + 4, ...]``
+(``width - 1`` text bytes) and each later one the next ``width`` bytes, each window patched by
+itself (its own row of the entropy model, the boundary rules of
+:func:`~bytelm.patching.patchers.entropy_starts`, which start a patch at a window's first two
+positions). Windows are read from the file as they are needed (:func:`read_windows`,
+:func:`patch_windows`), so memory does not grow with the text. In the first window text byte ``j``
+sits at row position ``j + 1`` and its entropy (the model's uncertainty about it) is ``H[j]``, the
+entropy after position ``j``; in a later window byte ``j`` sits at ``j`` and its entropy is
+``H[j - 1]`` (none for the window's first byte, which its row does not predict: NaN). The BOS patch
+is not shown.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import io
+import itertools
 import logging
+import sys
 import unicodedata
+from collections.abc import Iterable, Iterator
+from typing import BinaryIO
 
 import numpy as np
 
@@ -22,11 +35,14 @@ from bytelm.patching.patchers import entropy_starts
 
 log = logging.getLogger(__name__)
 
+#: windows a threshold is calibrated on (``--target-len``): the first 256 of the text
+CALIBRATION_WINDOWS = 256
+
 
 @dataclasses.dataclass(frozen=True)
 class PatchedText:
     data: bytes
-    entropies: np.ndarray  # float32[n]: entropies[j] = uncertainty about text byte j (H after row position j)
+    entropies: np.ndarray  # float32[n]: entropies[j] = uncertainty about text byte j (module docstring)
     starts: np.ndarray  # bool[n]: a patch starts at text byte j (starts[0] is always True)
     threshold: float | None
     monotonic_threshold: float | None
@@ -57,6 +73,111 @@ def text_ids(data: bytes) -> np.ndarray:
     )
 
 
+def read_windows(stream: BinaryIO, width: int) -> Iterator[bytes]:
+    """The text of each window, read as needed: ``width - 1`` bytes for the first (its row starts
+    with BOS), then ``width`` at a time (module docstring); memory holds one window."""
+    if width < 2:
+        raise ValueError(f"a window needs at least 2 positions, got width {width}")
+    size = width - 1
+    while chunk := stream.read(size):
+        yield chunk
+        size = width
+
+
+def _window_row(chunk: bytes, first: bool) -> np.ndarray:
+    ids = np.frombuffer(chunk, np.uint8).astype(np.int32) + BYTE_OFFSET
+    return np.concatenate([[BOS_ID], ids]).astype(np.int32) if first else ids
+
+
+def patch_windows(
+    model,
+    windows: Iterable[bytes],
+    *,
+    width: int,
+    threshold: float | None = None,
+    monotonic_threshold: float | None = None,
+    max_patch_len: int | None = None,
+    target_len: float | None = None,
+    calibration_windows: int = CALIBRATION_WINDOWS,
+    rows_per_call: int = 16,
+) -> Iterator[PatchedText]:
+    """Entropy-patch a text window by window (:func:`read_windows`), one :class:`PatchedText` per
+    window, each patched by itself in a row of ``width`` positions (module docstring).
+
+    With ``target_len`` the global threshold is calibrated on the first ``calibration_windows``
+    windows (all of a shorter text; the closest achievable mean when they are too few to land within
+    2%); otherwise ``threshold`` and/or ``monotonic_threshold`` are used as given."""
+    if threshold is None and monotonic_threshold is None and target_len is None:
+        raise UserError(
+            "an entropy-model run has no patching settings: give a threshold (--threshold T, nats) or a "
+            "target mean patch length to calibrate on the text (--target-len L)"
+        )
+    it = iter(windows)
+    first = True
+
+    def rows_of(chunks: list[bytes]) -> np.ndarray:
+        nonlocal first
+        rows = np.zeros((len(chunks), width), np.int32)  # PAD after a short (last) window
+        for r, chunk in enumerate(chunks):
+            row = _window_row(chunk, first)
+            rows[r, : len(row)] = row
+            first = False
+        return rows
+
+    calibrated = False
+    if target_len is not None:
+        chunks = list(itertools.islice(it, calibration_windows))
+        if not chunks:
+            raise UserError("the text to patch is empty; give some text (--text or --file)")
+        rows = rows_of(chunks)
+        h = model.entropies(rows)
+        threshold, _ = calibrate_threshold(
+            h,
+            rows,
+            target_len,
+            strict=False,
+            monotonic_threshold=monotonic_threshold,
+            max_patch_len=max_patch_len,
+        )
+        calibrated = True
+        log.info("threshold %.6g calibrated on the first %d window(s) of the text", threshold, len(chunks))
+        pending = [(chunks, rows, h)]
+    else:
+        pending = []
+    while True:
+        if pending:
+            chunks, rows, h = pending.pop()
+        else:
+            chunks = list(itertools.islice(it, rows_per_call))
+            if not chunks:
+                return
+            rows = rows_of(chunks)
+            h = model.entropies(rows)
+        starts = entropy_starts(
+            rows, h, threshold=threshold, monotonic_threshold=monotonic_threshold, max_patch_len=max_patch_len
+        )
+        for r, chunk in enumerate(chunks):
+            n = len(chunk)
+            bos = int(rows[r, 0] == BOS_ID)  # (the first window's row; a text byte is never BOS)
+            # the uncertainty about text byte j is the entropy after the position before it
+            about = np.full(n, np.nan, np.float32)
+            if bos:
+                about[:] = h[r, :n]
+            else:
+                about[1:] = h[r, : n - 1]
+            yield PatchedText(
+                data=chunk,
+                entropies=about,
+                starts=starts[r, bos : bos + n],
+                threshold=threshold,
+                monotonic_threshold=monotonic_threshold,
+                max_patch_len=max_patch_len,
+                calibrated=calibrated,
+                target_len=target_len,
+                mean_patch_len=mean_patch_length(starts[r], [n + bos]),
+            )
+
+
 def patch_text(
     model,
     data: bytes,
@@ -65,8 +186,10 @@ def patch_text(
     monotonic_threshold: float | None = None,
     max_patch_len: int | None = None,
     target_len: float | None = None,
+    width: int | None = None,
 ) -> PatchedText:
-    """Entropy-patch ``data`` with ``model`` (an :class:`~bytelm.patching.EntropyModel`).
+    """Entropy-patch ``data`` with ``model`` (an :class:`~bytelm.patching.EntropyModel`): in windows of
+    ``width`` positions (:func:`patch_windows`), or as one row ``[BOS, data]`` when ``width`` is None.
 
     With ``target_len`` the global threshold is calibrated on ``data`` itself (closest achievable
     mean when the text is too short to land within 2%); otherwise ``threshold`` and/or
@@ -74,36 +197,26 @@ def patch_text(
     """
     if not data:
         raise UserError("the text to patch is empty; give some text (--text or --file)")
-    if threshold is None and monotonic_threshold is None and target_len is None:
-        raise UserError(
-            "an entropy-model run has no patching settings: give a threshold (--threshold T, nats) or a "
-            "target mean patch length to calibrate on the text (--target-len L)"
-        )
-    ids = text_ids(data)
-    h = model.entropies(ids[None])[0]
-    if target_len is not None:
-        threshold, _ = calibrate_threshold(
-            h[None],
-            ids[None],
-            target_len,
-            max_patch_len=max_patch_len,
+    width = width or len(data) + 1
+    parts = list(
+        patch_windows(
+            model,
+            read_windows(io.BytesIO(data), width),
+            width=width,
+            threshold=threshold,
             monotonic_threshold=monotonic_threshold,
-            strict=False,
+            max_patch_len=max_patch_len,
+            target_len=target_len,
+            calibration_windows=sys.maxsize,
         )
-        log.info("threshold %.6g calibrated on the %d-byte text itself", threshold, len(data))
-    starts = entropy_starts(
-        ids, h, threshold=threshold, monotonic_threshold=monotonic_threshold, max_patch_len=max_patch_len
     )
-    return PatchedText(
+    starts = np.concatenate([p.starts for p in parts])
+    return dataclasses.replace(
+        parts[0],
         data=data,
-        entropies=h[: len(data)],
-        starts=starts[1:],
-        threshold=threshold,
-        monotonic_threshold=monotonic_threshold,
-        max_patch_len=max_patch_len,
-        calibrated=target_len is not None,
-        target_len=target_len,
-        mean_patch_len=mean_patch_length(starts, [len(ids)]),
+        entropies=np.concatenate([p.entropies for p in parts]),
+        starts=starts,
+        mean_patch_len=(len(data) + 1) / (int(starts.sum()) + 1),
     )
 
 
