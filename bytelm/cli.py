@@ -30,7 +30,7 @@ from bytelm.baselines import KINDS, NATIVE_FILES, encoders_of, is_saved, load_to
 from bytelm.baselines.bpe import tokenizer_stats, train_bpe
 from bytelm.baselines.hf_import import read_tokenizer_json
 from bytelm.baselines.imported import import_tiktoken, import_tokenizer_json
-from bytelm.config import load_config
+from bytelm.config import load_config, load_run_config
 from bytelm.data import default_cache_dir, load_corpus_from_config
 from bytelm.errors import UserError
 from bytelm.evaluation.evaluator import evaluate_runs
@@ -662,7 +662,7 @@ def cmd_patch(args: argparse.Namespace) -> int:
     ensure_run_record(args.run_dir)  # (a damaged run.json is rebuilt, not refused)
     source = read_patch_source(args.run_dir)
     kwargs = source.patch_kwargs(threshold=args.threshold, target_len=args.target_len)
-    width = source.width()
+    width = load_run_config(source.run_dir).train.seq_len + 1  # the run's windows (bytelm/patching/show.py)
     if args.file is not None:
         try:
             stream: BinaryIO = open(args.file, "rb")  # noqa: SIM115 (closed below, also on error)
@@ -1316,6 +1316,13 @@ def add_probe(sub) -> None:
         metavar="N",
         help="continuation items and spelling pairs, N of each at most (default 96)",
     )
+    p.add_argument(
+        "--export-lm-eval",
+        metavar="DIR",
+        help="instead of scoring the runs, write the held-out segments and the probe set as "
+        "lm-evaluation-harness tasks into DIR (YAML + JSON Lines: bytelm_heldout, bytelm_choice and one per "
+        "noise, bytelm_spelling, the group bytelm_probes), for any harness model; see docs/interop.md",
+    )
     p.set_defaults(func=cmd_probe)
 
 
@@ -1333,6 +1340,8 @@ def cmd_probe(args: argparse.Namespace) -> int:
         raise UserError("two runs would share a name in one table: give run directories distinct names")
     eval_set, per_run = eval_sets_for_runs(args.run_dirs, data_spec=args.data)
     corpus = per_run[str(args.run_dirs[0])]
+    if args.export_lm_eval:
+        return _export_lm_eval(args, eval_set, corpus)
     out = Path(args.out)
     record = probe_runs(
         eval_set,
@@ -1351,6 +1360,34 @@ def cmd_probe(args: argparse.Namespace) -> int:
     plot_probes(out / "probes.png", record, subtitle=f"probe set {record['fingerprint'][:16]}")
     print(text)
     print(f"wrote {out / 'probes.json'}, {out / 'probes.md'}, {out / 'probes.png'}")
+    return 0
+
+
+def _export_lm_eval(args: argparse.Namespace, eval_set, corpus) -> int:
+    from bytelm.evaluation.probes import corpus_probe_set  # noqa: PLC0415
+    from bytelm.interop.lm_eval import write_tasks  # noqa: PLC0415 (the harness, only when asked)
+
+    check_output_dir(args.export_lm_eval, "--export-lm-eval")
+    probe_set = corpus_probe_set(eval_set, corpus, seed=args.seed, items=args.items)
+    summary = write_tasks(args.export_lm_eval, eval_set, probe_set)
+    held = summary["heldout"]
+    rows = [
+        (
+            "held-out",
+            f"{held['segments']} segments, {held['bytes']} bytes ({held['left_out']} left out: not UTF-8)",
+        )
+    ]
+    for name in summary["tasks"][1:]:
+        rows.append(
+            (name, f"{summary[name]['items']} items ({summary[name]['left_out']} left out: not UTF-8)")
+        )
+    _print_rows(rows)
+    print(
+        f"wrote {len(summary['tasks'])} tasks to {args.export_lm_eval}; run them with: bytelm-lm-eval "
+        f"--model "
+        f"bytelm --model_args run=RUN_DIR --tasks bytelm_heldout,bytelm_probes --include_path "
+        f"{args.export_lm_eval}"
+    )
     return 0
 
 

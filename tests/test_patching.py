@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from test_training import WORDS, corpus_dir, tiny_overrides  # noqa: F401  (corpus_dir is a fixture)
 
 from bytelm import cli
+from bytelm.config import load_run_config
 from bytelm.constants import BOS_ID, BYTE_OFFSET, EOS_ID, PAD_ID
 from bytelm.errors import UserError
 from bytelm.families.blt.source import read_patch_source
@@ -524,9 +525,10 @@ def test_cli_prints_marked_text_and_writes_png(entropy_run, trained_model, tmp_p
 
     assert cli.main(["patch", str(entropy_run), "--text", text * 3, "--target-len", "4"]) == 0
     out = capsys.readouterr().out
-    windows = -(-(len(text) * 3 + 1) // read_patch_source(entropy_run).width())  # BOS + text, per window
+    width = load_run_config(entropy_run).train.seq_len + 1
+    windows = -(-(len(text) * 3 + 1) // width)  # BOS + text, per window
     assert windows > 1 and f"calibrated on the first {windows} window(s) of this text" in out
-    assert f"{windows} of {read_patch_source(entropy_run).width()} positions" in out
+    assert f"{windows} of {width} positions" in out
 
 
 def test_cli_on_a_blt_run(entropy_run, trained_model, tmp_path, capsys):
@@ -613,7 +615,7 @@ def test_patch_streams_a_long_file_window_by_window(entropy_run, tiny_byte_lm, t
 
     from bytelm.patching import patch_windows, read_windows  # noqa: PLC0415
 
-    width = read_patch_source(entropy_run).width()
+    width = load_run_config(entropy_run).train.seq_len + 1
     rng = np.random.default_rng(3)
     data = " ".join(rng.choice(WORDS, size=2500)).encode() + bytes(rng.integers(0, 256, 300, dtype=np.uint8))
     path = tmp_path / "long.txt"

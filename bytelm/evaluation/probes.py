@@ -508,6 +508,15 @@ def probe_model(probe_set: ProbeSet, scorer: Scorer, **kw) -> dict:
 
 
 # -- probing runs --------------------------------------------------------------------------------
+def corpus_probe_set(eval_set, corpus, *, seed: int = 0, items: int | None = None) -> ProbeSet:
+    """The probe set of ``eval_set`` (strings up to the corpus's segment length; ``items``
+    continuation items and spelling pairs at most), word bands from the corpus's training documents."""
+    settings = ProbeSettings(max_bytes=corpus.segment_bytes, seed=seed)
+    if items is not None:
+        settings = dataclasses.replace(settings, choice_items=items, spelling_items=items)
+    return build_probe_set(eval_set, settings, train_word_counts(corpus))
+
+
 def trainer_scorer(trainer) -> Scorer:
     """A restored run's scorer: every string scored on its own from BOS, as a held-out segment."""
     return lambda strings: trainer.evaluate(list(strings)).nats
@@ -529,10 +538,8 @@ def probe_runs(
     from bytelm.rundir import RunDir  # noqa: PLC0415 (the training layer, only when runs are probed)
     from bytelm.training.restore import restore_trainer  # noqa: PLC0415
 
-    settings = ProbeSettings(max_bytes=corpus.segment_bytes, seed=seed)
-    if items is not None:
-        settings = dataclasses.replace(settings, choice_items=items, spelling_items=items)
-    probe_set = build_probe_set(eval_set, settings, train_word_counts(corpus))
+    probe_set = corpus_probe_set(eval_set, corpus, seed=seed, items=items)
+    settings = probe_set.settings
     record: dict = {
         "version": PROBE_VERSION,
         "fingerprint": probe_set.fingerprint,

@@ -52,13 +52,6 @@ class PatchSource:
             )
         return kwargs
 
-    def width(self) -> int:
-        """Positions per window when patching a text: ``train.seq_len + 1`` of the run (a BLT run's
-        entropy rows are its training windows; an entropy-model run's its own)."""
-        from bytelm.config import load_run_config  # noqa: PLC0415 (the config module is heavy)
-
-        return load_run_config(self.run_dir).train.seq_len + 1
-
     def check_fingerprint(self, fingerprint: str) -> None:
         """A BLT run that recorded its entropy model's fingerprint must get that very model."""
         recorded = (self.settings or {}).get("entropy_fingerprint")
