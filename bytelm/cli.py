@@ -1468,6 +1468,44 @@ def cmd_compare(args: argparse.Namespace) -> int:
     return 0
 
 
+# -- scaling --------------------------------------------------------------------------------------
+def add_scaling(sub) -> None:
+    p = sub.add_parser(
+        "scaling",
+        help="fit scaling laws, compute-optimal patch sizes and vocabularies, and crossovers to ablations",
+        description="Read one or more 'bytelm ablate' outputs (ablation.json and scores.jsonl, one "
+        "evaluation set) and fit, per family (its best cell at each budget) and per cell series, "
+        "L(C) = E + A C^-alpha against total training FLOPs; per budget the iso-FLOP optimum of the "
+        "patch size or vocabulary and its law against compute; for every pair of families the compute "
+        "where their laws meet. 95% intervals from the bootstrap over held-out documents and seeds. "
+        "Writes OUT/scaling.json, OUT/scaling.md, OUT/scaling.png and OUT/isoflop.png. See "
+        "docs/ablations.md, 'Scaling fits'.",
+    )
+    p.add_argument(
+        "dirs", nargs="+", metavar="DIR", help="--out directories of finished 'bytelm ablate' grids"
+    )
+    p.add_argument("--out", default="scaling", metavar="DIR", help="output directory (default: scaling)")
+    p.add_argument(
+        "--resamples",
+        type=int,
+        default=400,
+        metavar="R",
+        help="bootstrap resamples for the intervals (default 400)",
+    )
+    p.add_argument("--seed", type=int, default=0, metavar="S", help="the bootstrap's seed (default 0)")
+    p.set_defaults(func=cmd_scaling)
+
+
+def cmd_scaling(args: argparse.Namespace) -> int:
+    from bytelm.experiments.scaling import scaling, scaling_lines  # noqa: PLC0415 (scipy, on use)
+
+    check_output_dir(args.out, "--out")
+    result = scaling(args.dirs, args.out, resamples=args.resamples, seed=args.seed)
+    print("\n".join(scaling_lines(result)[:-4]))
+    print(f"wrote {Path(args.out) / 'scaling.json'}, scaling.md, scaling.png and isoflop.png")
+    return 0
+
+
 # -- ablate ---------------------------------------------------------------------------------------
 def add_ablate(sub) -> None:
     p = sub.add_parser(
@@ -1573,6 +1611,11 @@ def cmd_ablate(args: argparse.Namespace) -> int:
         print(sentence)
     state = "complete" if result.stage == "done" else f"incomplete (stage {result.stage})"
     print(f"grid {state}; wrote {result.out / 'ablation.md'}, {result.out / 'ablation.json'} and the plots")
+    if result.scaling is not None:
+        for c in result.scaling["crossovers"]:
+            print(c["statement"])
+        fits = result.out / "scaling"
+        print(f"scaling fits: {fits / 'scaling.md'} (and scaling.json, scaling.png, isoflop.png)")
     return 0
 
 
@@ -1876,6 +1919,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_probe(sub)
     add_compare(sub)
     add_ablate(sub)
+    add_scaling(sub)
     add_sample(sub)
     add_convert(sub)
     add_export(sub)

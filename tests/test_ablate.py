@@ -6,6 +6,7 @@ import math
 import shlex
 import shutil
 
+import numpy as np
 import pytest
 from conftest import word_corpus
 
@@ -271,10 +272,14 @@ def check_print_commands_then_collect_equal_the_in_process_grid(grid_run, tmp_pa
 def test_shipped_grids_load_and_their_sizes_follow_the_rule():
     for name in ("micro", "tiny", "small", "base"):
         grid = load_grid(name)
-        assert len(grid.budgets) >= 2 and grid.budgets[-1] >= 4 * grid.budgets[0]
+        # four budgets or more, log-spaced, for the scaling fits (the test grid: two)
+        assert len(grid.budgets) >= (2 if name == "micro" else 4) and grid.budgets[-1] >= 4 * grid.budgets[0]
+        ratios = np.diff(np.log(grid.budgets))
+        assert np.allclose(ratios, ratios[0])
         families = {"byte", "megabyte", "blt", "bpe"} | ({"hnet"} if name != "micro" else set())
         assert {load_config(f.config).model.family for f in grid.members} == families
-        assert any(f.ngram_from == "blt" for f in grid.members)  # a byte LM with BLT's n-gram tables
+        if name != "tiny":  # (the CPU grid keeps to the five families its 45 minutes allow)
+            assert any(f.ngram_from == "blt" for f in grid.members)  # a byte LM with BLT's n-gram tables
         assert grid.entropy_budget <= 0.25 * grid.budgets[0]  # every BLT cell can pay for its entropy model
         d_prev = 0
         for b in grid.budgets:

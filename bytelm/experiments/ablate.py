@@ -38,7 +38,8 @@ skipped, an interrupted one resumes, a failing one is reported and the others go
 ask again for the next stage); ``--collect`` trains nothing and builds the report from what is
 on disk. Results: ``ablation.json``, ``ablation.md``, ``bpb_vs_bytes_per_step.png``,
 ``bpb_vs_flops.png`` and, when the held-out data has several top-level directories,
-``bpb_per_group.png``.
+``bpb_per_group.png``; a finished grid's scaling fits (:mod:`bytelm.experiments.scaling`) in
+``OUT/scaling/``.
 """
 
 from __future__ import annotations
@@ -106,6 +107,7 @@ class AblationResult:
     report: dict
     stage: str  # the first unfinished stage ("done" when the grid is complete)
     commands: list[str]
+    scaling: dict | None = None  # the fits of a finished grid (OUT/scaling/scaling.json)
 
 
 class AblationRunner(Runner):
@@ -580,4 +582,20 @@ def ablate(
     if stage == "done" and mode != "print":
         report["probes"] = runner.probe(report)
     write_outputs(out, report, runner.eval_set)
-    return AblationResult(out, report, stage, commands)
+    fits = None
+    if stage == "done" and mode != "print" and is_primary():
+        fits = fit_grid(out, note)
+    return AblationResult(out, report, stage, commands, fits)
+
+
+def fit_grid(out: Path, note: Note | None = None) -> dict | None:
+    """``bytelm scaling`` on the finished grid in ``out`` (into ``OUT/scaling``); None with a note
+    when it has nothing to fit."""
+    from bytelm.experiments.scaling import scaling  # noqa: PLC0415 (scipy, once per grid)
+
+    try:
+        return scaling([out], out / "scaling")
+    except UserError as e:
+        if note:
+            note(f"scaling fits: {e}")
+        return None
