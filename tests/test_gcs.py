@@ -27,6 +27,47 @@ from bytelm.errors import UserError  # noqa: E402
 from bytelm.training.loop import train  # noqa: E402
 
 
+def _conditional_media_reads() -> None:
+    """What the emulator's media download lacks and tensorstore relies on, as GCS does it: the object's
+    ``x-goog-generation`` header, and the ``ifGenerationNotMatch`` / ``ifGenerationMatch`` preconditions
+    (304 when the generation is unchanged, 412 when it differs). Without them a read that revalidates
+    a cached OCDBT manifest gets the bytes with no generation, and the next conditional write fails
+    ("Malformed StorageGeneration"), by the timing of tensorstore's cache: a flaky test."""
+    from http import HTTPStatus
+
+    from gcp_storage_emulator import server
+    from gcp_storage_emulator.exceptions import NotFound
+    from gcp_storage_emulator.handlers import objects
+
+    if getattr(objects.download, "conditional", False):
+        return
+    plain = objects.download
+
+    def download(request, response, storage, *args, **kwargs):
+        try:
+            obj = storage.get_file_obj(request.params["bucket_name"], request.params["object_id"])
+        except NotFound:
+            return plain(request, response, storage, *args, **kwargs)
+        generation = str(obj["generation"])
+        if request.query.get("ifGenerationNotMatch", [None])[0] == generation:
+            response.status = HTTPStatus.NOT_MODIFIED
+            return None
+        match = request.query.get("ifGenerationMatch", [None])[0]
+        if match is not None and match != generation:
+            response.status = HTTPStatus.PRECONDITION_FAILED
+            return None
+        response["x-goog-generation"] = generation
+        response["x-goog-metageneration"] = str(obj.get("metageneration", "1"))
+        return plain(request, response, storage, *args, **kwargs)
+
+    download.conditional = True  # type: ignore[attr-defined]
+    objects.download = download
+    server.HANDLERS = tuple(
+        (pattern, {m: (download if h is plain else h) for m, h in methods.items()})
+        for pattern, methods in server.HANDLERS
+    )
+
+
 @pytest.fixture(scope="module")
 def bucket(tmp_path_factory):
     """The emulator with bucket ``bkt``: a word corpus under ``docs/`` (and a dot-file, skipped), two
@@ -34,6 +75,7 @@ def bucket(tmp_path_factory):
     environment while the module's tests run."""
     from gcp_storage_emulator.server import create_server
 
+    _conditional_media_reads()
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
