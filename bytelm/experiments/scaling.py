@@ -246,7 +246,7 @@ def fit_with_intervals(C: np.ndarray, L: np.ndarray, samples: np.ndarray) -> dic
     try:
         law = fit_power_law(C, L)
     except UserError as e:
-        return {"refused": str(e), "points": len(np.unique(C))}
+        return {"refused": str(e)}
     fits = np.array([dataclasses.astuple(fit_power_law(C, s, start=law))[:3] for s in samples])
     curves = {}
     for name, (lo, hi) in (
@@ -481,10 +481,7 @@ def scaling_lines(result: dict) -> list[str]:
     ]
     for fam, rec in result["families"].items():
         if "refused" in rec:
-            lines.append(
-                f"| {fam} | {rec['points'] if isinstance(rec['points'], int) else len(rec['points'])} | "
-                f"refused: {rec['refused']} | | | |"
-            )
+            lines.append(f"| {fam} | {len(rec['points'])} | refused: {rec['refused']} | | | |")
             continue
         lines.append(
             f"| {fam} | {len(rec['points'])} | {_ci(rec['E'])} | {_ci(rec['A'])} | {_ci(rec['alpha'])} | "

@@ -20,7 +20,7 @@ def plot_scaling(path: str | Path, result: dict, extrapolate: float) -> Path:
     for k, (fam, rec) in enumerate(result["families"].items()):
         color = f"C{k % 10}"
         colors[fam] = color
-        pts = rec["points"] if isinstance(rec["points"], list) else []
+        pts = rec["points"]
         if pts:
             ax.plot(
                 [p["flops"] for p in pts],
@@ -47,7 +47,8 @@ def plot_scaling(path: str | Path, result: dict, extrapolate: float) -> Path:
     ax.set_xlabel("total training FLOPs (ledger)")
     ax.set_ylabel("held-out BPB (best cell per budget)")
     ax.set_title("scaling laws L(C) = E + A (C/C0)^-alpha, 95% bands; dashed: extrapolation")
-    ax.legend(fontsize=7, ncol=2)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=7, ncol=2)
     ax.grid(True, which="both", alpha=0.3)
     fig.tight_layout()
     fig.savefig(str(path))
