@@ -285,3 +285,14 @@ TINY_FAMILIES = {
         "model.chunk_slots": 1.0,  # (windows overflow: the slot rule must not depend on the batch either)
     },
 }
+
+
+def tiny_family(family: str, artefacts) -> dict:
+    """``TINY_FAMILIES[family]`` with what the family needs from ``artefacts`` (a folder holding a BPE
+    tokenizer in ``tokenizer/`` and an entropy-model run in ``entropy/``)."""
+    extra = dict(TINY_FAMILIES[family])
+    if family == "bpe":
+        extra["model.tokenizer"] = artefacts / "tokenizer"
+    if family == "blt":
+        extra["model.entropy_run"] = artefacts / "entropy"
+    return extra

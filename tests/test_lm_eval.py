@@ -16,7 +16,7 @@ import types
 from pathlib import Path
 
 import pytest
-from conftest import TINY_COMMON, TINY_FAMILIES, word_corpus
+from conftest import TINY_COMMON, TINY_FAMILIES, tiny_family, word_corpus
 
 from bytelm import cli
 from bytelm.config import load_config
@@ -48,13 +48,8 @@ def runs(tmp_path_factory):
     )
     train(cfg_of({**TINY_FAMILIES["byte"], "model.window": 16}), out / "entropy")
     runs = {}
-    for family, extra in TINY_FAMILIES.items():
-        extra = dict(extra)
-        if family == "bpe":
-            extra["model.tokenizer"] = out / "tokenizer"
-        if family == "blt":
-            extra["model.entropy_run"] = out / "entropy"
-        train(cfg_of(extra), out / family)
+    for family in TINY_FAMILIES:
+        train(cfg_of(tiny_family(family, out)), out / family)
         runs[family] = out / family
     report = evaluate_runs([str(r) for r in runs.values()])
     eval_set, _ = eval_sets_for_runs([str(r) for r in runs.values()])

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from conftest import TINY_COMMON as INVARIANCE
 from conftest import TINY_FAMILIES as FAMILIES
-from conftest import word_corpus, write_files
+from conftest import tiny_family, word_corpus, write_files
 from flax import nnx
 
 from bytelm.bpb import LN2
@@ -235,13 +235,8 @@ def trainers(tmp_path_factory):
         art / "entropy",
     )
     out = {}
-    for family, extra in FAMILIES.items():
-        extra = dict(extra)
-        if family == "bpe":
-            extra["model.tokenizer"] = art / "tokenizer"
-        if family == "blt":
-            extra["model.entropy_run"] = art / "entropy"
-        cfg = cfg_of(extra)
+    for family in FAMILIES:
+        cfg = cfg_of(tiny_family(family, art))
         out[family] = Trainer(cfg, make_task(cfg, load_corpus_from_config(cfg.data)))
     return out
 
