@@ -116,6 +116,21 @@ def test_curves_that_never_meet_are_said_not_to_and_crossings_are_found():
         assert abs(rec["alpha"][0] - law.alpha) <= 0.05
 
 
+def test_a_floor_the_points_do_not_reach_is_reported_as_not_determined():
+    """Points of a pure power law (no floor): E goes to its bound 0 and the report says so."""
+    rng = np.random.default_rng(6)
+    nbytes, shift = documents(rng, 60)
+    points, bits = grid_points({"fam": PowerLaw(0.0, 3.0, 0.15, 1e12)}, rng, nbytes, shift)
+    result = analyse(points, nbytes, bits, resamples=40)
+    rec = result["families"]["fam"]
+    assert rec["E_at_bound"] and rec["E_at_bound_resamples"] > 0.5
+    assert "not determined" in "\n".join(
+        scaling.scaling_lines({**result, "figures": {"laws": "", "isoflop": ""}})
+    )
+    points, bits = grid_points({"fam": PowerLaw(1.5, 1.0, 0.5, 1e12)}, rng, nbytes, shift)
+    assert not analyse(points, nbytes, bits, resamples=40)["families"]["fam"]["E_at_bound"]
+
+
 def test_too_few_points_are_refused_in_a_line():
     with pytest.raises(UserError, match="needs at least 4 budgets .* this series has 3"):
         fit_power_law(BUDGETS[:3], [2.0, 1.9, 1.8])

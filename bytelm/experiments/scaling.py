@@ -11,7 +11,9 @@ Fits (docs/ablations.md, "Scaling fits", says why this form and this loss):
 
 - **Power law** ``L(C) = E + A (C / C0)^-alpha`` (``C0``: the geometric mean of the fitted compute,
   which only conditions the fit), by :func:`scipy.optimize.least_squares` on the relative residuals
-  ``L_fit / L - 1`` with ``E`` in ``[0, min L)``, ``alpha`` in ``[0, 4]``, from several starts; per
+  ``L_fit / L - 1`` with ``E`` in ``[0, min L)``, ``alpha`` in ``[0, 4]``, from several starts
+  (``E_at_bound``: the fit put ``E`` at 0, i.e. the points, far from any floor, do not determine it,
+  and the law is a pure power law over them; ``E_at_bound_resamples``: how often the resamples did); per
   cell series (one cell across budgets) and per family (its best cell at each budget: the family's
   compute-optimal frontier). At least :data:`MIN_POINTS` budgets, else the fit is refused with a
   line saying how many it has.
@@ -262,7 +264,10 @@ def fit_with_intervals(C: np.ndarray, L: np.ndarray, samples: np.ndarray) -> dic
             "lo": low.tolist(),
             "hi": high.tolist(),
         }
+    bound = 1e-6 * float(np.min(L))  # E this small is E at its lower bound, 0: the points do not determine it
     return {
+        "E_at_bound": bool(law.E <= bound),
+        "E_at_bound_resamples": float(np.mean(fits[:, 0] <= bound)),
         "E": [law.E, *_interval(fits[:, 0])],
         "A": [law.A, *_interval(fits[:, 1])],
         "alpha": [law.alpha, *_interval(fits[:, 2])],
@@ -483,8 +488,11 @@ def scaling_lines(result: dict) -> list[str]:
         if "refused" in rec:
             lines.append(f"| {fam} | {len(rec['points'])} | refused: {rec['refused']} | | | |")
             continue
+        E = _ci(rec["E"])
+        if rec.get("E_at_bound"):
+            E = f"0 (at its bound in {rec['E_at_bound_resamples']:.0%} of resamples: not determined)"
         lines.append(
-            f"| {fam} | {len(rec['points'])} | {_ci(rec['E'])} | {_ci(rec['A'])} | {_ci(rec['alpha'])} | "
+            f"| {fam} | {len(rec['points'])} | {E} | {_ci(rec['A'])} | {_ci(rec['alpha'])} | "
             f"{rec['c0']:.3g} |"
         )
     lines += ["", "## Crossovers", ""]
