@@ -67,6 +67,21 @@ _add_xla_flag(_OPT_LEVEL)
 _add_xla_flag(_ELEMENTAL_EMITTERS, if_known=True)
 
 
+def _start_jax() -> None:
+    """Start JAX's CPU backend now, on its default one device, in every test process (each xdist
+    worker). bytelm's CLI asks for one device per core before JAX starts (bytelm/training/host.py),
+    so otherwise the first test of a worker to call ``cli.main`` before any JAX computation would give
+    the whole worker two devices, and in-process results (a run compared bit for bit with a
+    one-device subprocess, a batch of one row) would depend on which tests a worker drew first. Tests
+    that need several devices run them in subprocesses (:func:`subprocess_env`)."""
+    import jax
+
+    jax.devices()
+
+
+_start_jax()
+
+
 def subprocess_env(n_devices: int, **extra: str) -> dict[str, str]:
     """The environment for a JAX subprocess on ``n_devices`` simulated CPU devices (the test flags kept)."""
     flags = " ".join(f for f in os.environ.get("XLA_FLAGS", "").split() if "device_count" not in f)

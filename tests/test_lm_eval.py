@@ -110,18 +110,18 @@ def check_bits_per_byte(lm, runs, family):
     data = max(texts, key=len).encode()
     (nats,) = lm.loglikelihood_rolling([request(data.decode())])
     pieces = [data[i : i + 48] for i in range(0, len(data), 48)]
-    alone = [lm.trainer.evaluate([p], batch_size=1).nats[0] for p in pieces]
+    alone = [lm.trainer.evaluate([p]).nats[0] for p in pieces]
     assert len(pieces) >= 3 and -nats == pytest.approx(math.fsum(alone), rel=1e-5)
 
 
 def check_loglikelihood(lm):
-    """loglikelihood is bytelm's conditional score (two scorings, one row at a time)."""
+    """loglikelihood is bytelm's conditional score (two scorings, each string in a call of its own)."""
     pairs = [("the of and", " to in"), ("", "from BOS"), ("x" * 60, "is that")]  # the last: context cut
     got = lm.loglikelihood([request(c, x) for c, x in pairs])
     for (context, continuation), (ll, greedy) in zip(pairs, got):
         ctx = context.encode()[-(48 - len(continuation)) :] if context else b""
-        joint = lm.trainer.evaluate([ctx + continuation.encode()], batch_size=1).nats[0]
-        alone = lm.trainer.evaluate([ctx], batch_size=1).nats[0] if ctx else 0.0
+        joint = lm.trainer.evaluate([ctx + continuation.encode()]).nats[0]
+        alone = lm.trainer.evaluate([ctx]).nats[0] if ctx else 0.0
         assert -ll == pytest.approx(joint - alone, rel=1e-5, abs=1e-4) and isinstance(greedy, bool)
     # is_greedy is exactly "greedy decoding after the context gives the continuation"
     from bytelm.generate import generate
