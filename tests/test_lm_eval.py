@@ -128,9 +128,11 @@ def check_loglikelihood(lm):
     from bytelm.sampling.sampler import SamplingOptions
 
     made = generate(lm.decoder, b"the of", max_bytes=4, options=SamplingOptions(greedy=True))
-    if made.isascii():
-        ((_, is_greedy),) = lm.loglikelihood([request("the of", made.decode())])
-        assert is_greedy
+    assert made  # (any bytes, EOS may end them early: harness strings carry them through surrogateescape)
+    ((_, is_greedy),) = lm.loglikelihood([request("the of", made.decode("utf-8", "surrogateescape"))])
+    assert is_greedy
+    other = bytes([made[0] ^ 1]) + made[1:]
+    assert not lm.loglikelihood([request("the of", other.decode("utf-8", "surrogateescape"))])[0][1]
     with pytest.raises(ValueError, match="longer than the run's segment length"):
         lm.loglikelihood([request("", "y" * 49)])
 
@@ -147,11 +149,13 @@ def check_generate_until(lm, capsys):
     from bytelm.sampling.sampler import SamplingOptions
 
     made = generate(lm.decoder, prompt.encode(), max_bytes=24, options=SamplingOptions(greedy=True))
-    stop_at = next((i for i in range(1, len(made)) if made[i] < 0x80), None)
-    if stop_at is not None:  # cut at the first occurrence of the stop string (an ASCII byte of the output)
-        stop = made[stop_at : stop_at + 1].decode()
-        (cut,) = lm.generate_until([request(prompt, {"until": ["\x00never", stop], "max_gen_toks": 24})])
-        assert cut == made[: made.index(stop.encode())].decode("utf-8", "replace")
+    assert len(made) == 24
+    stop = made[
+        5:7
+    ]  # two bytes of the output (any bytes, through surrogateescape): cut at their first occurrence
+    until = ["\x00never", stop.decode("utf-8", "surrogateescape")]
+    (cut,) = lm.generate_until([request(prompt, {"until": until, "max_gen_toks": 24})])
+    assert cut == made[: made.index(stop)].decode("utf-8", "replace")
 
 
 def test_the_exported_tasks_run_through_the_harness_command_line(runs, tmp_path):
