@@ -1075,8 +1075,8 @@ def inner_from_tokenizer_json(path: str | Path) -> tuple[object, list[int]]:
             return _import_bpe(path, relevant, added)
         importer = _import_wordpiece if kind == "WordPiece" else _import_unigram
         inner = importer(path, relevant, added)
+    except UserError:
+        raise
     except (KeyError, TypeError, ValueError, AttributeError) as e:
-        if isinstance(e, UserError):
-            raise
         raise UserError(f"{path}: a malformed tokenizer.json ({type(e).__name__}: {e})") from None
     return inner, list(range(inner.n_vocab))

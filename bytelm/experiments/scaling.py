@@ -190,9 +190,9 @@ def _axis_of(cell: str) -> tuple[str | None, float | None, str]:
 
 def read_grids(
     dirs: Sequence[str | Path],
-) -> tuple[list[Point], list[str], np.ndarray, list[np.ndarray], str]:
-    """The points of the ablation outputs ``dirs``, and their bits per document: ``(points, run ids,
-    bytes per document, bits (K, D) per point, fingerprint)``."""
+) -> tuple[list[Point], np.ndarray, list[np.ndarray], str]:
+    """The points of the ablation outputs ``dirs``, and their bits per document: ``(points, bytes per
+    document, bits (K, D) per point, fingerprint)``."""
     points: dict[tuple, Point] = {}
     bits_of: dict[str, np.ndarray] = {}
     nbytes = None
@@ -239,7 +239,7 @@ def read_grids(
     if not done or nbytes is None or fingerprint is None:
         raise UserError(f"no finished grid cell with scores in {', '.join(map(str, dirs))}")
     bits = [np.concatenate([bits_of[i] for i in p.ids], axis=0) for p in done]
-    return done, [p.ids[0] for p in done], nbytes, bits, fingerprint
+    return done, nbytes, bits, fingerprint
 
 
 # -- the analysis ----------------------------------------------------------------------------------
@@ -455,7 +455,7 @@ def scaling(
 
     if resamples < 20:
         raise UserError(f"--resamples must be >= 20 for a 95% interval, got {resamples}")
-    points, _, nbytes, bits, fingerprint = read_grids(dirs)
+    points, nbytes, bits, fingerprint = read_grids(dirs)
     result = analyse(points, nbytes, bits, resamples=resamples, seed=seed)
     result["sources"] = [str(Path(d).resolve()) for d in dirs]
     result["fingerprint"] = fingerprint
