@@ -36,7 +36,7 @@ from results import record as record_result
 from transformers import BltConfig, BltForCausalLM
 
 from bytelm.constants import BOS_ID, BYTE_OFFSET
-from bytelm.interop.hf import convert_hf_blt
+from bytelm.interop.hf import convert_hf
 from bytelm.training.restore import restore_trainer
 
 
@@ -113,8 +113,8 @@ def main(argv: list[str] | None = None) -> int:
         tmp = Path(tmp)
         ref = build_reference(tmp / "hf", ids, args.layers, args.width, args.seed)
         t = time.perf_counter()
-        out, _ = convert_hf_blt(
-            tmp / "hf", tmp / "run", seq_len=len(ids) + 1, max_patch_len=args.max_patch_len
+        out, _ = convert_hf(
+            tmp / "hf", tmp / "run", model_type="blt", seq_len=len(ids) + 1, max_patch_len=args.max_patch_len
         )
         convert_s = time.perf_counter() - t
         t = time.perf_counter()

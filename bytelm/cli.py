@@ -42,7 +42,7 @@ from bytelm.experiments.compare import compare
 from bytelm.experiments.runner import StageStopped
 from bytelm.families.blt.source import read_patch_source
 from bytelm.generate import load_decoder, stream, text_pieces
-from bytelm.interop.hf import convert_hf_blt, export_hf
+from bytelm.interop.hf import convert_hf, export_hf
 from bytelm.patching import EntropyModel, PatchedText, format_patches, patch_windows, read_windows
 from bytelm.patching.plot import plot_entropies
 from bytelm.patching.show import CALIBRATION_WINDOWS
@@ -1823,10 +1823,11 @@ def cmd_convert_hf_blt(args: argparse.Namespace) -> int:
         check_output_dir(args.entropy_out, "--entropy-out")
     progress, close = _stage_bars()
     try:
-        blt, entropy = convert_hf_blt(
+        blt, artefacts = convert_hf(
             args.hf_dir,
             args.out,
-            entropy_out=args.entropy_out,
+            artefacts_out={"entropy_run": args.entropy_out} if args.entropy_out else None,
+            model_type="blt",
             seq_len=args.seq_len,
             max_patch_len=args.max_patch_len,
             max_patches=args.max_patches,
@@ -1835,7 +1836,7 @@ def cmd_convert_hf_blt(args: argparse.Namespace) -> int:
         )
     finally:
         close()
-    print(f"BLT run: {blt}\nentropy model run: {entropy}")
+    print(f"BLT run: {blt}\nentropy model run: {artefacts['entropy_run']}")
     return 0
 
 

@@ -2,53 +2,68 @@
 and trains, is scored, takes part in ``bytelm compare`` and in an ablation grid, and samples,
 without any bytelm file naming it."""
 
+import ast
 import dataclasses
+import importlib
 import json
 import pathlib
+import sys
+import tempfile
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 from conftest import word_corpus
-from flax import nnx
 from test_ablate import micro_grid
 
 import bytelm
 from bytelm import cli
-from bytelm.constants import BOS_ID, BYTE_OFFSET, NUM_BYTE_IDS
 from bytelm.errors import UserError
 from bytelm.experiments.ablate import ablate, load_grid
 from bytelm.experiments.compare import compare, load_preset
 from bytelm.experiments.spec import Member
 from bytelm.families import Task, register, task_class
 from bytelm.generate import generate, load_decoder
-from bytelm.models.configs import ModelConfig
-from bytelm.models.core import Embed, head_logits, head_param, pad_vocab, param
-from bytelm.models.scoring import next_id_scores
-from bytelm.sampling.decoders import Decoder, allowed_ids, byte_of_unit, byte_units
 
 jax.config.update("jax_numpy_rank_promotion", "raise")  # as the other model tests: no silent broadcasting
 
 NAME = "conv_test"
+
+# The family as a user writes it: a folder of its own (written to a temporary directory by the
+# fixture below, imported from there), filling the three members of the seam and nothing else.
+TOY_FAMILY = {
+    "config.py": f'''
+import dataclasses
+
+from bytelm.models.configs import ModelConfig
 
 
 @dataclasses.dataclass(frozen=True)
 class ConvConfig(ModelConfig):
     """A causal depthwise convolution over byte embeddings, then a mixing layer and the head."""
 
-    family: str = NAME
+    family: str = "{NAME}"
     d_model: int = 32
     kernel: int = 4
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.d_model < 1 or self.kernel < 1:
-            raise ValueError(f"model.d_model ({self.d_model}) and model.kernel ({self.kernel}) must be >= 1")
+            raise ValueError(f"model.d_model ({{self.d_model}}), model.kernel ({{self.kernel}}) must be >= 1")
+''',
+    "model.py": """
+import jax.numpy as jnp
+from flax import nnx
+
+from bytelm.constants import NUM_BYTE_IDS
+from bytelm.models.core import Embed, head_logits, head_param, pad_vocab, param
+from bytelm.models.scoring import next_id_scores
 
 
 class ConvLM(nnx.Module):
-    def __init__(self, cfg: ConvConfig, *, rngs: nnx.Rngs):
+    n_valid = NUM_BYTE_IDS
+
+    def __init__(self, cfg, *, rngs: nnx.Rngs):
         self.cfg = cfg
         self.embed = Embed(pad_vocab(NUM_BYTE_IDS, cfg.vocab_multiple), cfg.d_model, rngs=rngs)
         self.taps = param(rngs, (cfg.kernel, cfg.d_model), (None, "embed"), std=0.5)
@@ -67,65 +82,76 @@ class ConvLM(nnx.Module):
     def score(self, batch, *, dropout_key=None):
         ids = batch["ids"]
         return next_id_scores(self(ids[:, :-1]), ids[:, 1:])
+""",
+    "__init__.py": """
+from bytelm.constants import NUM_BYTE_IDS
+from bytelm.families import Task, register
+from bytelm.models.core import pad_vocab
 
-
-class RecomputeDecoder(Decoder):
-    """No cache: every step runs the whole prefix (the family's own decoder, for sampling)."""
-
-    def __init__(self, model: ConvLM):
-        self.model, self.allowed_V = model, allowed_ids(NUM_BYTE_IDS)
-
-    def _last(self, ids):
-        return self._valid(self.model(jnp.asarray([ids], jnp.int32))[0, -1])
-
-    def start(self, prompt):
-        self.ids = [BOS_ID, *byte_units(prompt)]
-        return self._last(self.ids)
-
-    def step(self, unit):
-        self.ids.append(unit)
-        return self._last(self.ids)
-
-    def recompute(self, prompt, units):
-        return self._last([BOS_ID, *byte_units(prompt), *units])
-
-    def unit_bytes(self, unit):
-        return byte_of_unit(unit)
+from .config import ConvConfig
+from .model import ConvLM
 
 
 class ConvTask(Task):
-    family = NAME
-    description = "a causal convolution LM (a family of the test suite)"
     config_class = ConvConfig
+
+    def build_model(self, rngs):
+        return ConvLM(self.cfg.model, rngs=rngs)
+
+    def forward_flops_per_position(self):
+        m = self.cfg.model
+        return 2.0 * m.kernel * m.d_model + 2.0 * m.d_model * m.d_model + 2.0 * m.d_model * pad_vocab(
+            NUM_BYTE_IDS, m.vocab_multiple
+        )
+
+
+register(ConvTask)
+""",
+}
+
+
+def import_toy_family(root: pathlib.Path):
+    """Write the toy family's folder under ``root`` and import it (which registers it)."""
+    folder = root / "toy_conv_family"
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, text in TOY_FAMILY.items():
+        (folder / name).write_text(text.lstrip())
+    sys.path.insert(0, str(root))
+    try:
+        return importlib.import_module("toy_conv_family")
+    finally:
+        sys.path.remove(str(root))
+
+
+_toy = import_toy_family(pathlib.Path(tempfile.mkdtemp(prefix="bytelm-toy-family-")))
+ConvTask, ConvConfig = _toy.ConvTask, _toy.ConvConfig
+
+
+def test_the_toy_family_fills_three_members():
+    (body,) = [n for n in ast.parse(TOY_FAMILY["__init__.py"]).body if isinstance(n, ast.ClassDef)]
+    own = {t.id for n in body.body if isinstance(n, ast.Assign) for t in n.targets if isinstance(t, ast.Name)}
+    own |= {n.name for n in body.body if isinstance(n, ast.FunctionDef)}
+    assert own == {"config_class", "build_model", "forward_flops_per_position"}
+    # what the registry filled in
+    assert ConvTask.family == NAME and ConvTask.description == f"a {NAME} model"
+
+
+@dataclasses.dataclass(frozen=True)
+class SizedConvConfig(ConvConfig):
+    family: str = NAME + "_sized"
+
+
+class SizedConvTask(ConvTask):
+    """The toy family with a size rule (what ``bytelm ablate`` needs besides the three)."""
+
+    config_class = SizedConvConfig
 
     @classmethod
     def sized(cls, model_cfg, trunk, changes):
         return dataclasses.replace(model_cfg, **{"d_model": trunk.main.d_model, **changes})
 
-    def build_model(self, rngs):
-        return ConvLM(self.cfg.model, rngs=rngs)
 
-    def train_stream(self):
-        return self.corpus.train_stream
-
-    def encode_segment(self, data: bytes):
-        return np.concatenate(
-            [[BOS_ID], np.frombuffer(data, np.uint8).astype(np.int32) + BYTE_OFFSET]
-        ).astype(np.int32), None
-
-    def forward_flops_per_position(self):
-        m = self.cfg.model
-        return (
-            2.0 * m.kernel * m.d_model
-            + 2.0 * m.d_model * m.d_model
-            + 2.0 * m.d_model * pad_vocab(NUM_BYTE_IDS, m.vocab_multiple)
-        )
-
-    def decoder(self, model):
-        return RecomputeDecoder(model)
-
-
-register(ConvTask)
+register(SizedConvTask)
 
 
 def test_no_bytelm_file_names_the_family():
@@ -144,11 +170,11 @@ def corpus_dir(tmp_path_factory):
     return word_corpus(tmp_path_factory.mktemp("plugin_corpus"), words_per_doc=200, two_dirs=True)
 
 
-def conv_config(path: pathlib.Path) -> pathlib.Path:
+def conv_config(path: pathlib.Path, family: str = NAME) -> pathlib.Path:
     """A config file of the family (as a user writes one): the tiny presets' settings, its own model."""
     path.write_text(
         f'include = "{bytelm.config.shipped_configs() / "tiny" / "base.toml"}"\n\n'
-        f'[model]\nfamily = "{NAME}"\nd_model = 32\nkernel = 4\n'
+        f'[model]\nfamily = "{family}"\nd_model = 32\nkernel = 4\n'
     )
     return path
 
@@ -205,10 +231,11 @@ def test_it_takes_part_in_compare_and_in_an_ablation_grid(corpus_dir, tmp_path):
     )
     assert "| conv" in (tmp_path / "cmp" / "report.md").read_text()
 
+    sized = conv_config(tmp_path / "conv_sized.toml", SizedConvTask.family)
     grid_file = micro_grid(tmp_path, families={"byte"})
     grid_file.write_text(
         grid_file.read_text()
-        + f'\n[[family]]\nname = "conv"\nconfig = "{config}"\ngrid = {{ "model.kernel" = [2, 6] }}\n'
+        + f'\n[[family]]\nname = "conv"\nconfig = "{sized}"\ngrid = {{ "model.kernel" = [2, 6] }}\n'
     )
     grid = load_grid(str(grid_file))
     result = ablate(grid, tmp_path / "grid", data_spec=f"files:{corpus_dir}")
@@ -224,7 +251,7 @@ def test_it_takes_part_in_compare_and_in_an_ablation_grid(corpus_dir, tmp_path):
         if r["cell"] == "kernel=2"
     }
     cfg = bytelm.config.load_config(pathlib.Path(cells[0]["run_dir"]) / "config.toml")
-    assert cfg.model.d_model == 16 and cfg.model.family == NAME
+    assert cfg.model.d_model == 16 and cfg.model.family == SizedConvTask.family
 
 
 def test_a_bad_family_is_refused_at_registration():

@@ -20,19 +20,19 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar
 
 import numpy as np
 from flax import nnx
 
-from bytelm.constants import BYTE_OFFSET
+from bytelm.constants import BOS_ID, BYTE_OFFSET
 from bytelm.data import Corpus, Stream, WindowBatches, segment_rows
 from bytelm.errors import UserError
 from bytelm.ledger import Ledger
 from bytelm.models.configs import ModelConfig, StackConfig
-
-if TYPE_CHECKING:
-    from bytelm.sampling.decoders import Decoder
+from bytelm.models.hf_layout import HFExport, HFImport
+from bytelm.sampling.decoders import Decoder, FlatDecoder, byte_of_unit, byte_units
+from bytelm.sampling.recompute import RecomputeDecoder
 
 STATS_KEY = "stats"  # a batch entry of host-side counts (not sent to the device): see Task.stats_record
 
@@ -67,12 +67,21 @@ class Trunk:
 
 
 class Task:
-    """Base class: a family's view of the data. Subclasses fill in the model-specific parts."""
+    """Base class: a family's view of the data.
 
-    family: ClassVar[str] = ""
-    description: ClassVar[str] = ""  # "a byte LM": for messages and reports
-    global_step: ClassVar[str] = "byte"  # what one position of the outermost stack is, for reports
+    A new family fills three members: :attr:`config_class` (its ``[model]`` dataclass, whose
+    ``family`` field's default is the family's name), :meth:`build_model` and
+    :meth:`forward_flops_per_position`. Everything else has a default for a model that reads bytes
+    (``[BOS, byte + 4, ...]`` windows of the corpus's train stream, one position per byte, the
+    flat decoder); a family that reads patches, chunks or tokens overrides what differs, or
+    subclasses the task of a family that already reads them. The model built must score a batch
+    (``model.score(batch, dropout_key=...)``, :class:`~bytelm.models.scoring.Scores`) and map ids
+    to logits (``model(ids_BxT)``)."""
+
     config_class: ClassVar[type[ModelConfig]] = ModelConfig
+    family: ClassVar[str] = ""  # the registry fills it from config_class's family default
+    description: ClassVar[str] = ""  # "a byte LM": for messages and reports (default: "a <family> model")
+    global_step: ClassVar[str] = "byte"  # what one position of the outermost stack is, for reports
     artefacts: ClassVar[Mapping[str, str]] = {}  # model config field -> artefact kind
     uses_nbytes: ClassVar[bool] = False  # batches carry each target's byte length ("nbytes")
 
@@ -132,7 +141,8 @@ class Task:
 
     # training data
     def train_stream(self) -> Stream:
-        raise NotImplementedError
+        """The stream training windows are cut from: the corpus's train bytes."""
+        return self.require_corpus().train_stream
 
     def train_batches(
         self, start_step: int, process_index: int = 0, process_count: int = 1
@@ -158,8 +168,12 @@ class Task:
 
     # evaluation data
     def encode_segment(self, data: bytes) -> tuple[np.ndarray, np.ndarray | None]:
-        """``(ids, nbytes)`` for one segment: ids start with BOS; ``nbytes`` per target or None (1 each)."""
-        raise NotImplementedError
+        """``(ids, nbytes)`` for one segment: ids start with BOS; ``nbytes`` per target or None (1
+        each). Here ``[BOS, byte + 4, ...]``."""
+        ids = np.empty(len(data) + 1, np.int32)
+        ids[0] = BOS_ID
+        ids[1:] = np.frombuffer(data, np.uint8).astype(np.int32) + BYTE_OFFSET
+        return ids, None
 
     def check_context(self, segments: list[bytes]) -> list[tuple[np.ndarray, np.ndarray | None]]:
         """The encoded ``segments``; :class:`UserError` when one needs more positions than the model's
@@ -250,7 +264,27 @@ class Task:
         """A short note for a report row, from the run's ``run.json`` ("" for none)."""
         return ""
 
+    # Hugging Face (bytelm.interop.hf reads and writes the folders; the tables come from here)
+    hf_model_type: ClassVar[str] = ""  # the Hugging Face model_type that hf_import converts ("": none)
+
+    @classmethod
+    def hf_export(cls, model_cfg, artefacts: Mapping[str, ModelConfig], run_info: Mapping) -> HFExport:
+        """This family's run as a Hugging Face model (``artefacts``: the model configs of the runs its
+        config names, by field; ``run_info``: its ``run.json``); :class:`UserError` saying why not."""
+        raise UserError(f"the family {cls.family!r} has no Hugging Face format")
+
+    @classmethod
+    def hf_import(cls, config: dict, where: str, *, artefact_runs: Mapping[str, str], **options) -> HFImport:
+        """A Hugging Face ``config.json`` of :attr:`hf_model_type` as this family's configs
+        (``artefact_runs``: where each artefact's run will be, by config field; ``options``: the
+        conversion's settings, e.g. ``seq_len``)."""
+        raise UserError(f"the family {cls.family!r} converts no Hugging Face model")
+
     # generation
     def decoder(self, model: nnx.Module) -> Decoder:
-        """The family's cached decoder for ``model`` (:mod:`bytelm.sampling`)."""
-        raise NotImplementedError
+        """The family's decoder for ``model`` (:mod:`bytelm.sampling`): here the flat byte decoder,
+        with key/value caches when the model keeps them (``init_cache``), else by recomputing the
+        whole prefix for every byte."""
+        if hasattr(model, "init_cache"):
+            return FlatDecoder(model, self.cfg.train.seq_len, byte_units, byte_of_unit)
+        return RecomputeDecoder(model, self.cfg.train.seq_len, byte_units, byte_of_unit)

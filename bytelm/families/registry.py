@@ -28,27 +28,35 @@ _plugins_loaded = False
 
 
 def register(task: type[Task]) -> type[Task]:
-    """Register ``task`` under ``task.family`` (usable as a class decorator). Its ``config_class`` must be a
-    frozen :class:`~bytelm.models.configs.ModelConfig` dataclass whose ``family`` field defaults to
-    the same name (what a ``[model]`` table's ``family = "..."`` reads into). Registering the same
-    class again does nothing; another class under a taken name is refused."""
-    name = getattr(task, "family", "")
-    if not isinstance(name, str) or not name or not name.replace("_", "").replace("-", "").isalnum():
-        raise ValueError(f"a family needs a name of letters, digits, '-' and '_' (Task.family), got {name!r}")
+    """Register ``task`` (usable as a class decorator) under its family's name: the ``family`` field
+    default of its ``config_class``, a frozen :class:`~bytelm.models.configs.ModelConfig` dataclass
+    (what a ``[model]`` table's ``family = "..."`` reads into). ``task.family`` is set from it (a
+    class that names one itself must name the same); ``task.description`` defaults to
+    ``"a <family> model"``. Registering the same class again does nothing; another class under a
+    taken name is refused."""
     cfg_cls = getattr(task, "config_class", None)
     if not (
         isinstance(cfg_cls, type) and issubclass(cfg_cls, ModelConfig) and dataclasses.is_dataclass(cfg_cls)
     ):
-        raise ValueError(f"family {name!r}: config_class must be a ModelConfig dataclass, got {cfg_cls!r}")
-    default = cfg_cls.__dataclass_fields__["family"].default
-    if default != name:
+        raise ValueError(f"{task.__name__}: config_class must be a ModelConfig dataclass, got {cfg_cls!r}")
+    name = cfg_cls.__dataclass_fields__["family"].default
+    if not isinstance(name, str) or not name or not name.replace("_", "").replace("-", "").isalnum():
         raise ValueError(
-            f"family {name!r}: its config_class {cfg_cls.__name__} has family = {default!r}; make them equal"
+            f"{task.__name__}: its config_class {cfg_cls.__name__} needs a family field whose default is "
+            f"the family's name, of letters, digits, '-' and '_'; got {name!r}"
+        )
+    own = task.__dict__.get("family")
+    if own not in (None, "", name):
+        raise ValueError(
+            f"family {own!r}: its config_class {cfg_cls.__name__} has family = {name!r}; make them equal"
         )
     if FAMILIES.get(name, task) is not task:
         raise ValueError(
             f"the family name {name!r} is taken by {FAMILIES[name].__module__}.{FAMILIES[name].__name__}"
         )
+    task.family = name
+    if not task.__dict__.get("description"):
+        task.description = f"a {name} model"
     FAMILIES[name] = task
     return task
 

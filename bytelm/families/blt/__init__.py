@@ -16,18 +16,18 @@ from flax import nnx
 from bytelm.data import WindowBatches
 from bytelm.errors import UserError
 from bytelm.families.base import STATS_KEY, Task, Trunk
+from bytelm.families.blt import hf
 from bytelm.families.blt.config import BLTConfig
 from bytelm.families.blt.decoder import BLTDecoder
 from bytelm.families.blt.flops import entropy_forward_flops_per_id, forward_flops_per_byte
 from bytelm.families.blt.model import BLT
-from bytelm.families.byte import ByteTask
 from bytelm.ledger import Ledger, run_total_flops
 from bytelm.models.configs import with_stacks
 from bytelm.patching import EntropyModel, EntropyPatcher, SpacePatcher, mean_patch_length, real_lengths
 from bytelm.sampling.decoders import Decoder
 
 
-class BLTTask(ByteTask):
+class BLTTask(Task):
     """BLT: byte windows and segments as for the byte LM, plus patch lengths from the entropy model
     (computed in the input pipeline, no gradient through it) with a calibrated threshold."""
 
@@ -43,6 +43,16 @@ class BLTTask(ByteTask):
         # the local stacks' widths and heads from the trunk; their depths (encoder_layers, decoder_layers)
         # stay
         return with_stacks(model_cfg, {"global_": trunk.main, "local_": trunk.local}, **changes)
+
+    hf_model_type = hf.MODEL_TYPE
+
+    @classmethod
+    def hf_export(cls, model_cfg, artefacts, run_info):
+        return hf.hf_export(model_cfg, artefacts, run_info)
+
+    @classmethod
+    def hf_import(cls, config, where, *, artefact_runs, **options):
+        return hf.hf_import(config, where, artefact_runs=artefact_runs, **options)
 
     @classmethod
     def artefacts_of(cls, model_cfg) -> Mapping[str, str]:

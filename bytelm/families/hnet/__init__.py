@@ -13,8 +13,7 @@ from collections.abc import Mapping
 import numpy as np
 from flax import nnx
 
-from bytelm.families.base import Trunk
-from bytelm.families.byte import ByteTask
+from bytelm.families.base import Task, Trunk
 from bytelm.families.hnet.config import HNetConfig
 from bytelm.families.hnet.decoder import HNetDecoder
 from bytelm.families.hnet.flops import forward_flops_per_byte
@@ -23,7 +22,7 @@ from bytelm.models.configs import with_stacks
 from bytelm.sampling.decoders import Decoder
 
 
-class HNetTask(ByteTask):
+class HNetTask(Task):
     """H-Net: the byte LM's windows and segments; the model decides its own chunks."""
 
     family = "hnet"

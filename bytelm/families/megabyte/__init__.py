@@ -8,8 +8,7 @@ import numpy as np
 from flax import nnx
 
 from bytelm.errors import UserError
-from bytelm.families.base import Trunk
-from bytelm.families.byte import ByteTask
+from bytelm.families.base import Task, Trunk
 from bytelm.families.megabyte.config import MegaByteConfig
 from bytelm.families.megabyte.decoder import MegaByteDecoder
 from bytelm.families.megabyte.flops import forward_flops_per_byte
@@ -18,7 +17,7 @@ from bytelm.models.configs import with_stacks
 from bytelm.sampling.decoders import Decoder
 
 
-class MegaByteTask(ByteTask):
+class MegaByteTask(Task):
     """MegaByte: the same byte windows and segments as the byte LM, the BOS in its first patch."""
 
     family = "megabyte"
