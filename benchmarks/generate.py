@@ -50,7 +50,7 @@ from bytelm.families.megabyte.model import MegaByte
 from bytelm.generate import generate
 from bytelm.patching import EntropyModel, EntropyPatcher
 from bytelm.sampling.sampler import SamplingOptions, choose
-from bytelm.training.trainer import count_params
+from bytelm.training.scorer import count_params
 
 
 def config(name: str, context: int):

@@ -37,7 +37,7 @@ from transformers import BltConfig, BltForCausalLM
 
 from bytelm.constants import BOS_ID, BYTE_OFFSET
 from bytelm.interop.hf import convert_hf
-from bytelm.training.restore import restore_trainer
+from bytelm.training.restore import restore_scorer
 
 
 def build_reference(folder: Path, ids: np.ndarray, layers: int, width: int, seed: int) -> BltForCausalLM:
@@ -135,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
         lengths = ref_lengths[0].numpy()
         ref_starts = np.concatenate([[0], np.cumsum(lengths)[:-1][lengths[1:] > 0]])
 
-        trainer = restore_trainer(out, load_corpus=False)
+        trainer = restore_scorer(out, load_corpus=False)
         task = trainer.task
         window = np.concatenate([ids, [BYTE_OFFSET]])[None]
         starts = np.flatnonzero(task.patcher.starts(window)[0, : len(ids)])

@@ -91,7 +91,7 @@ def generate_section(train_steps: int, max_bytes: int, context: int, result: dic
     from bytelm.generate import generate
     from bytelm.sampling.sampler import SamplingOptions, choose
     from bytelm.training.loop import train
-    from bytelm.training.restore import restore_trainer
+    from bytelm.training.restore import restore_scorer
 
     run = tempfile.mkdtemp(prefix="bytelm-hnet-bench-")
     cfg = load_config(
@@ -106,7 +106,7 @@ def generate_section(train_steps: int, max_bytes: int, context: int, result: dic
     t0 = time.perf_counter()
     train(cfg, run)
     print(f"tiny H-Net trained {train_steps} steps in {time.perf_counter() - t0:.0f} s")
-    trainer = restore_trainer(run, load_corpus=False)
+    trainer = restore_scorer(run, load_corpus=False)
     model = nnx.merge(trainer.graphdef, trainer.model_params)
     decoder = HNetDecoder(model, context)
     decoder.allowed_V[EOS_ID] = False  # every measurement generates exactly max_bytes bytes

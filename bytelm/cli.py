@@ -53,7 +53,7 @@ from bytelm.sampling.sampler import SamplingOptions
 from bytelm.training import distributed
 from bytelm.training.host import configure_cpu_devices, keep_jax_off_absent_tpu, quiet_libtpu_without_tpu
 from bytelm.training.loop import train
-from bytelm.training.restore import ensure_run_record, restore_model, restore_trainer
+from bytelm.training.restore import ensure_run_record, restore_model, restore_scorer
 from bytelm.training.trainer import TrainingDiverged
 
 EXIT_USER_ERROR = 2
@@ -785,7 +785,7 @@ def cmd_chunks(args: argparse.Namespace) -> int:
             raise UserError(f"cannot read --file {args.file}: {e.strerror}; give a readable file") from None
     else:
         data = os.fsencode(args.text)
-    trainer = restore_trainer(args.run_dir, load_corpus=False, step=args.step)
+    trainer = restore_scorer(args.run_dir, load_corpus=False, step=args.step)
     model = nnx.merge(trainer.graphdef, trainer.model_params)
     if not isinstance(model, HNet):
         raise UserError(

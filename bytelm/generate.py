@@ -14,22 +14,21 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import numpy as np
-from flax import nnx
 
 from bytelm.constants import EOS_ID
 from bytelm.errors import UserError
 from bytelm.sampling.decoders import Decoder
 from bytelm.sampling.sampler import SamplingOptions, choose
-from bytelm.training.restore import restore_trainer
+from bytelm.training.restore import restore_scorer
 
 
 def load_decoder(run_dir: str | Path, *, step: int | None = None) -> Decoder:
     """The decoder of a run directory's family, on its latest checkpoint (or ``step``); the corpus
     is not read."""
-    trainer = restore_trainer(run_dir, load_corpus=False, step=step)
-    decoder = trainer.task.decoder(nnx.merge(trainer.graphdef, trainer.model_params))
-    decoder.family = trainer.task.family
-    decoder.checkpoint_step = trainer.step  # (the checkpoint restored: the newest that restores, or ``step``)
+    scorer = restore_scorer(run_dir, load_corpus=False, step=step)
+    decoder = scorer.task.decoder(scorer.model)
+    decoder.family = scorer.task.family
+    decoder.checkpoint_step = scorer.step  # (the checkpoint restored: the newest that restores, or ``step``)
     return decoder
 
 

@@ -168,7 +168,7 @@ def test_small_and_base_presets_have_the_sizes_they_promise():
     from bytelm.families.byte.model import ByteLM
     from bytelm.families.hnet.model import HNet
     from bytelm.families.megabyte.model import MegaByte
-    from bytelm.training.trainer import count_params
+    from bytelm.training.scorer import count_params
 
     builders = {
         "byte": ByteLM,

@@ -36,7 +36,7 @@ from bytelm.families.megabyte.model import MegaByte
 from bytelm.models.core import Dropout, dropout_bits, ngram_hashes
 from bytelm.training.loop import train
 from bytelm.training.programs import dropout_key
-from bytelm.training.restore import restore_trainer
+from bytelm.training.restore import restore_scorer
 
 
 def test_dropout_zeroes_the_rate_and_rescales_the_rest():
@@ -288,7 +288,7 @@ def test_gradient_accumulation_with_dropout_repeats_itself(corpus_dir, tmp_path)
     for name in ("a", "b"):
         train(cfg, tmp_path / name)
     train(load_config(None, tiny_overrides(corpus_dir, **over)), tmp_path / "plain")
-    params = {name: jax.tree.leaves(restore_trainer(tmp_path / name).params) for name in ("a", "b", "plain")}
+    params = {name: jax.tree.leaves(restore_scorer(tmp_path / name).params) for name in ("a", "b", "plain")}
     for x, y in zip(params["a"], params["b"]):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
     assert any(
@@ -306,7 +306,7 @@ def test_resumed_run_draws_the_uninterrupted_masks(corpus_dir, tmp_path):  # noq
     plain = load_config(None, tiny_overrides(corpus_dir, **{"train.steps": 8, "eval.every": 0}))
     train(plain, tmp_path / "plain")
     params = {
-        name: jax.tree.leaves(restore_trainer(tmp_path / name).params)
+        name: jax.tree.leaves(restore_scorer(tmp_path / name).params)
         for name in ("resumed", "straight", "plain")
     }
     for a, b in zip(params["resumed"], params["straight"]):

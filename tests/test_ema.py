@@ -8,7 +8,7 @@ from test_training import corpus_dir, metrics, tiny_overrides  # noqa: F401  (co
 from bytelm.config import load_config
 from bytelm.data import load_corpus_from_config
 from bytelm.training.loop import eval_slice, train
-from bytelm.training.restore import make_task, restore_model, restore_trainer
+from bytelm.training.restore import make_task, restore_model, restore_scorer
 from bytelm.training.trainer import Trainer
 
 
@@ -64,7 +64,7 @@ def test_the_average_is_checkpointed_resumed_and_is_what_the_run_is_scored_and_r
     )  # stops after step 6; resumes from the checkpoint of step 4
     train(cfg, tmp_path / "resumed")
     live = straight.trainer
-    restored = restore_trainer(tmp_path / "straight")
+    restored = restore_scorer(tmp_path / "straight")
     assert _gap(_leaves(restored.params), _leaves(live.ema)) == 0.0  # the checkpoint's model is the average
     assert _gap(_leaves(live.params), _leaves(live.ema)) > 1e-3
     resumed = _leaves(restore_model(tmp_path / "resumed"))

@@ -31,7 +31,7 @@ from bytelm.interop.hf import export_hf, write_run
 from bytelm.interop.safetensors import SafetensorsFolder, write_safetensors
 from bytelm.rundir import RunDir
 from bytelm.training.loop import train
-from bytelm.training.restore import restore_model, restore_trainer
+from bytelm.training.restore import restore_model, restore_scorer
 
 TEXT = (
     "Byte-level models read raw bytes: naïve café, 東京, and numbers like 3.14159 need no tokenizer.".encode()
@@ -190,7 +190,7 @@ def test_hf_blt_converts_with_identical_patches_entropies_and_logits(tmp_path, c
     hf_dir, model = _hf_blt(tmp_path, "hf", **CASES[case])
     out = tmp_path / "run"
     assert main(["convert", "hf-blt", str(hf_dir), "--out", str(out), "--seq-len", "128"]) == 0
-    trainer = restore_trainer(out, load_corpus=False)
+    trainer = restore_scorer(out, load_corpus=False)
     assert trainer.task.cfg.model.variant == "reference"
     with pytest.raises(UserError, match="converted checkpoint"):  # parameters only: nothing to resume
         train(trainer.cfg, out)
@@ -322,7 +322,7 @@ def test_bytelm_models_export_to_transformers_with_matching_logits(tmp_path):
     write_run(tmp_path / "blt", blt_cfg, blt, {}, modules=modules)
     assert export_hf(tmp_path / "blt", tmp_path / "hf_blt") == "BltForCausalLM"
     ref_model = BltForCausalLM.from_pretrained(tmp_path / "hf_blt").eval()
-    trainer = restore_trainer(tmp_path / "blt", load_corpus=False)
+    trainer = restore_scorer(tmp_path / "blt", load_corpus=False)
     restored = nnx.merge(trainer.graphdef, trainer.params)
     for ids, (ent, starts, logits) in zip(_inputs(), _bytelm_outputs(trainer, restored, _inputs())):
         ref_ent, ref_starts, ref_logits = _hf_outputs(ref_model, ids)

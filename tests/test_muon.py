@@ -37,7 +37,7 @@ from bytelm.families.byte.model import ByteLM
 from bytelm.models.core import LAYER_AXIS
 from bytelm.training.loop import train
 from bytelm.training.optim import MUON_RMS, make_optimizer, muon_dimensions, schedule_plan
-from bytelm.training.restore import restore_trainer
+from bytelm.training.restore import restore_scorer
 
 ONE_STEP = [
     "train.optimizer=muon",
@@ -166,7 +166,7 @@ def test_resumed_muon_run_ends_with_the_uninterrupted_parameters(corpus_dir, tmp
     train(cfg, tmp_path / "straight")
     train(load_config(None, tiny_overrides(corpus_dir, **over)), tmp_path / "adamw")
     params = {
-        name: jax.tree.leaves(restore_trainer(tmp_path / name).params)
+        name: jax.tree.leaves(restore_scorer(tmp_path / name).params)
         for name in ("resumed", "straight", "adamw")
     }
     for a, b in zip(params["resumed"], params["straight"]):

@@ -348,9 +348,9 @@ def entropy_run(corpus_dir, tmp_path_factory):  # noqa: F811
 @pytest.fixture(scope="module")
 def tiny_byte_lm(entropy_run):
     """The trained tiny entropy model (a ByteLM with a 16-position sliding window) as a module."""
-    from bytelm.training.restore import restore_trainer  # noqa: PLC0415
+    from bytelm.training.restore import restore_scorer  # noqa: PLC0415
 
-    trainer = restore_trainer(entropy_run)
+    trainer = restore_scorer(entropy_run)
     return nnx.merge(trainer.graphdef, trainer.params)
 
 

@@ -14,7 +14,7 @@ from bytelm.errors import UserError
 from bytelm.evaluation.evaluator import evaluate_trainer
 from bytelm.evaluation.results import EvalSet
 from bytelm.training.loop import train
-from bytelm.training.restore import make_task, restore_trainer
+from bytelm.training.restore import make_task, restore_scorer
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +61,7 @@ def test_token_stream_matches_tokenizer(corpus_dir, tokenizer_dir):  # noqa: F81
 def test_bpe_eval_counts_segment_bytes_not_tokens(corpus_dir, tokenizer_dir, tmp_path):  # noqa: F811
     cfg = bpe_cfg(corpus_dir, tokenizer_dir, **{"train.steps": 4, "eval.every": 0})
     train(cfg, tmp_path / "run")
-    trainer = restore_trainer(tmp_path / "run")
+    trainer = restore_scorer(tmp_path / "run")
     segments = trainer.task.corpus.segment_data()
     scores = trainer.evaluate(segments)
     assert scores.total_bytes == sum(len(s) for s in segments)
@@ -92,7 +92,7 @@ def test_run_refuses_another_tokenizer(corpus_dir, tokenizer_dir, tmp_path):  # 
     )
     (tmp_path / "run" / "config.toml").write_text(text)
     with pytest.raises(UserError, match="was trained with"):
-        restore_trainer(tmp_path / "run")
+        restore_scorer(tmp_path / "run")
 
 
 def test_unigram_stream_and_sampled_segmentations(corpus_dir, tmp_path):  # noqa: F811
@@ -176,7 +176,7 @@ def test_wordpiece_unk_is_charged_with_the_bytes_it_replaced(corpus_dir, tmp_pat
     tok.save(tmp_path / "tok")
     cfg = bpe_cfg(corpus_dir, tmp_path / "tok", **{"train.steps": 2, "eval.every": 0})
     train(cfg, tmp_path / "run")
-    trainer = restore_trainer(tmp_path / "run")
+    trainer = restore_scorer(tmp_path / "run")
     segments = trainer.task.corpus.segment_data()
     scores = trainer.evaluate(segments)
     assert np.array_equal(scores.nbytes, [len(s) for s in segments])

@@ -24,7 +24,7 @@ from bytelm.rundir import RunDir
 from bytelm.training.clock import Clock
 from bytelm.training.loop import train
 from bytelm.training.optim import learning_rate_schedule
-from bytelm.training.restore import restore_trainer
+from bytelm.training.restore import restore_scorer
 from bytelm.training.trainer import TrainingDiverged
 
 
@@ -102,7 +102,7 @@ def test_grad_accumulation_matches_full_batch(corpus_dir, tmp_path):
 
 
 def _read_final_params(run_dir):
-    trainer = restore_trainer(run_dir)
+    trainer = restore_scorer(run_dir)
     import jax
 
     return trainer.step, [np.asarray(x) for x in jax.tree.leaves(trainer.params)]
@@ -212,7 +212,7 @@ def test_nan_loss_stops_with_step_and_keeps_last_good_checkpoint(corpus_dir, tmp
         train(cfg, tmp_path / "run")
     run = json.loads((tmp_path / "run" / "run.json").read_text())
     assert run["status"] == "diverged" and run["last_good_checkpoint"] == run["diverged_at_step"] - 1
-    trainer = restore_trainer(tmp_path / "run")
+    trainer = restore_scorer(tmp_path / "run")
     import jax
 
     assert trainer.step == run["last_good_checkpoint"]
@@ -279,7 +279,7 @@ def test_resume_refuses_a_different_config(corpus_dir, tmp_path):
     with pytest.raises(
         UserError, match="no checkpoint in .* restores onto the model built from the run's config"
     ):
-        restore_trainer(tmp_path / "run")
+        restore_scorer(tmp_path / "run")
 
 
 def test_batch_not_divisible_by_data_axis(corpus_dir, tmp_path):

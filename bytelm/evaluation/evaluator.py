@@ -30,7 +30,7 @@ from bytelm.ledger import Ledger
 from bytelm.rundir import RunDir, run_path
 from bytelm.training.check import metrics_line
 from bytelm.training.distributed import load_job_corpus
-from bytelm.training.restore import ensure_run_record, restore_trainer
+from bytelm.training.restore import ensure_run_record, restore_scorer
 
 log = logging.getLogger(__name__)
 
@@ -167,7 +167,7 @@ def evaluate_run(
     model) changed since training is refused with :class:`UserError`.
     """
     run_dir = run_path(run_dir)
-    trainer = restore_trainer(run_dir, corpus=corpus if corpus is not None else eval_set.corpus)
+    trainer = restore_scorer(run_dir, corpus=corpus if corpus is not None else eval_set.corpus)
     return evaluate_trained(trainer, run_dir, eval_set, name=name, progress=progress)
 
 

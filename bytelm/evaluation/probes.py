@@ -536,7 +536,7 @@ def probe_runs(
     ``out``, write the probe set there (``probe_set.jsonl``) and cache each run's figures
     (``NAME.json``, reused while the probe set's fingerprint and the run's step are the same)."""
     from bytelm.rundir import RunDir  # noqa: PLC0415 (the training layer, only when runs are probed)
-    from bytelm.training.restore import restore_trainer  # noqa: PLC0415
+    from bytelm.training.restore import restore_scorer  # noqa: PLC0415
 
     probe_set = corpus_probe_set(eval_set, corpus, seed=seed, items=items)
     settings = probe_set.settings
@@ -580,7 +580,7 @@ def probe_runs(
                 if note:
                     note(f"probes {name}: done earlier")
                 continue
-        trainer = restore_trainer(run_dir, corpus=corpus)
+        trainer = restore_scorer(run_dir, corpus=corpus)
         figures = probe_model(probe_set, trainer_scorer(trainer))
         record["models"][name] = figures
         if path is not None:

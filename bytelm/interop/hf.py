@@ -36,7 +36,7 @@ from bytelm.models.hf_layout import Entry, hf_shape, to_bytelm, to_hf
 from bytelm.rundir import RunDir, is_url, run_path
 from bytelm.training.checkpoint import Checkpointer
 from bytelm.training.restore import restore_model
-from bytelm.training.trainer import count_params
+from bytelm.training.scorer import count_params
 
 CONFIG_FILE = "config.json"
 

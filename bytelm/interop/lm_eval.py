@@ -49,14 +49,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from flax import nnx
 
 from bytelm.atomic import atomic_write_text
 from bytelm.errors import UserError
 from bytelm.evaluation.probes import conditional_nats, score_strings
 from bytelm.generate import generate, stream
 from bytelm.sampling.sampler import SamplingOptions
-from bytelm.training.restore import restore_trainer
+from bytelm.training.restore import restore_scorer
 
 try:
     import lm_eval.models  # noqa: F401 (lm-eval's own models first, so that registering ours keeps them)
@@ -124,12 +123,12 @@ class BytelmLM(LM):
         if not run:
             raise UserError("--model bytelm needs the run directory: --model_args run=RUN_DIR")
         self.run = str(run)
-        self.trainer = restore_trainer(self.run, load_corpus=False, step=None if step is None else int(step))
-        self.limit = int(self.trainer.cfg.data.segment_bytes)
+        self.scorer = restore_scorer(self.run, load_corpus=False, step=None if step is None else int(step))
+        self.limit = int(self.scorer.cfg.data.segment_bytes)
         self.check_greedy = str(greedy).lower() not in ("false", "0", "no")
         self.max_gen_bytes = int(max_gen_bytes)
         self.seed = int(seed)
-        shards = self.trainer.mesh.shape["data"] * self.trainer.mesh.shape["fsdp"]
+        shards = self.scorer.mesh.shape["data"] * self.scorer.mesh.shape["fsdp"]
         if batch_size is None or str(batch_size).startswith("auto"):
             self.batch = None  # the run's eval.batch_size
         else:  # (rounded up to a multiple of the devices the rows are split over)
@@ -142,7 +141,7 @@ class BytelmLM(LM):
         """Nats of each string scored on its own from BOS (the run's evaluation path), with a bar."""
         bar = tqdm(total=len(strings), desc=f"bytelm {Path(self.run).name}", disable=self.disable_tqdm)
         try:
-            return self.trainer.evaluate(
+            return self.scorer.evaluate(
                 list(strings), batch_size=self.batch, on_batch=lambda _batch, n: bar.update(n)
             ).nats
         finally:
@@ -174,8 +173,8 @@ class BytelmLM(LM):
     @property
     def decoder(self):
         if self._decoder is None:
-            trainer = self.trainer
-            self._decoder = trainer.task.decoder(nnx.merge(trainer.graphdef, trainer.model_params))
+            scorer = self.scorer
+            self._decoder = scorer.task.decoder(scorer.model)
         return self._decoder
 
     def _is_greedy(self, context: bytes, continuation: bytes) -> bool:
@@ -221,7 +220,7 @@ class BytelmLM(LM):
 
     @property
     def tokenizer_name(self) -> str:
-        return f"bytelm-{self.trainer.task.family}"
+        return f"bytelm-{self.scorer.task.family}"
 
 
 model_registry.register(NAME)(BytelmLM)

@@ -13,6 +13,7 @@ from flax import nnx
 from bytelm.bpb import LN2
 from bytelm.config import TrainConfig
 from bytelm.training.optim import learning_rate_schedule, make_optimizer
+from bytelm.training.scorer import scoring_program
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,7 +55,7 @@ class Programs:
         self.tx = make_optimizer(spec)
         self.train_step = jax.jit(self._step_fn, donate_argnums=(0, 1))
         self.train_step_ema = jax.jit(self._step_ema_fn, donate_argnums=(0, 1, 5))
-        self.score_positions = jax.jit(self._score_positions_fn)
+        self.score_positions = scoring_program(graphdef)  # (the scorer's: one per model shape)
         self.opt_init = jax.jit(self.tx.init)
         self._placed_inits: dict = {}
         schedule = learning_rate_schedule(spec)
@@ -130,10 +131,6 @@ class Programs:
         (:func:`ema_weight`), in one program."""
         params, opt_state, metrics = self._step_fn(params, opt_state, batch, plan, seed_step)
         return params, opt_state, metrics, jax.tree.map(lambda m, p: m + weight * (p - m), ema, params)
-
-    def _score_positions_fn(self, params, batch):
-        s = self._scores(params, batch)
-        return s.nll_BxT, s.nbytes_BxT, s.steps_B
 
 
 def ema_weight(decay: float, step: int) -> float:

@@ -1,5 +1,6 @@
 """Runs brought back: a task with the artefact runs its family names (an entropy model) restored,
-and a trainer or a model restored from a run directory's checkpoint, to score, sample or export."""
+and a run's model restored from its checkpoint (a :class:`~bytelm.training.scorer.Scorer`, no
+optimizer), to score, sample or export."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from bytelm.families import ARTEFACT_KINDS, FAMILIES, Task, task_class
 from bytelm.rundir import RunDir, RunRecordDamaged, run_path
 from bytelm.training.checkpoint import Checkpointer
 from bytelm.training.distributed import barrier, is_primary
+from bytelm.training.scorer import Scorer
 from bytelm.training.trainer import Trainer, check_fingerprints, default_mesh
 
 log = logging.getLogger(__name__)
@@ -62,7 +64,9 @@ def _restore_artefact_run(value: str, field: str, kind) -> tuple[nnx.Module, dic
     return restore_model(run_dir), record
 
 
-def run_record(task: Task, trainer: Trainer, corpus, peak_total: float | None, peak_source: str) -> dict:
+def run_record(
+    task: Task, trainer: Trainer | Scorer, corpus, peak_total: float | None, peak_source: str
+) -> dict:
     """What ``run.json`` says of a run besides its progress: family, fingerprints, parameters, the
     FLOP and byte rates, the MFU peak, the task's own record (tokenizer, ledger...)."""
     return {
@@ -119,7 +123,7 @@ def rebuild_run_record(run_dir: str | Path, why: str, *, corpus=None) -> dict:
         )
     corpus = corpus if corpus is not None else load_corpus_from_config(cfg.data)
     task = make_task(cfg, corpus, run_path(run_dir))
-    trainer = Trainer(cfg, task, mesh=_restore_mesh(cfg, run_path(run_dir)), init=False)
+    trainer = Scorer(cfg, task, _restore_mesh(cfg, run_path(run_dir)))
     ckpt = Checkpointer(files.checkpoints_path, keep=cfg.train.keep_checkpoints)
     try:
         step, (_, meta), _ = ckpt.restore_newest(lambda s: ckpt.restore_params(s, trainer.params))
@@ -151,14 +155,13 @@ def rebuild_run_record(run_dir: str | Path, why: str, *, corpus=None) -> dict:
     }
 
 
-def restore_trainer(
+def restore_scorer(
     run_dir: str | Path, *, corpus=None, step: int | None = None, load_corpus: bool = True
-) -> Trainer:
-    """Rebuild the trainer of ``run_dir`` from its config and load the model's weights of its latest
-    (or ``step``) checkpoint, to score and sample with: the parameters, or with ``train.ema_decay``
-    their average, as ``params`` (its optimizer state stays abstract: training resumes through
-    :func:`train`). ``load_corpus=False`` (with no ``corpus``): a
-    trainer for the model alone, whose task cannot make batches (sampling, conversion)."""
+) -> Scorer:
+    """The model of ``run_dir`` to score and sample with (:class:`~bytelm.training.scorer.Scorer`:
+    its task, its weights of the latest or ``step`` checkpoint, or with ``train.ema_decay`` their
+    average, and the scoring program; no optimizer). ``load_corpus=False`` (with no ``corpus``): a
+    scorer for the model alone, whose task cannot make batches (sampling, conversion)."""
     cfg = _run_config(run_dir)
     if corpus is None and load_corpus:
         corpus = load_corpus_from_config(cfg.data)
@@ -168,33 +171,31 @@ def restore_trainer(
 def restore_model(run_dir: str | Path, *, step: int | None = None) -> nnx.Module:
     """The model of ``run_dir`` with its latest (or ``step``) weights (their average with
     ``train.ema_decay``), its corpus not loaded."""
-    trainer = _restore(run_path(run_dir), _run_config(run_dir), None, step)
-    return nnx.merge(trainer.graphdef, trainer.params)
+    return _restore(run_path(run_dir), _run_config(run_dir), None, step).model
 
 
 def _run_config(run_dir: str | Path) -> Config:
     return load_run_config(run_dir)
 
 
-def _restore(run_dir: Path, cfg: Config, corpus, step: int | None) -> Trainer:
+def _restore(run_dir: Path, cfg: Config, corpus, step: int | None) -> Scorer:
     ensure_run_record(run_dir, corpus=corpus)
     task = make_task(cfg, corpus, run_dir)
     check_fingerprints(run_dir, task)
-    trainer = Trainer(cfg, task, mesh=_restore_mesh(cfg, run_dir), init=False)
-    trainer.ema = None  # the average, if any, is read into params: it is the model
+    scorer = Scorer(cfg, task, _restore_mesh(cfg, run_dir))
     files = RunDir(run_dir)
     if not files.checkpoint_steps():
         raise UserError(f"the run directory {run_dir} has no checkpoint yet")
     ckpt = Checkpointer(files.checkpoints_path, keep=cfg.train.keep_checkpoints)
     key = "ema" if cfg.train.ema_decay > 0 else "params"
     try:
-        _, (trainer.params, meta), _ = ckpt.restore_newest(
-            lambda s: ckpt.restore_params(s, trainer.params, key=key), step
+        _, (scorer.params, meta), _ = ckpt.restore_newest(
+            lambda s: ckpt.restore_params(s, scorer.params, key=key), step
         )
     finally:
         ckpt.close()
-    trainer.step = int(meta["step"])
-    return trainer
+    scorer.step = int(meta["step"])
+    return scorer
 
 
 def _restore_mesh(cfg: Config, run_dir: Path):

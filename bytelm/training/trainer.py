@@ -17,16 +17,14 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from bytelm.bpb import score_segments
 from bytelm.config import Config, config_to_dict, load_run_config
 from bytelm.errors import UserError
-from bytelm.families import STATS_KEY, Task
-from bytelm.models.core import is_hashed_ngram_table, is_lookup_table
+from bytelm.families import Task
 from bytelm.rundir import RunDir
-from bytelm.training.distributed import gather_rows
 from bytelm.training.optim import schedule_plan
 from bytelm.training.programs import StepSpec, ema_weight, shared_init, shared_programs
-from bytelm.training.sharding import batch_sharding, make_mesh, param_shardings, state_shardings
+from bytelm.training.scorer import check_eval_batch, count_params, place_batch, score_rows, scoring_program
+from bytelm.training.sharding import make_mesh, param_shardings, state_shardings
 
 log = logging.getLogger(__name__)
 
@@ -69,21 +67,6 @@ class TrainResult:
     # the trainer at the end of this invocation (None when the run had finished before): its state is
     # the last checkpoint's, so evaluating it equals evaluating the restored run, without the restore
     trainer: Trainer | None = dataclasses.field(default=None, repr=False, compare=False)
-
-
-def count_params(state: nnx.State) -> dict:
-    """``total``, ``embedding`` and ``non_embedding`` parameter counts, and ``ngram``: the hashed
-    n-gram tables among the embeddings (lookup capacity beyond one row per id). An embedding is a lookup
-    table, told by its logical axes (first axis ``vocab``: byte/token embeddings, n-gram hash
-    tables), not by its name; an output head (``embed, vocab``) is a non-embedding matrix."""
-    total = embedding = ngram = 0
-    for v in jax.tree.leaves(state, is_leaf=lambda x: isinstance(x, nnx.Variable)):
-        n = int(np.prod(v.shape))
-        total += n
-        if is_lookup_table(v):
-            embedding += n
-            ngram += n if is_hashed_ngram_table(v) else 0
-    return {"total": total, "embedding": embedding, "non_embedding": total - embedding, "ngram": ngram}
 
 
 def check_run_config(run_dir: Path, cfg: Config) -> int | None:
@@ -160,8 +143,9 @@ class Trainer:
 
     def __init__(self, cfg: Config, task: Task, mesh=None, *, init: bool = True):
         """``init=False``: the parameters and the optimizer state are abstract (shapes, dtypes and
-        shardings, nothing allocated or compiled), for a trainer whose parameters a checkpoint is
-        about to fill (:func:`restore_trainer`)."""
+        shardings, nothing allocated or compiled), for a trainer whose state a checkpoint is about
+        to fill (to score, :func:`~bytelm.training.restore.restore_scorer` fills a
+        :class:`~bytelm.training.scorer.Scorer` instead)."""
         self.cfg = cfg
         self.task = task
         self.mesh = mesh if mesh is not None else default_mesh(cfg)
@@ -173,11 +157,7 @@ class Trainer:
                 f"data-parallel mesh size (data x fsdp = {n_batch_shards}); change train.batch_size or the "
                 "mesh"
             )
-        if cfg.eval.batch_size % n_batch_shards:
-            raise UserError(
-                f"eval.batch_size {cfg.eval.batch_size} is not divisible by the data-parallel mesh size "
-                f"{n_batch_shards}"
-            )
+        check_eval_batch(cfg, self.mesh)
         seed = cfg.train.seed
         abstract_model = nnx.eval_shape(lambda: task.build_model(nnx.Rngs(jax.random.key(seed))))
         self.graphdef, abstract_state = nnx.split(abstract_model, nnx.Param)
@@ -221,7 +201,7 @@ class Trainer:
         self.last_plan: dict | None = None  # the schedule_plan of the latest step
         self._train_step, self._score_positions = (
             self._on_mesh(self.programs.train_step),
-            self.programs.score_positions,
+            scoring_program(self.graphdef),
         )
         self._train_step_ema = self._on_mesh(self.programs.train_step_ema)
         self.param_counts = count_params(self.params)
@@ -242,24 +222,8 @@ class Trainer:
 
     # -- host side ------------------------------------------------------------------------
     def device_batch(self, batch: dict, *, whole: bool = False) -> dict:
-        """The batch's arrays on the mesh (its host-side counts, ``batch[STATS_KEY]``, stay behind).
-        The rows are this process's (training batches are made per process); ``whole``: the batch
-        is the global one, the same on every process, which keeps the rows its devices hold."""
-        out = {}
-        for k, v in batch.items():
-            if k == STATS_KEY:
-                continue
-            sharding = batch_sharding(self.mesh, v.ndim)
-            if whole and jax.process_count() > 1:
-                index = [
-                    i for i in sharding.addressable_devices_indices_map(v.shape).values() if i is not None
-                ]
-                lo = min(i[0].start or 0 for i in index)
-                hi = max(len(v) if i[0].stop is None else i[0].stop for i in index)
-                out[k] = jax.make_array_from_process_local_data(sharding, v[lo:hi], v.shape)
-            else:
-                out[k] = jax.make_array_from_process_local_data(sharding, v)
-        return out
+        """The batch on this trainer's mesh (:func:`~bytelm.training.scorer.place_batch`)."""
+        return place_batch(self.mesh, batch, whole=whole)
 
     def train_step(self, batch: dict) -> dict:
         # arguments: a new horizon (or learning rate, or warmup) does not compile the step again
@@ -289,35 +253,18 @@ class Trainer:
         on_batch: Callable[[dict, int], None] | None = None,
         batch_size: int | None = None,
     ):
-        """Score ``segments`` with the model's weights (:attr:`model_params`; the evaluation protocol),
-        ``batch_size`` (default ``eval.batch_size``) segments per batch.
-
-        ``on_batch(batch, n_real_rows)`` sees every host-side eval batch (with its family-specific
-        arrays, e.g. BLT patch lengths) before it is scored; the evaluator counts global steps and
-        reports progress with it."""
-
-        def rows(batch):
-            # per-position values summed here in float64, in one fixed order: a segment's total does
-            # not pick up the float32 reduction order of a program shaped by its batch
-            # (every process builds the same global batch, scores its rows, and gets every row back)
-            nll_BxT, nbytes_BxT, steps_B = self._score_positions(
-                self.model_params, self.device_batch(batch, whole=True)
-            )
-            return (
-                gather_rows(nll_BxT).astype(np.float64).sum(axis=1),
-                gather_rows(nbytes_BxT).astype(np.float64).sum(axis=1),
-                None if steps_B is None else gather_rows(steps_B).astype(np.float64),
-            )
-
-        def observed(batches):
-            for batch, n_real in batches:
-                on_batch(batch, n_real)
-                yield batch, n_real
-
-        batches = self.task.eval_batches(segments, batch_size or self.cfg.eval.batch_size)
-        if on_batch is not None:
-            batches = observed(batches)
-        return score_segments(rows, batches, [len(s) for s in segments])
+        """Score ``segments`` with the model's weights (:attr:`model_params`; the evaluation protocol,
+        :func:`~bytelm.training.scorer.score_rows`), ``batch_size`` (default ``eval.batch_size``)
+        segments per batch; ``on_batch(batch, n_real_rows)`` sees every host-side eval batch."""
+        return score_rows(
+            self.task,
+            self._score_positions,
+            self.model_params,
+            self.mesh,
+            segments,
+            batch_size or self.cfg.eval.batch_size,
+            on_batch,
+        )
 
     def state_tree(self) -> dict:
         tree = {"params": self.params, "opt_state": self.opt_state}
