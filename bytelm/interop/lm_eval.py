@@ -54,6 +54,7 @@ from bytelm.atomic import atomic_write_text
 from bytelm.errors import UserError
 from bytelm.evaluation.probes import conditional_nats, score_strings
 from bytelm.generate import generate, stream
+from bytelm.sampling.decoders import Decoder
 from bytelm.sampling.sampler import SamplingOptions
 from bytelm.training.restore import restore_scorer
 
@@ -133,7 +134,7 @@ class BytelmLM(LM):
             self.batch = None  # the run's eval.batch_size
         else:  # (rounded up to a multiple of the devices the rows are split over)
             self.batch = -(-max(int(batch_size), 1) // shards) * shards
-        self._decoder = None
+        self._decoder: Decoder | None = None
         self.disable_tqdm = False
 
     # -- scoring ----------------------------------------------------------------------------------

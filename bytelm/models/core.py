@@ -403,7 +403,7 @@ class Block(nnx.Module):
             return self._forward(
                 x_BxTxD, positions_BxT, mask_BxTxS, segments_BxT, drop, window=window, causal=causal
             )
-        rate = None if drop is None else drop.rate
+        rate = 0.0 if drop is None else drop.rate
 
         def forward(
             block, x, positions, mask, segments, key

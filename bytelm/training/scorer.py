@@ -101,14 +101,14 @@ def score_rows(
             None if steps_B is None else gather_rows(steps_B).astype(np.float64),
         )
 
-    def observed(batches):
+    def observed(batches, see: Callable[[dict, int], None]):
         for batch, n_real in batches:
-            on_batch(batch, n_real)
+            see(batch, n_real)
             yield batch, n_real
 
     batches = task.eval_batches(segments, batch_size)
     if on_batch is not None:
-        batches = observed(batches)
+        batches = observed(batches, on_batch)
     return score_segments(rows, batches, [len(s) for s in segments])
 
 

@@ -78,6 +78,7 @@ def state_shardings(abstract_state, params) -> object:
     mesh = next(iter(placed.values()))[1].mesh if placed else None
 
     def one(path, leaf):
+        assert mesh is not None  # (a state with leaves holds a parameter's)
         key = jax.tree_util.keystr(path)
         for name, (shape, sharding) in placed.items():
             if key.endswith(name) and tuple(leaf.shape) == tuple(shape):

@@ -167,7 +167,7 @@ class PreTokenizer:
         return {"pattern": self.pattern, "fast": self._ascii is not self._findall or self.name is None}
 
     def __setstate__(self, state):
-        self.__init__(state["pattern"], fast=state.get("fast", True))
+        type(self).__init__(self, state["pattern"], fast=state.get("fast", True))
 
     def splitter_for(self, text: str):
         """A function splitting ``text`` (or any substring of it) into chunks: the fastest

@@ -307,17 +307,18 @@ def _learn_pieces(chunks, n_learned, *, seed_size, em_steps, shrink, progress):
         else 1
     )
     done = 0
-    stats = {
+    rounds_log: list[dict] = []
+    stats: dict = {
         "seed_pieces": len(seeds),
         "distinct_chunks": len(table),
         "seed_s": time.perf_counter() - t0,
-        "rounds": [],
+        "rounds": rounds_log,
     }
     log.info("%d distinct chunks, %d seed pieces (%.2fs)", len(table), len(seeds), stats["seed_s"])
     while True:
         for _ in range(em_steps):
             loglik = model.em_step()
-        stats["rounds"].append({"pieces": model.n_alive, "loglik": loglik})
+        rounds_log.append({"pieces": model.n_alive, "loglik": loglik})
         done += 1
         if progress is not None:
             progress(min(done, rounds), rounds)
@@ -331,10 +332,9 @@ def _learn_pieces(chunks, n_learned, *, seed_size, em_steps, shrink, progress):
     stats["final_loglik"] = model.em_step()
     model.keep(np.flatnonzero(model.alive))
     # ids: the bytes, then the learned pieces by decreasing score (ties by bytes)
-    learned = list(range(256, len(model.pieces)))
-    learned.sort(key=lambda i: (-model.logp[i], model.pieces[i]))
-    pieces = [model.pieces[i] for i in learned]
-    logp = np.concatenate([model.logp[:256], model.logp[learned]]) if learned else model.logp[:256]
+    ranked = sorted(range(256, len(model.pieces)), key=lambda i: (-model.logp[i], model.pieces[i]))
+    pieces = [model.pieces[i] for i in ranked]
+    logp = np.concatenate([model.logp[:256], model.logp[ranked]]) if ranked else model.logp[:256]
     stats["train_s"] = time.perf_counter() - t0
     return pieces, np.round(logp * SCORE_GRID) / SCORE_GRID, stats
 

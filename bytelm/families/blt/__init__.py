@@ -63,7 +63,7 @@ class BLTTask(Task):
         self.max_patches = cfg.model.patches_for(cfg.train.seq_len)
         self.space = cfg.model.patching == "space"
         if self.space:
-            self.entropy_model = None
+            self.entropy_model: EntropyModel | None = None
             return
         if "entropy_run" not in self.modules:
             raise UserError(
@@ -117,11 +117,11 @@ class BLTTask(Task):
             return patcher, mean_patch_length(patcher.starts(sample), real_lengths(sample))
         if recorded.get("threshold") is not None:
             patcher, achieved = (
-                EntropyPatcher.from_settings(self.entropy_model, recorded),
+                EntropyPatcher.from_settings(self._entropy(), recorded),
                 recorded.get("achieved_mean_patch_len"),
             )
         elif m.threshold > 0:
-            patcher, achieved = EntropyPatcher(self.entropy_model, m.threshold, mono, m.max_patch_len), None
+            patcher, achieved = EntropyPatcher(self._entropy(), m.threshold, mono, m.max_patch_len), None
         elif self.corpus is None:
             raise UserError(
                 f"the BLT run {self.run_dir} records no patching threshold (its run record's 'patching') and "
@@ -130,7 +130,7 @@ class BLTTask(Task):
             )
         else:
             return EntropyPatcher.calibrated(
-                self.entropy_model,
+                self._entropy(),
                 self._calibration_sample(),
                 m.target_patch_len,
                 monotonic_threshold=mono,
@@ -220,10 +220,15 @@ class BLTTask(Task):
             "patch_overflow_bytes": sums["overflow_positions"] / max(sums["positions"], 1),
         }
 
+    def _entropy(self) -> EntropyModel:
+        """The entropy model (a task patching by spaces has none)."""
+        assert self.entropy_model is not None
+        return self.entropy_model
+
     def fingerprints(self) -> dict[str, tuple[str, str]]:
         if self.space:
             return {}
-        return {"entropy": (self.entropy_model.fingerprint, str(Path(self.cfg.model.entropy_run).absolute()))}
+        return {"entropy": (self._entropy().fingerprint, str(Path(self.cfg.model.entropy_run).absolute()))}
 
     def run_info(self) -> dict:
         return {

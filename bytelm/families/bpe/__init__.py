@@ -66,11 +66,11 @@ class TokenTask(Task):
             )
         n = self.n_vocab = self.tokenizer.n_vocab
         lengths = [len(self.tokenizer.token_bytes(i)) for i in range(n)]
-        self.id_bytes = np.asarray([0] * BYTE_OFFSET + lengths, np.int32)  # bytes per model id
+        self.id_bytes: np.ndarray | None = np.asarray([0] * BYTE_OFFSET + lengths, np.int32)  # per model id
         unk = getattr(self.tokenizer, "unk_id", None)
         self.unk_model_id = None if unk is None else unk + BYTE_OFFSET  # its bytes vary: see encode_segment
-        self._stream = None
-        self._bytes_per_token = None
+        self._stream: np.ndarray | None = None
+        self._bytes_per_token: float | None = None
 
     @classmethod
     def for_shapes(cls, cfg, *, vocab_size=None):
@@ -132,10 +132,12 @@ class TokenTask(Task):
     def train_stream(self) -> Stream:
         if self._stream is None:
             self._load_stream()
+        assert self._stream is not None
         return self._stream
 
     def decorate(self, batch: dict) -> dict:
         if "nbytes" not in batch:
+            assert self.id_bytes is not None, "a task built for shapes alone makes no batches"
             batch["nbytes"] = self.id_bytes[batch["ids"][:, 1:]]
         elif self.unk_model_id is not None:  # an evaluation batch: its bytes are per occurrence
             nbytes = np.asarray(batch["nbytes"])
@@ -156,6 +158,7 @@ class TokenTask(Task):
     def bytes_per_position(self) -> float:
         if self._bytes_per_token is None:
             self._load_stream()
+        assert self._bytes_per_token is not None
         return self._bytes_per_token
 
     def forward_flops_per_position(self) -> float:
