@@ -35,28 +35,24 @@ from collections.abc import Callable
 from pathlib import Path
 
 import jax
-import numpy as np
 
-from bytelm.atomic import atomic_directory, atomic_write_text
-from bytelm.baselines import OWN_ENCODER, is_saved, load_tokenizer, train_tokenizer
-from bytelm.bpb import SegmentScores
-from bytelm.config import Config, load_config, section_overrides, typed_fields, with_values
+from bytelm.atomic import atomic_write_text
+from bytelm.config import Config, load_config, typed_fields, with_values
 from bytelm.errors import UserError
 from bytelm.evaluation.evaluator import CorpusCache, evaluate_run, evaluate_trained
 from bytelm.evaluation.results import EvalSet, ModelResult
+from bytelm.experiments.artefacts import ArtefactStage
 from bytelm.experiments.plan import ngram_values, planned_ledger, schedule_values, sweep_steps
 from bytelm.experiments.rates import RateChoice, RateSearch, rate_label
+from bytelm.experiments.runs import Run, StageStopped, result_from_json, result_to_json
 from bytelm.experiments.spec import (
-    TOKENIZER_DIR,
     TOKENIZER_KEYS,
     TOKENIZER_OPTIONS,
     Experiment,
     Member,
     cell_label,
-    tokenizer_kind,
 )
-from bytelm.families import ARTEFACT_KINDS, task_class
-from bytelm.ledger import Ledger
+from bytelm.families import task_class
 from bytelm.rundir import RunDir
 from bytelm.training import loop, trainer
 from bytelm.training.distributed import barrier, is_primary
@@ -69,96 +65,7 @@ StageProgress = Callable[[str, int, "int | None", str], None]
 Note = Callable[[str], None]
 
 
-class StageStopped(RuntimeError):
-    """A training stopped before its last step (SIGINT/SIGTERM) inside a multi-run job; its checkpoint
-    is saved and the same command resumes it (the CLI's signal contract: exit 0 after SIGTERM, 130
-    after SIGINT; ``signum``: the signal)."""
-
-    def __init__(self, message: str, signum: int | None = None):
-        super().__init__(message)
-        self.signum = signum
-
-
-@dataclasses.dataclass
-class Run:
-    """One ``bytelm train`` of an experiment; ``error`` set when it cannot be planned or it failed."""
-
-    stage: str
-    member: str
-    cell: dict
-    budget_index: int
-    budget: float
-    lr: float | None  # None: the config's own rate (or an artefact)
-    seed: int  # added to the config's train.seed
-    fraction: float = 1.0  # its share of the cell's steps (a short rate-search run: < 1)
-    id: str = ""
-    run_dir: Path = Path()
-    config: Path | None = None  # the member's config file (the printed command's)
-    cfg: Config | None = None  # the run's config, typed
-    steps: int | None = None  # None: a time-budgeted run (its time decides)
-    ledger: Ledger | None = None
-    error: str | None = None
-    result: ModelResult | None = None  # on the held-out segments
-    validation_bpb: float | None = None
-    in_grid: bool = False  # a grid cell (a sweep run at the whole budget and the chosen rate is one too)
-    train_s: float | None = None
-
-    @property
-    def artefact(self) -> bool:
-        return self.stage == "artefacts"
-
-    @property
-    def planned(self) -> tuple[Config, Ledger]:
-        """The run's config and ledger (a run that could not be planned has none: its ``error`` says why)."""
-        if self.cfg is None or self.ledger is None:
-            raise RuntimeError(f"the run {self.id} was not planned: {self.error}")
-        return self.cfg, self.ledger
-
-    @property
-    def heldout(self) -> ModelResult:
-        """The run's held-out result (once evaluated)."""
-        if self.result is None:
-            raise RuntimeError(f"the run {self.id} has no held-out result: {self.error or 'not evaluated'}")
-        return self.result
-
-    def command(self) -> str:
-        """The ``bytelm train`` command that trains this run: the member's config file and the ``--set``
-        strings that turn it into this run's config."""
-        base = load_config(self.config)
-        sets = [
-            o
-            for name in ("data", "model", "train", "eval")
-            for o in section_overrides(name, getattr(self.cfg, name), getattr(base, name))
-        ]
-        quoted = " ".join(f"--set {shlex.quote(o)}" for o in sets)
-        return (
-            f"bytelm train {shlex.quote(str(self.config))} --out {shlex.quote(str(self.run_dir))} {quoted}"
-        ).rstrip()
-
-    @property
-    def failure_file(self) -> Path:
-        return self.run_dir / "failed.txt"
-
-    def finished(self) -> bool:
-        return RunDir(self.run_dir).finished(self.steps)
-
-
-def _result_to_json(r: ModelResult) -> dict:
-    d = {k: v for k, v in dataclasses.asdict(r).items() if k not in ("scores", "global_steps", "seed_scores")}
-    d["nats"] = r.scores.nats.tolist()
-    d["nbytes"] = r.scores.nbytes.tolist()
-    d["global_steps"] = None if r.global_steps is None else r.global_steps.tolist()
-    return d
-
-
-def _result_from_json(d: dict) -> ModelResult:
-    d = dict(d)
-    scores = SegmentScores(np.asarray(d.pop("nats"), np.float64), np.asarray(d.pop("nbytes"), np.int64))
-    gs = d.pop("global_steps")
-    return ModelResult(scores=scores, global_steps=None if gs is None else np.asarray(gs, np.float64), **d)
-
-
-class Runner:
+class Runner(ArtefactStage):
     """Carries out one experiment into ``out`` (see the module docstring). Subclasses name the run
     directories (:meth:`layout`) and write the outputs (:meth:`outputs`)."""
 
@@ -212,17 +119,6 @@ class Runner:
             run.cell
         ).replace("/", "_") / leaf
 
-    def tokenizer_dir(self, cell: dict) -> Path:
-        if TOKENIZER_DIR in cell:
-            return Path(cell[TOKENIZER_DIR])
-        kind, encoder = tokenizer_kind(cell)
-        rule = "" if encoder in ("", OWN_ENCODER[kind]) else f"-{encoder}"
-        return (
-            self.out
-            / "tokenizers"
-            / f"{kind}-{cell['tokenizer.vocab_size']}-{cell['tokenizer.pattern']}{rule}"
-        )
-
     # -- configs
     def plain(self, member: Member) -> Config:
         """A member's config before sizing: its file with the experiment's and its own ``--set`` strings (a
@@ -241,39 +137,6 @@ class Runner:
                 cfg = with_values(cfg, ngram_values(source, cfg, where=f"{self.exp.path}: {member.name!r}"))
             self._plain[member.name] = cfg
         return self._plain[member.name]
-
-    def cell_tokenizer(self, cell: dict) -> dict:
-        """A cell's subword tokenizer keys: its own (a grid's), else the experiment's one (a preset's)."""
-        own = {k: v for k, v in cell.items() if k in (*TOKENIZER_KEYS, *TOKENIZER_OPTIONS, TOKENIZER_DIR)}
-        return own or dict(self.exp.tokenizer)
-
-    def artefact_values(self, member: Member, cell: dict, cfg: Config) -> dict:
-        """The config values pointing a run at the artefacts its family names (tokenizer, entropy run)."""
-        out = {}
-        model = cfg.require_model()
-        for field, kind in task_class(model.family).artefacts_of(model).items():
-            if kind == "tokenizer":
-                tok = self.cell_tokenizer(cell)
-                if TOKENIZER_DIR not in tok and not all(k in tok for k in TOKENIZER_KEYS):
-                    raise UserError(f"a {model.family} cell needs tokenizer.vocab_size and tokenizer.pattern")
-                out[f"model.{field}"] = self.tokenizer_dir(tok).absolute()
-            elif kind == "entropy_model":
-                if self.exp.entropy is None:
-                    maker = (
-                        "a [[model]] with role = 'entropy'"
-                        if self.exp.kind == "compare"
-                        else "an [entropy] table"
-                    )
-                    raise UserError(
-                        f"{self.exp.kind} {self.exp.path}: {member.name!r} ({model.family}) needs "
-                        f"{ARTEFACT_KINDS[kind].noun}, but it has none: add {maker}"
-                    )
-                out[f"model.{field}"] = self.entropy_run().run_dir.absolute()
-            else:
-                raise UserError(
-                    f"{member.name!r} needs {ARTEFACT_KINDS[kind].noun}, which an experiment cannot make"
-                )
-        return out
 
     def cell_changes(self, member: Member, cell: dict) -> dict:
         """The cell's ``model.*`` values, typed like the member's model config fields."""
@@ -412,154 +275,7 @@ class Runner:
         elif is_primary():
             atomic_write_text(marker, json.dumps(mine) + "\n")
 
-    # -- stage 1: artefacts
-    def tokenizer_cells(self) -> list[dict]:
-        """The distinct subword tokenizers the members' cells need."""
-        seen = {}
-        for m in self.exp.members:
-            try:
-                model = self.plain(m).require_model()
-            except (UserError, ValueError):
-                continue  # a bad member is reported with its cells
-            if "tokenizer" not in task_class(model.family).artefacts_of(model).values():
-                continue
-            for cell in m.cells():
-                tok = self.cell_tokenizer(cell)
-                if TOKENIZER_DIR in tok or all(k in tok for k in TOKENIZER_KEYS):
-                    seen[self.tokenizer_dir(tok)] = tok
-        return list(seen.values())
-
-    def needs_entropy_model(self) -> bool:
-        for m in self.exp.members:
-            for cell in m.cells():
-                try:
-                    model = dataclasses.replace(self.plain(m).require_model(), **self.cell_changes(m, cell))
-                except (UserError, ValueError):
-                    continue  # a bad cell is reported with the cells
-                if "entropy_model" in task_class(model.family).artefacts_of(model).values():
-                    return True
-        return False
-
-    def entropy_run(self) -> Run:
-        """The entropy model's run (an artefact at its own budget)."""
-        member = self.exp.entropy
-        if member is None:
-            raise RuntimeError(f"{self.exp.kind} {self.exp.path} has no entropy model")
-        run = Run("artefacts", member.name, {}, 0, self.exp.entropy_budget * self.scale, None, 0)
-        run.id, run.run_dir = self.layout(run)
-        if run.id in self.runs:
-            return self.runs[run.id]
-        self.runs[run.id] = run
-        try:
-            self.schedule(run, member, self.plain(member), timed=False)
-        except (UserError, ValueError) as e:
-            run.error = str(e)
-        if run.error is None and run.failure_file.is_file():
-            run.error = (
-                f"{run.failure_file.read_text().strip()} (recorded in {run.failure_file}; delete "
-                f"{run.run_dir} to retry)"
-            )
-        return run
-
-    def train_tokenizer(self, tok: dict) -> str | None:
-        """A cell's tokenizer (kept when one is saved already, if it is the one asked for): the command
-        that makes it in print mode, else None."""
-        tdir = self.tokenizer_dir(tok)
-        if TOKENIZER_DIR in tok:  # made elsewhere: used as is
-            if not is_saved(tdir):
-                self.failed_artefacts[str(tdir)] = (
-                    f"tokenizer.dir = {tdir} holds no tokenizer: train one there (bytelm tokenizer train) or "
-                    "import one (bytelm tokenizer import)"
-                )
-            elif getattr(given := load_tokenizer(tdir), "lossy", None):
-                self.failed_artefacts[str(tdir)] = (
-                    f"tokenizer.dir = {tdir}: {given.lossy}: BPB would not be a likelihood of the held-out "
-                    "bytes; give a byte-exact tokenizer (an HF ByteLevel BPE with add_prefix_space=false, a "
-                    "tiktoken import, or one bytelm trains)"
-                )
-            else:
-                self.say(f"tokenizer {tdir}: given, used as is")
-            return None
-        kind, encoder = tokenizer_kind(tok)
-        vocab, pattern = int(tok["tokenizer.vocab_size"]), str(tok["tokenizer.pattern"])
-        if is_saved(tdir):
-            have = load_tokenizer(tdir)
-            wanted = (kind, encoder or have.encoders[0])
-            # (a corpus can run out of merges or pieces: fewer ids than asked for are the same tokenizer)
-            if (have.kind, have.encoder) != wanted or have.n_vocab > vocab:
-                raise UserError(
-                    f"{tdir} holds a {have.kind} tokenizer (encoder {have.encoder}, {have.n_vocab} ids), but "
-                    f"the {self.exp.kind} asks for {wanted[0]} (encoder {wanted[1]}, up to {vocab} ids): use "
-                    "another --out, or delete it"
-                )
-            self.say(f"tokenizer {tdir.name}: exists, skipped")
-            return None
-        if self.mode == "print":
-            data = " ".join(
-                f"--set {shlex.quote(o)}"
-                for o in section_overrides(
-                    "data", self.plain(self.exp.members[0]).data, load_config(None).data
-                )
-            )
-            rule = f" --encoder {shlex.quote(encoder)}" if encoder else ""
-            return (
-                f"bytelm tokenizer train {data} --kind {kind}{rule} --vocab-size {vocab} --pattern "
-                f"{shlex.quote(pattern)} --out {shlex.quote(str(tdir))}"
-            )
-        if self.mode == "run" and not is_primary():  # (process 0 makes it; the others wait and read it)
-            barrier(f"bytelm: tokenizer {tdir.name}")
-            if not is_saved(tdir):
-                self.failed_artefacts[str(tdir)] = "process 0 could not make it (its log says why)"
-            return None
-        if self.mode == "run":
-            t0 = time.perf_counter()
-            try:
-                made = train_tokenizer(
-                    kind,
-                    self.corpus,
-                    vocab_size=vocab,
-                    pattern=pattern,
-                    progress=self.bar(f"tokenizer {tdir.name}"),
-                )
-                if encoder and encoder != made.encoder:
-                    made = made.with_encoder(encoder)
-                with atomic_directory(tdir) as tmp:
-                    made.save(tmp)
-                dt = self.timed("tokenizer", t0)
-                self.say(
-                    f"tokenizer {tdir.name}: {made.kind}, {made.n_vocab} ids ({pattern}, encoder "
-                    f"{made.encoder}) in {dt:.1f}s"
-                )
-            except (UserError, ValueError) as e:
-                self.failed_artefacts[str(tdir)] = str(e)
-                self.say(f"tokenizer {tdir.name}: FAILED: {e}")
-            finally:
-                barrier(f"bytelm: tokenizer {tdir.name}")
-        return None
-
-    def artefacts(self) -> list[str]:
-        """Make what is missing (or return the commands that make it, in print mode)."""
-        commands = [c for tok in self.tokenizer_cells() if (c := self.train_tokenizer(tok))]
-        if self.exp.entropy is not None and self.needs_entropy_model():
-            ent = self.entropy_run()
-            if ent.error:
-                self.failed_artefacts[ent.id] = ent.error
-            elif not ent.finished():
-                if self.mode == "print":
-                    commands.append(ent.command())
-                elif self.mode == "run":
-                    self.execute([ent], "artefacts")
-                    if ent.error:
-                        self.failed_artefacts[ent.id] = ent.error
-        return commands
-
-    def artefacts_missing(self) -> bool:
-        if any(not is_saved(self.tokenizer_dir(tok)) for tok in self.tokenizer_cells()):
-            return True
-        return (
-            self.exp.entropy is not None and self.needs_entropy_model() and not self.entropy_run().finished()
-        )
-
+    # -- stage 1: artefacts (bytelm.experiments.artefacts)
     # -- training
     def execute(self, runs: list[Run], stage: str) -> None:
         """Train every unfinished run without an error; failures are recorded, never raised."""
@@ -671,7 +387,7 @@ class Runner:
                 log.warning("%s is damaged; scoring %s again", cache, run.id)
                 cached = {}
             if cached.get("fingerprint") == eval_set.fingerprint and cached.get("step") == step:
-                result = _result_from_json(cached)
+                result = result_from_json(cached)
                 self._keep(run, result, split)
                 self.say(f"eval {split} {run.id}: done earlier, BPB {result.bpb:.4f}")
                 return
@@ -688,7 +404,7 @@ class Runner:
             run.error = f"evaluation failed: {e}"
             return
         if is_primary():
-            atomic_write_text(cache, json.dumps(_result_to_json(result)))
+            atomic_write_text(cache, json.dumps(result_to_json(result)))
         barrier("bytelm: evaluation cached")  # (every process then reads the same cache)
         self._keep(run, result, split)
         dt = self.timed(f"eval {run.id}", t0)
