@@ -44,6 +44,11 @@ def main() -> None:
         metavar="KEY=VALUE",
         help="an override for every model (repeatable)",
     )
+    p.add_argument(
+        "--record",
+        action="store_true",
+        help="append the JSON line to benchmarks/results/ (printed either way)",
+    )
     args = p.parse_args()
     configure_cpu_devices()
     out = Path(args.out)
@@ -81,7 +86,8 @@ def main() -> None:
         )
     result = {"fingerprint": report["fingerprint"], **{m["name"]: round(m["bpb"], 4) for m in rows}}
     print(json.dumps(result))
-    record("blt_ablation", result)
+    if args.record:
+        record("blt_ablation", result)
 
 
 if __name__ == "__main__":

@@ -55,6 +55,11 @@ def main(argv: list[str] | None = None) -> int:
         default=3,
         help="encoding runs per side, alternating ours / tiktoken; each side's best is reported (default: 3)",
     )
+    p.add_argument(
+        "--record",
+        action="store_true",
+        help="append the JSON line to benchmarks/results/ (printed either way)",
+    )
     args = p.parse_args(argv)
 
     os.environ["TIKTOKEN_CACHE_DIR"] = ""  # tiktoken would otherwise cache the ranks file by path
@@ -189,7 +194,8 @@ def main(argv: list[str] | None = None) -> int:
         "encode_repeat": args.encode_repeat,
     }
     print(json.dumps(result))
-    record("bpe", result)
+    if args.record:
+        record("bpe", result)
     return 0
 
 

@@ -81,6 +81,11 @@ def main(argv: list[str] | None = None) -> int:
         help="comma-separated presets (default: every small and base preset); the table and the JSON "
         "line then cover these alone",
     )
+    p.add_argument(
+        "--record",
+        action="store_true",
+        help="append the JSON line to benchmarks/results/ (printed either way)",
+    )
     args = p.parse_args(argv)
     reports = Path(args.reports or tempfile.mkdtemp(prefix="bytelm-compile-"))
     reports.mkdir(parents=True, exist_ok=True)
@@ -109,7 +114,8 @@ def main(argv: list[str] | None = None) -> int:
     headline["all_fit"] = all(c and c["fits"] for c in headline["cases"].values())
     headline["min_hbm_free_fraction"] = min(free) if free else None
     print(json.dumps(headline))
-    record("compile_table", headline)  # (a part of the table has its own command, so its own row)
+    if args.record:
+        record("compile_table", headline)  # (a part of the table has its own command, so its own row)
     return 0
 
 

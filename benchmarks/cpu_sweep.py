@@ -616,6 +616,11 @@ def main() -> None:
         help="train every candidate with the seeds 0 to N-1 and compare the means of their scores "
         "(default 1; seed 0's runs are the single-seed sweep's, and are reused)",
     )
+    p.add_argument(
+        "--record",
+        action="store_true",
+        help="append the JSON line to benchmarks/results/ (printed either way)",
+    )
     args = p.parse_args()
     if args.seeds < 1:
         p.error(f"--seeds must be a positive number of seeds, not {args.seeds}")
@@ -650,7 +655,8 @@ def main() -> None:
         "chosen": chosen,
     }
     print(json.dumps(result))
-    record("cpu_sweep", result)
+    if args.record:
+        record("cpu_sweep", result)
 
 
 if __name__ == "__main__":

@@ -25,6 +25,11 @@ def main() -> None:
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--seq-len", type=int, default=2048)
     p.add_argument("--seconds", type=float, default=3.0, help="measurement time")
+    p.add_argument(
+        "--record",
+        action="store_true",
+        help="append the JSON line to benchmarks/results/ (printed either way)",
+    )
     args = p.parse_args()
 
     corpus = load_corpus(args.data)
@@ -53,7 +58,8 @@ def main() -> None:
         "mb_per_s": round(bytes_s / 1e6, 1),
     }
     print(json.dumps(result))
-    record("data_pipeline", result)
+    if args.record:
+        record("data_pipeline", result)
 
 
 if __name__ == "__main__":

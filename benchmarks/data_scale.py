@@ -474,6 +474,11 @@ def main() -> None:
     p.add_argument("--subword-vocab", type=int, default=4096, help="BPE vocabulary (default 4096)")
     p.add_argument("--batch-size", type=int, default=64, help="pipeline batch (default 64 rows)")
     p.add_argument("--seq-len", type=int, default=2048, help="pipeline window T (rows of T+1; default 2048)")
+    p.add_argument(
+        "--record",
+        action="store_true",
+        help="append the JSON line to benchmarks/results/ (printed either way)",
+    )
     args = p.parse_args()
     work = Path(args.work)
     results: dict = {}
@@ -510,7 +515,8 @@ def main() -> None:
     results["gb"] = args.gb
     results["workers"] = args.workers
     print(json.dumps(results))
-    record("data_scale", results, note=f"generated corpus: {json.dumps(info)}")
+    if args.record:
+        record("data_scale", results, note=f"generated corpus: {json.dumps(info)}")
 
 
 if __name__ == "__main__":

@@ -53,6 +53,11 @@ def masked(kind: str):
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--repeats", type=int, default=30, help="timed calls per variant (default 30)")
+    p.add_argument(
+        "--record",
+        action="store_true",
+        help="append the JSON line to benchmarks/results/ (printed either way)",
+    )
     args = p.parse_args()
     x = jax.random.normal(jax.random.key(1), SHAPE)
     kinds = ["threefry", "rbg", "hash", "none"]
@@ -76,7 +81,8 @@ def main() -> None:
         "devices": jax.device_count(),
     }
     print(json.dumps(result))
-    record("dropout_masks", result)
+    if args.record:
+        record("dropout_masks", result)
 
 
 if __name__ == "__main__":

@@ -118,6 +118,11 @@ def main() -> None:
         default="byte,bpe,megabyte,blt",
         help="comma-separated families to measure (default: all four)",
     )
+    p.add_argument(
+        "--record",
+        action="store_true",
+        help="append the JSON line to benchmarks/results/ (printed either way)",
+    )
     args = p.parse_args()
     only = [f for f in args.only.split(",") if f]
     corpus = load_corpus("stdlib")
@@ -169,7 +174,8 @@ def main() -> None:
     if set(only) == {"byte", "bpe", "megabyte", "blt"}:  # the headline: over every family
         out["cached_speedup_min"] = round(min(speedups), 2)
     print(json.dumps(out))
-    record("generate", out)
+    if args.record:
+        record("generate", out)
 
 
 if __name__ == "__main__":

@@ -153,6 +153,11 @@ def main() -> None:
     p.add_argument("--train-steps", type=int, default=120, help="training steps of the generating model")
     p.add_argument("--max-bytes", type=int, default=256, help="bytes generated per measurement")
     p.add_argument("--context", type=int, default=1024, help="the decoder's context (positions)")
+    p.add_argument(
+        "--record",
+        action="store_true",
+        help="append the JSON line to benchmarks/results/ (printed either way)",
+    )
     args = p.parse_args()
     sections = set(args.only.split(","))
     result: dict = {"cpu": cpu_model()}
@@ -161,7 +166,8 @@ def main() -> None:
     if "generate" in sections:
         generate_section(args.train_steps, args.max_bytes, args.context, result)
     print(json.dumps(result))
-    record("hnet", result)
+    if args.record:
+        record("hnet", result)
 
 
 if __name__ == "__main__":

@@ -196,6 +196,11 @@ def main() -> None:
     )
     p.add_argument("--out", default="runs/nanogpt_race", help="output directory (default runs/nanogpt_race)")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument(
+        "--record",
+        action="store_true",
+        help="append the JSON line to benchmarks/results/ (printed either way)",
+    )
     args = p.parse_args()
     recipes = {f: f"cpu/{f}" for f in FAMILIES}
     for item in args.recipe:
@@ -316,7 +321,8 @@ def main() -> None:
         "best_ratio": round(bpb[best] / bpb["nanogpt"], 4),
     }
     print(json.dumps(result))
-    record("nanogpt_race", result)
+    if args.record:
+        record("nanogpt_race", result)
 
 
 if __name__ == "__main__":

@@ -374,6 +374,11 @@ def main() -> None:
     )
     p.add_argument("--threads", type=int, default=os.cpu_count(), help="PyTorch intra-op threads")
     p.add_argument("--worker", nargs=2, metavar=("KIND", "JSON"), help=argparse.SUPPRESS)
+    p.add_argument(
+        "--record",
+        action="store_true",
+        help="append the JSON line to benchmarks/results/ (printed either way)",
+    )
     args = p.parse_args()
     if args.worker:
         worker_main(args.worker[0], json.loads(args.worker[1]))
@@ -551,7 +556,8 @@ def main() -> None:
             )
 
     print(json.dumps(result))
-    record("train_step", result)
+    if args.record:
+        record("train_step", result)
 
 
 if __name__ == "__main__":

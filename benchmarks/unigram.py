@@ -54,6 +54,11 @@ def main(argv: list[str] | None = None) -> int:
         default=3,
         help="encoding runs per side, alternating; the best is reported (default: 3)",
     )
+    p.add_argument(
+        "--record",
+        action="store_true",
+        help="append the JSON line to benchmarks/results/ (printed either way)",
+    )
     args = p.parse_args(argv)
 
     import numpy as np
@@ -153,7 +158,8 @@ def main(argv: list[str] | None = None) -> int:
         "numpy": np.__version__,
     }
     print(json.dumps(result))
-    record("unigram", result)
+    if args.record:
+        record("unigram", result)
     return 0
 
 

@@ -46,6 +46,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeat", type=int, default=1, help="training runs per side, best counts (default: 1)")
     p.add_argument("--encode-repeat", type=int, default=3, help="encoding runs per side (default: 3)")
     p.add_argument("--no-record", action="store_true", help="print the JSON line only")
+    p.add_argument(
+        "--record",
+        action="store_true",
+        help="append the JSON line to benchmarks/results/ (printed either way)",
+    )
     args = p.parse_args(argv)
 
     os.environ["RAYON_NUM_THREADS"] = str(args.threads)  # (read once, when tokenizers starts its pool)
@@ -142,7 +147,8 @@ def main(argv: list[str] | None = None) -> int:
     }
     print(json.dumps(result))
     if not args.no_record:
-        record("wordpiece", result)
+        if args.record:
+            record("wordpiece", result)
     return 0
 
 

@@ -1,6 +1,7 @@
 """Benchmark results as data (benchmarks/results.py): one JSON line per measurement, and
 benchmarks/RESULTS.md generated from them (benchmarks/results_table.py), always up to date."""
 
+import ast
 import json
 import sys
 from pathlib import Path
@@ -52,3 +53,33 @@ def test_every_recorded_result_is_well_formed_and_results_md_is_generated_from_t
     assert page.count("\n") < 300
     card = BENCH.parent / "docs" / "cpu.md"  # the recipe card: what each recipe is, not how it was found
     assert card.read_text().count("\n") < 200
+
+
+def _records_unguarded(source: str) -> list[int]:
+    """Lines of ``source`` that call ``record(...)`` outside an ``if args.record:`` block."""
+    tree = ast.parse(source)
+    guarded: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "record" in ast.unparse(node.test):
+            guarded |= {n.lineno for stmt in node.body for n in ast.walk(stmt) if hasattr(n, "lineno")}
+    return [
+        n.lineno
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Call)
+        and isinstance(n.func, ast.Name)
+        and n.func.id == "record"
+        and n.lineno not in guarded
+    ]
+
+
+def test_a_benchmark_writes_into_the_tree_only_with_record():
+    scripts = [p for p in sorted(BENCH.glob("*.py")) if p.name not in ("results.py", "results_table.py")]
+    assert len(scripts) > 10
+    offenders = {}
+    for path in scripts:
+        source = path.read_text()
+        lines = _records_unguarded(source)
+        if lines or ("record(" in source and '"--record"' not in source):
+            offenders[path.name] = lines
+    assert offenders == {}
+    assert _records_unguarded("record('x', {})\nif args.record:\n    record('y', {})\n") == [1]
