@@ -22,7 +22,7 @@ import tomllib
 import types
 import typing
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from bytelm.errors import UserError
 from bytelm.families import config_class
@@ -84,7 +84,7 @@ class TrainConfig:
     beta2: float = 0.95
     # "adamw", or "muon": Muon's orthogonalised step on the hidden weight matrices, Adam
     # (beta1, beta2) on embeddings, heads and vectors, one learning rate (bytelm/training/optim.py)
-    optimizer: str = "adamw"
+    optimizer: Literal["adamw", "muon"] = "adamw"
     muon_momentum: float = 0.95  # Muon's Nesterov momentum (train.optimizer = "muon")
     # the lookup tables' learning rate (byte or subword embeddings, hashed n-gram tables: the
     # parameters whose first logical axis is "vocab"; not output heads) is learning_rate times this,
@@ -336,6 +336,8 @@ def apply_overrides(raw: dict, overrides: list[str]) -> dict:
 # -- typing -------------------------------------------------------------------------------
 def _type_name(tp: Any) -> str:
     origin = typing.get_origin(tp)
+    if origin is typing.Literal:
+        return "one of " + ", ".join(repr(a) for a in typing.get_args(tp))
     if origin is tuple:
         args = typing.get_args(tp)
         return f"list of {_type_name(args[0])}" if args else "list"
@@ -343,15 +345,16 @@ def _type_name(tp: Any) -> str:
 
 
 def _convert(key: str, value: Any, tp: Any) -> Any:
-    def bad() -> UserError:
+    def shown() -> str:
         if isinstance(value, _Override):
-            shown = str(value)
-        else:
-            try:
-                shown = _toml_value(value)
-            except (TypeError, ValueError):
-                shown = repr(value)
-        return UserError(f"{key} = {shown} is not a valid {_type_name(tp)}")
+            return str(value)
+        try:
+            return _toml_value(value)
+        except (TypeError, ValueError):
+            return repr(value)
+
+    def bad() -> UserError:
+        return UserError(f"{key} = {shown()} is not a valid {_type_name(tp)}")
 
     origin = typing.get_origin(tp)
     if origin in (typing.Union, types.UnionType):
@@ -366,6 +369,13 @@ def _convert(key: str, value: Any, tp: Any) -> Any:
             except UserError as e:
                 errors.append(e)
         raise bad()
+    if origin is typing.Literal:  # a closed set of strings: the value as written must be one of them
+        text = value.strip() if isinstance(value, _Override) else value
+        if isinstance(text, str) and text in typing.get_args(tp):
+            return text
+        raise UserError(
+            f"{key} = {_toml_value(text) if isinstance(text, str) else shown()} is not {_type_name(tp)}"
+        )
     if isinstance(value, _Override):
         text = value.strip()
         if tp is bool:

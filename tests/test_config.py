@@ -244,3 +244,25 @@ def test_typed_changes_are_checked_like_a_file():
     assert (
         with_overrides(changed, ["train.steps=9"]).train.steps == 9 and with_overrides(changed, []) is changed
     )
+
+
+def test_closed_sets_are_literal_types_checked_at_load(tmp_path):
+    """A field whose values form a closed set is typed as one (``Literal``): a value outside it is
+    refused at load, from a file or a --set string alike, naming the key, the value and every choice."""
+    import typing
+
+    from bytelm.models.configs import ModelConfig
+
+    hints = typing.get_type_hints(ModelConfig)
+    for field in ("dtype", "attention", "mlp", "remat"):
+        assert typing.get_origin(hints[field]) is typing.Literal, field
+    with pytest.raises(UserError, match=r"model.remat = \"all\" is not one of 'none', 'block', 'dots'"):
+        load_config(None, ["model.family=byte", "model.remat=all"])
+    path = tmp_path / "c.toml"
+    path.write_text('[model]\nfamily = "byte"\ndtype = "bf16"\n')
+    with pytest.raises(UserError, match=r"model.dtype = \"bf16\" is not one of 'float32', 'bfloat16'"):
+        load_config(path)
+    path.write_text('[model]\nfamily = "byte"\ndtype = 16\n')
+    with pytest.raises(UserError, match=r"model.dtype = 16 is not one of"):
+        load_config(path)
+    assert load_config(None, ["model.family=byte", "model.dtype=bfloat16"]).model.dtype == "bfloat16"

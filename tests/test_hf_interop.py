@@ -69,7 +69,7 @@ def test_reference_variant_config_is_checked():
         == 3
     )
     for bad, match in [
-        (["model.variant=meta"], "model.variant must be one of"),
+        (["model.variant=meta"], 'model.variant = "meta" is not one of .bytelm., .reference.'),
         (["model.hash_functions=2"], "must be 1 for variant 'bytelm'"),
         (
             ["model.variant=reference", "model.encoder_cross_all_layers=true"],

@@ -14,10 +14,15 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
+from typing import Literal, get_args
 
-DTYPES = ("float32", "bfloat16", "float16")  # compute dtypes; parameters stay float32
-ATTENTION_KERNELS = ("auto", "xla", "cudnn", "halving")  # bytelm.models.kernels chooses "auto"
-MLP_KERNELS = ("auto", "autodiff", "manual")
+Dtype = Literal["float32", "bfloat16", "float16"]  # compute dtypes; parameters stay float32
+AttentionKernel = Literal["auto", "xla", "cudnn", "halving"]  # bytelm.models.kernels chooses "auto"
+MlpKernel = Literal["auto", "autodiff", "manual"]
+Remat = Literal["none", "block", "dots"]
+DTYPES: tuple[str, ...] = get_args(Dtype)
+ATTENTION_KERNELS: tuple[str, ...] = get_args(AttentionKernel)
+MLP_KERNELS: tuple[str, ...] = get_args(MlpKernel)
 
 
 def check_transformer(prefix: str, d_model: int, n_heads: int, n_layers: int, mlp_dim: int) -> None:
@@ -66,12 +71,12 @@ class ModelConfig:
 
     family: str = ""
     rope_base: float = 10000.0
-    dtype: str = "float32"  # compute dtype; params stay float32
+    dtype: Dtype = "float32"  # compute dtype; params stay float32
     vocab_multiple: int = 128  # embedding/logit rows are padded up to a multiple of this
-    attention: str = "auto"  # auto | xla | cudnn | halving (bytelm/models/kernels.py)
-    mlp: str = "auto"  # auto | autodiff | manual: the SwiGLU backward (bytelm/models/kernels.py)
+    attention: AttentionKernel = "auto"  # auto | xla | cudnn | halving (bytelm/models/kernels.py)
+    mlp: MlpKernel = "auto"  # auto | autodiff | manual: the SwiGLU backward (bytelm/models/kernels.py)
     # none | block | dots: what each block recomputes in the backward pass (bytelm/models/kernels.py)
-    remat: str = "none"
+    remat: Remat = "none"
     # the deep stacks (the byte/token LM trunk, MegaByte's two, BLT's global) as one scanned block:
     # compile time flat in depth; weights stacked on a leading "layers" axis (bytelm/models/core.py)
     scan_layers: bool = False

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import Literal, get_args
 
 from bytelm.models.configs import ModelConfig, check_ngram_dropout, check_ngrams, check_transformer
 
-VARIANTS = ("bytelm", "reference")  # BLTConfig.variant
+Variant = Literal["bytelm", "reference"]  # BLTConfig.variant
+VARIANTS: tuple[str, ...] = get_args(Variant)
+Patching = Literal["entropy", "space"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -18,7 +21,7 @@ class BLTConfig(ModelConfig):
     family: str = "blt"
     # "entropy": patches from the entropy model (BLT); "space": a patch after every space-like byte
     # (SpaceByte / BLT's space baseline; no entropy model, target_patch_len then only sizes the slots)
-    patching: str = "entropy"
+    patching: Patching = "entropy"
     entropy_run: str = ""  # run directory of the entropy model (bytelm train configs/tiny/entropy.toml)
     target_patch_len: float = 4.0  # theta is calibrated on training data to hit this mean patch length
     threshold: float = 0.0  # > 0: use this global entropy threshold (nats) instead of calibrating
@@ -56,7 +59,7 @@ class BLTConfig(ModelConfig):
     # "reference": the architecture of Meta's released BLT exactly (its n-gram hash, a cross-attention
     # residual that adds the queries twice, no norm after the global stack; docs/interop.md), which
     # converted checkpoints use; "bytelm": this package's own BLT
-    variant: str = "bytelm"
+    variant: Variant = "bytelm"
     hash_functions: int = 1  # reference variant: hash functions per n-gram size (one table each)
     # training only: the probability of dropping each position's row of each n-gram table (as the
     # byte LM's model.ngram_dropout); 0 = none
