@@ -131,7 +131,7 @@ def test_scanned_byte_lm_is_the_unrolled_one():
     ids = batch["ids"][:, :9]
     outs = []
     extend = nnx.jit(
-        lambda model, ids, caches, pos0: model.extend(ids, caches, pos0)
+        lambda model, ids, caches, pos0: model(ids, cache=caches, pos0=pos0)
     )  # (eagerly: an op at a time)
     for model in (unrolled, scanned):
         logits, caches = extend(model, ids[:, :8], model.init_cache(2, 16), jnp.int32(0))

@@ -24,9 +24,11 @@ N    flattened leading dimensions (``B * T`` rows of a matmul, ``B * H`` attenti
 
 Layout: :mod:`~bytelm.models.configs` (what every family's config shares, and ``StackConfig``; no
 JAX), :mod:`~bytelm.models.kernels` (the kernel choices), :mod:`~bytelm.models.attention`
-(``attend``), :mod:`~bytelm.models.core` (the shared layers and head), :mod:`~bytelm.models.lm`
-(the flat decoder LM the byte and subword families share), :mod:`~bytelm.models.cache` (key/value
-caches), :mod:`~bytelm.models.scoring` (the one scoring interface), :mod:`~bytelm.models.flops`
-(the FLOP convention). Each family's own model lives in its folder, ``bytelm/families/<name>/``.
+(``attend``), :mod:`~bytelm.models.core` (the shared layers and head), :mod:`~bytelm.models.stack`
+(the transformer stack of blocks), :mod:`~bytelm.models.lm` (the flat decoder LM the byte and
+subword families share), :mod:`~bytelm.models.cache` (the key/value cache every attention layer
+takes for decoding), :mod:`~bytelm.models.scoring` (the one scoring interface),
+:mod:`~bytelm.models.flops` (the FLOP convention). Each family's own model lives in its folder,
+``bytelm/families/<name>/``.
 This package imports nothing from families, patching, training or evaluation.
 """

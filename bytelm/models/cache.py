@@ -1,17 +1,19 @@
-"""Key/value caches for decoding: a stack run a few positions at a time over what came before.
+"""Key/value caches for decoding: the data a layer's attention keeps between calls.
 
-A :class:`KVCache` holds ``S`` slots of keys and values (rotated at their absolute positions) and
-the absolute position in each slot (-1: empty). :func:`stack_extend` runs a chunk of ``N`` new
-positions through a :class:`~bytelm.models.core.Transformer`: each layer writes the chunk's keys and
-values into slots ``position % S`` and attends from the chunk over the cache, under the causal
-mask and the stack's sliding window. So the cache is a ring buffer of the last ``S`` positions
-(the decoders size it to the training context): a sliding-window stack attends to its window
-within it, and a stack with full attention becomes a sliding window of ``S`` once a generation
-runs past that context.
+A :class:`KVCache` holds, per row, ``S`` slots of keys and values (rotated at their absolute
+positions), the absolute position in each slot (-1: empty) and its document id. It is written and
+read by the one forward path: :class:`~bytelm.models.core.Attention` (and through it every block,
+stack and family model) takes ``cache=`` and the absolute positions of its new inputs, writes their
+keys and values into slots ``position % S`` (:meth:`KVCache.write`) and attends from them over the
+cache under the causal mask, the layer's sliding window and, where document ids are given, their
+documents (:meth:`KVCache.visible`). So the cache is a ring buffer of the last ``S`` positions of
+each row (the decoders size it to the training context): a sliding-window stack attends to its
+window within it, and a stack with full attention becomes a sliding window of ``S`` once a
+generation runs past that context.
 
-A chunk of more than one position (the prefill of a prompt) must start on an empty cache and fit
-it (``N <= S``); decoding goes one position at a time. The attention runs through
-:func:`~bytelm.models.attention.attend` with an explicit mask (the XLA path).
+A call of more than one new position (the prefill of a prompt) must fit the cache (``N <= S``)
+and start on an empty one; decoding goes one position at a time. Rows may sit at different
+positions (H-Net's batched decoder).
 """
 
 from __future__ import annotations
@@ -21,72 +23,65 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from bytelm.models.attention import attend
-from bytelm.models.core import Attention, Block, Transformer, apply_rotary, rotary_tables
-
 
 class KVCache(NamedTuple):
+    """One attention layer's cache (the module docstring)."""
+
     k_BxSxHxK: jax.Array
     v_BxSxHxK: jax.Array
-    pos_S: jax.Array  # int32 absolute position held by each slot; -1 = empty
+    pos_BxS: jax.Array  # int32 absolute position held by each slot; -1 = empty
+    seg_BxS: jax.Array  # int32 document id of each slot's position (read where a call gives ids)
+
+    @classmethod
+    def empty(cls, batch: int, slots: int, heads: int, head_dim: int, dtype) -> KVCache:
+        """A cache of ``slots`` empty slots per row."""
+        shape = (batch, slots, heads, head_dim)
+        return cls(
+            jnp.zeros(shape, dtype),
+            jnp.zeros(shape, dtype),
+            jnp.full((batch, slots), -1, jnp.int32),
+            jnp.zeros((batch, slots), jnp.int32),
+        )
+
+    def write(
+        self,
+        k_BxNxHxK: jax.Array,
+        v_BxNxHxK: jax.Array,
+        positions_BxN: jax.Array,
+        segments_BxN: jax.Array | None = None,
+    ) -> KVCache:
+        """The cache with ``N`` new keys and values written into slots ``position % S`` of their rows."""
+        B, S = self.pos_BxS.shape
+        N = positions_BxN.shape[1]
+        if N > S:  # (static) two positions of the call would share a slot
+            raise ValueError(f"a call of {N} new positions does not fit a cache of {S} slots")
+        rows_Bx1 = jnp.arange(B)[:, None]
+        slot_BxN = positions_BxN % S
+        seg_BxS = self.seg_BxS
+        if segments_BxN is not None:
+            seg_BxS = seg_BxS.at[rows_Bx1, slot_BxN].set(segments_BxN.astype(jnp.int32))
+        return KVCache(
+            self.k_BxSxHxK.at[rows_Bx1, slot_BxN].set(k_BxNxHxK.astype(self.k_BxSxHxK.dtype)),
+            self.v_BxSxHxK.at[rows_Bx1, slot_BxN].set(v_BxNxHxK.astype(self.v_BxSxHxK.dtype)),
+            self.pos_BxS.at[rows_Bx1, slot_BxN].set(positions_BxN.astype(jnp.int32)),
+            seg_BxS,
+        )
+
+    def visible(
+        self, positions_BxN: jax.Array, segments_BxN: jax.Array | None = None, window: int = 0
+    ) -> jax.Array:
+        """``B x N x S``: which slots the queries at ``positions`` may attend to: filled, not in their
+        future, within the last ``window`` positions (> 0) and, with ``segments``, of their document."""
+        slot_pos_Bx1xS, query_pos_BxNx1 = self.pos_BxS[:, None, :], positions_BxN[:, :, None]
+        allowed_BxNxS = (slot_pos_Bx1xS >= 0) & (slot_pos_Bx1xS <= query_pos_BxNx1)
+        if window > 0:
+            allowed_BxNxS &= slot_pos_Bx1xS > query_pos_BxNx1 - window
+        if segments_BxN is not None:
+            allowed_BxNxS &= self.seg_BxS[:, None, :] == segments_BxN[:, :, None]
+        return allowed_BxNxS
 
 
-def empty_cache(attn: Attention, batch: int, slots: int) -> KVCache:
-    shape = (batch, slots, attn.n_heads, attn.head_dim)
-    return KVCache(
-        jnp.zeros(shape, attn.dtype), jnp.zeros(shape, attn.dtype), jnp.full((slots,), -1, jnp.int32)
-    )
-
-
-def stack_cache(stack: Transformer, batch: int, slots: int) -> list[KVCache]:
-    """One empty cache of ``slots`` positions per layer of ``stack``."""
-    return [empty_cache(block.attn, batch, slots) for block in stack.layer_blocks()]
-
-
-def attention_extend(
-    attn: Attention, x_BxNxD: jax.Array, cache: KVCache, pos0: jax.Array, window: int
-) -> tuple[jax.Array, KVCache]:
-    """Causal self-attention of ``N`` new positions (absolute ``pos0 .. pos0 + N - 1``) over the
-    cache and themselves; returns the output and the cache with the chunk written in."""
-    dt = attn.dtype
-    B, N, _ = x_BxNxD.shape
-    x = x_BxNxD.astype(dt)
-    q_BxNxHxK, k_BxNxHxK, v_BxNxHxK = attn.project(x, x)
-    pos_N = pos0 + jnp.arange(N, dtype=jnp.int32)
-    cos, sin = rotary_tables(pos_N[None, :], N, attn.head_dim, attn.rope_base)
-    q_BxNxHxK = apply_rotary(q_BxNxHxK, cos[:, :, None], sin[:, :, None])
-    k_BxNxHxK = apply_rotary(k_BxNxHxK, cos[:, :, None], sin[:, :, None])
-    S = cache.pos_S.shape[0]
-    if N > S:  # (static) two positions of the chunk would share a slot
-        raise ValueError(f"a chunk of {N} positions does not fit a cache of {S} slots")
-    slot_N = pos_N % S
-    k_cache = cache.k_BxSxHxK.at[:, slot_N].set(k_BxNxHxK.astype(cache.k_BxSxHxK.dtype))
-    v_cache = cache.v_BxSxHxK.at[:, slot_N].set(v_BxNxHxK.astype(cache.v_BxSxHxK.dtype))
-    pos_S = cache.pos_S.at[slot_N].set(pos_N)
-    allowed_NxS = (pos_S[None, :] >= 0) & (pos_S[None, :] <= pos_N[:, None])
-    if window > 0:
-        allowed_NxS &= pos_S[None, :] > pos_N[:, None] - window
-    mask_BxNxS = jnp.broadcast_to(allowed_NxS[None], (B, N, S))
-    out_BxNxHxK = attend(
-        q_BxNxHxK, k_cache, v_cache, causal=False, mask_BxTxS=mask_BxNxS, implementation="xla"
-    )
-    return jnp.einsum("bthk,hkd->btd", out_BxNxHxK, attn.wo[...].astype(dt)), KVCache(k_cache, v_cache, pos_S)
-
-
-def block_extend(
-    block: Block, x_BxNxD: jax.Array, cache: KVCache, pos0: jax.Array, window: int
-) -> tuple[jax.Array, KVCache]:
-    attn_out, cache = attention_extend(block.attn, block.attn_norm(x_BxNxD), cache, pos0, window)
-    h = x_BxNxD + attn_out.astype(x_BxNxD.dtype)
-    return h + block.mlp(block.mlp_norm(h)).astype(h.dtype), cache
-
-
-def stack_extend(
-    stack: Transformer, x_BxNxD: jax.Array, caches: list[KVCache], pos0: jax.Array
-) -> tuple[jax.Array, list[KVCache]]:
-    """:meth:`Transformer.__call__` for ``N`` new positions after the cached ones."""
-    new = []
-    for block, cache in zip(stack.layer_blocks(), caches):
-        x_BxNxD, cache = block_extend(block, x_BxNxD, cache, pos0, stack.window)
-        new.append(cache)
-    return x_BxNxD, new
+def offset_positions(pos0, batch: int, n: int) -> jax.Array:
+    """``B x N`` absolute positions ``pos0 .. pos0 + n - 1`` of ``n`` new inputs (every row alike)."""
+    positions_N = jnp.asarray(pos0, jnp.int32) + jnp.arange(n, dtype=jnp.int32)
+    return jnp.broadcast_to(positions_N[None, :], (batch, n))

@@ -78,7 +78,7 @@ class ModelConfig:
     # none | block | dots: what each block recomputes in the backward pass (bytelm/models/kernels.py)
     remat: Remat = "none"
     # the deep stacks (the byte/token LM trunk, MegaByte's two, BLT's global) as one scanned block:
-    # compile time flat in depth; weights stacked on a leading "layers" axis (bytelm/models/core.py)
+    # compile time flat in depth; weights stacked on a leading "layers" axis (bytelm/models/stack.py)
     scan_layers: bool = False
     norm_eps: float = 1e-6  # every RMSNorm's epsilon (the BLT reference, and Llama: 1e-5)
     # training only: the probability of zeroing each value of a stack's inputs (the embeddings;

@@ -1,19 +1,23 @@
-"""The one transformer core every family runs on (Flax NNX).
+"""The layers every family runs on (Flax NNX); :mod:`bytelm.models.stack` builds the transformer
+stack of them.
 
 RMSNorm, rotary positions, a SwiGLU MLP, multi-head attention (through
 :func:`bytelm.models.attention.attend`: causal, optional sliding window, optional cross-attention
-with an explicit mask), a pre-norm transformer stack, embeddings and the output head.
+with an explicit mask; with a :class:`~bytelm.models.cache.KVCache`, over the cached positions
+too), embeddings and the output head.
 Dropout (:class:`Dropout`, ``model.dropout``) applies in training only, where the trainer hands
 a forward pass a key; scoring without one is deterministic. Parameters are float32; the compute
 dtype is a constructor argument (bfloat16 on accelerators, float32 on CPU by default), and kernels come
 resolved from :mod:`bytelm.models.kernels`. Every weight carries ``logical_axes`` metadata (``embed``,
-``mlp``, ``heads``, ``kv``, ``vocab``) that :mod:`bytelm.training.sharding` maps to mesh axes; a table whose
-first logical axis is ``vocab`` is an embedding (rows gathered by id), which is how parameters are counted.
+``mlp``, ``heads``, ``kv``, ``vocab``; ``layers`` for a scanned stack) that :mod:`bytelm.training.sharding`
+maps to mesh axes; a table whose first logical axis is ``vocab`` is an embedding (rows gathered by id),
+which is how parameters are counted.
 """
 
 from __future__ import annotations
 
 import functools
+from typing import overload
 
 import jax
 import jax.numpy as jnp
@@ -22,7 +26,7 @@ from flax import nnx
 
 from bytelm.constants import BOS_ID, PAD_ID
 from bytelm.models.attention import attend
-from bytelm.models.kernels import REMAT_POLICIES, Kernels
+from bytelm.models.cache import KVCache, offset_positions
 from bytelm.models.partitioning import constrain, gathered
 
 Dtype = jnp.dtype
@@ -32,6 +36,7 @@ COMPUTE_DTYPES = {
     "float16": jnp.float16,
 }  # model.dtype names
 EMBEDDING_AXIS = "vocab"  # the first logical axis of a lookup table (embeddings, n-gram hash tables)
+LAYER_AXIS = "layers"  # the leading axis of a scanned stack's weights (bytelm.models.stack)
 
 
 def is_hashed_ngram_table(v) -> bool:
@@ -199,7 +204,8 @@ class Attention(nnx.Module):
     Masks: ``causal`` (self-attention only), ``window`` > 0 for a sliding window of that many
     positions (the current one included), an explicit boolean ``mask_BxTxS`` (True = may
     attend), and ``segments_BxT`` (self-attention: document ids; a query sees only its document). Rotary
-    positions apply to self-attention only. ``implementation`` is a resolved attention kernel
+    positions apply to self-attention only, which may run over a :class:`~bytelm.models.cache.KVCache`
+    (decoding: :meth:`__call__`'s ``cache``). ``implementation`` is a resolved attention kernel
     (:mod:`bytelm.models.kernels`). ``qk_norm``: each head's query and key are RMS-normalised (with a learned
     gain per head dimension, shared by the heads) before the rotary positions, which bounds the attention
     logits (QK-norm per head, the form Gemma 3 and Qwen 3 use; OLMo 2 normalises the whole projection before
@@ -246,6 +252,7 @@ class Attention(nnx.Module):
             q_BxTxHxK, k_BxSxHxK = self.q_norm(q_BxTxHxK), self.k_norm(k_BxSxHxK)
         return q_BxTxHxK, k_BxSxHxK, v_BxSxHxK
 
+    @overload
     def __call__(
         self,
         x_BxTxD: jax.Array,
@@ -256,18 +263,92 @@ class Attention(nnx.Module):
         window: int = 0,
         mask_BxTxS: jax.Array | None = None,
         segments_BxT: jax.Array | None = None,
-    ) -> jax.Array:
+        cache: None = None,
+    ) -> jax.Array: ...
+
+    @overload
+    def __call__(
+        self,
+        x_BxTxD: jax.Array,
+        *,
+        kv_BxSxD: jax.Array | None = None,
+        positions_BxT: jax.Array | None = None,
+        causal: bool = True,
+        window: int = 0,
+        mask_BxTxS: jax.Array | None = None,
+        segments_BxT: jax.Array | None = None,
+        cache: KVCache,
+    ) -> tuple[jax.Array, KVCache]: ...
+
+    def __call__(
+        self,
+        x_BxTxD: jax.Array,
+        *,
+        kv_BxSxD: jax.Array | None = None,
+        positions_BxT: jax.Array | None = None,
+        causal: bool = True,
+        window: int = 0,
+        mask_BxTxS: jax.Array | None = None,
+        segments_BxT: jax.Array | None = None,
+        cache: KVCache | None = None,
+    ) -> jax.Array | tuple[jax.Array, KVCache]:
+        """The attention's output, ``B x T x D``; with a ``cache``, the output and the updated cache
+        (:meth:`apply`)."""
+        out_BxTxD, cache = self.apply(
+            x_BxTxD,
+            kv_BxSxD=kv_BxSxD,
+            positions_BxT=positions_BxT,
+            causal=causal,
+            window=window,
+            mask_BxTxS=mask_BxTxS,
+            segments_BxT=segments_BxT,
+            cache=cache,
+        )
+        return out_BxTxD if cache is None else (out_BxTxD, cache)
+
+    def apply(
+        self,
+        x_BxTxD: jax.Array,
+        *,
+        kv_BxSxD: jax.Array | None = None,
+        positions_BxT: jax.Array | None = None,
+        causal: bool = True,
+        window: int = 0,
+        mask_BxTxS: jax.Array | None = None,
+        segments_BxT: jax.Array | None = None,
+        cache: KVCache | None = None,
+    ) -> tuple[jax.Array, KVCache | None]:
+        """``(output, cache)``. Without a cache, attention over the inputs (or ``kv_BxSxD``) under
+        the masks, and None. With a ``cache`` (self-attention only), the ``T`` inputs are new
+        positions (``positions_BxT``, absolute; None: ``0 .. T-1``) after the cached ones: their keys
+        and values are written into the cache and they attend over it, under the causal mask,
+        ``window`` and, with ``segments_BxT``, their documents (``mask_BxTxS``, if given, is over the
+        cache's slots); the cache returned holds them."""
         dt = self.dtype
         x = x_BxTxD.astype(dt)
         src = x if kv_BxSxD is None else kv_BxSxD.astype(dt)
         if kv_BxSxD is not None:
             causal = False
+        if cache is not None:
+            if kv_BxSxD is not None:
+                raise ValueError(
+                    "a key/value cache holds self-attention's keys and values, not a cross-attention's"
+                )
+            if positions_BxT is None:
+                positions_BxT = offset_positions(0, *x.shape[:2])
         q_BxTxHxK, k_BxSxHxK, v_BxSxHxK = self.project(x, src)
         if kv_BxSxD is None:
             cos, sin = rotary_tables(positions_BxT, x.shape[1], self.head_dim, self.rope_base)
             cos, sin = cos[:, :, None], sin[:, :, None]  # B x T x 1 x K2
             q_BxTxHxK = apply_rotary(q_BxTxHxK, cos, sin)
             k_BxSxHxK = apply_rotary(k_BxSxHxK, cos, sin)
+        if cache is not None:  # the keys and values: the cache's slots, the new positions written in
+            assert positions_BxT is not None
+            cache = cache.write(k_BxSxHxK, v_BxSxHxK, positions_BxT, segments_BxT)
+            visible_BxTxS = cache.visible(positions_BxT, segments_BxT, window)
+            mask_BxTxS = visible_BxTxS if mask_BxTxS is None else visible_BxTxS & mask_BxTxS
+            k_BxSxHxK, v_BxSxHxK = cache.k_BxSxHxK, cache.v_BxSxHxK
+            causal, window, segments_BxT = False, 0, None
         out_BxTxHxK = attend(
             q_BxTxHxK,
             k_BxSxHxK,
@@ -278,7 +359,11 @@ class Attention(nnx.Module):
             segments_BxT=segments_BxT,
             implementation=self.implementation,
         )
-        return jnp.einsum("bthk,hkd->btd", out_BxTxHxK, gathered(self.wo).astype(dt))
+        return jnp.einsum("bthk,hkd->btd", out_BxTxHxK, gathered(self.wo).astype(dt)), cache
+
+    def init_cache(self, batch: int, slots: int) -> KVCache:
+        """An empty cache of ``slots`` positions per row for this layer's keys and values."""
+        return KVCache.empty(batch, slots, self.n_heads, self.head_dim, self.dtype)
 
 
 class MLP(nnx.Module):
@@ -354,191 +439,6 @@ def _swiglu_mlp_bwd(res, dy_NxD):
 
 
 swiglu_mlp.defvjp(_swiglu_mlp_fwd, _swiglu_mlp_bwd)
-
-
-class Block(nnx.Module):
-    """Pre-norm block: ``x + attn(norm(x))`` then ``x + mlp(norm(x))``. With a :class:`Dropout`
-    (training), each branch's output is dropped before its residual add (sites 0 and 1)."""
-
-    def __init__(
-        self,
-        d_model: int,
-        n_heads: int,
-        d_hidden: int,
-        *,
-        rngs: nnx.Rngs,
-        kernels: Kernels,
-        rope_base: float = 10000.0,
-        dtype: Dtype = jnp.float32,
-        norm_eps: float = 1e-6,
-        qk_norm: bool = False,
-    ):
-        self.attn_norm = RMSNorm(d_model, eps=norm_eps)
-        self.attn = Attention(
-            d_model,
-            n_heads,
-            rngs=rngs,
-            rope_base=rope_base,
-            dtype=dtype,
-            implementation=kernels.attention,
-            qk_norm=qk_norm,
-            norm_eps=norm_eps,
-        )
-        self.mlp_norm = RMSNorm(d_model, eps=norm_eps)
-        self.mlp = MLP(d_model, d_hidden, rngs=rngs, dtype=dtype, backward=kernels.mlp)
-        self.remat = kernels.remat
-
-    def __call__(
-        self,
-        x_BxTxD: jax.Array,
-        *,
-        positions_BxT=None,
-        window: int = 0,
-        causal: bool = True,
-        mask_BxTxS=None,
-        segments_BxT=None,
-        drop: Dropout | None = None,
-    ) -> jax.Array:
-        if self.remat == "none":
-            return self._forward(
-                x_BxTxD, positions_BxT, mask_BxTxS, segments_BxT, drop, window=window, causal=causal
-            )
-        rate = 0.0 if drop is None else drop.rate
-
-        def forward(
-            block, x, positions, mask, segments, key
-        ):  # window, causal and the rate stay Python values (static)
-            return block._forward(
-                x,
-                positions,
-                mask,
-                segments,
-                None if key is None else Dropout(rate, key),
-                window=window,
-                causal=causal,
-            )
-
-        key = None if drop is None else drop.key
-        return nnx.remat(forward, policy=REMAT_POLICIES[self.remat])(
-            self, x_BxTxD, positions_BxT, mask_BxTxS, segments_BxT, key
-        )
-
-    def _forward(
-        self, x_BxTxD, positions_BxT, mask_BxTxS, segments_BxT, drop, *, window: int, causal: bool
-    ) -> jax.Array:
-        attn_out = self.attn(
-            self.attn_norm(x_BxTxD),
-            positions_BxT=positions_BxT,
-            window=window,
-            causal=causal,
-            mask_BxTxS=mask_BxTxS,
-            segments_BxT=segments_BxT,
-        )
-        h = x_BxTxD + apply_dropout(attn_out, drop_at(drop, 0)).astype(x_BxTxD.dtype)
-        return h + apply_dropout(self.mlp(self.mlp_norm(h)), drop_at(drop, 1)).astype(h.dtype)
-
-
-class Transformer(nnx.Module):
-    """A stack of ``n_layers`` causal blocks (with an optional sliding window).
-
-    ``scan=True`` holds the layers as one block whose every weight has a leading layer axis
-    (logical axis ``layers``, never sharded) and runs them under ``jax.lax.scan``: the program
-    holds the block once, so compile time and program size stay flat in depth. The layers are
-    initialised exactly as without scan (the same random draws, in the same order), so a scanned
-    stack's weights are the unscanned stack's, stacked. Callers that step through the layers one
-    by one (the sampling caches) get them from :meth:`layer_blocks` either way.
-    """
-
-    def __init__(
-        self,
-        d_model: int,
-        n_layers: int,
-        n_heads: int,
-        d_hidden: int,
-        *,
-        rngs: nnx.Rngs,
-        kernels: Kernels,
-        window: int = 0,
-        rope_base: float = 10000.0,
-        dtype: Dtype = jnp.float32,
-        scan: bool = False,
-        norm_eps: float = 1e-6,
-        qk_norm: bool = False,
-    ):
-        blocks = [
-            Block(
-                d_model,
-                n_heads,
-                d_hidden,
-                rngs=rngs,
-                kernels=kernels,
-                rope_base=rope_base,
-                dtype=dtype,
-                norm_eps=norm_eps,
-                qk_norm=qk_norm,
-            )
-            for _ in range(n_layers)
-        ]
-        self.window = window
-        self.n_layers = n_layers
-        self.scan = bool(scan) and n_layers > 0
-        if self.scan:
-            self.layers = _stack_blocks(blocks)
-        else:
-            self.blocks = nnx.List(blocks)
-
-    def layer_blocks(self) -> list[Block]:
-        """The stack's blocks, one per layer (for a scanned stack: views of its stacked weights)."""
-        if not self.scan:
-            return list(self.blocks)
-        graphdef, params, *others = nnx.split(self.layers, nnx.Param, ...)
-        (rest,) = others
-        return [
-            nnx.merge(graphdef, jax.tree.map(lambda a, i=i: a[i], params), rest) for i in range(self.n_layers)
-        ]
-
-    def __call__(
-        self,
-        x_BxTxD: jax.Array,
-        *,
-        positions_BxT=None,
-        mask_BxTxS=None,
-        segments_BxT=None,
-        drop: Dropout | None = None,
-    ) -> jax.Array:
-        """``drop``: training dropout; layer ``i`` draws from ``drop.at(i)``, scanned or not.
-        ``segments_BxT``: document ids (each position attends within its document only)."""
-        kw = dict(
-            positions_BxT=positions_BxT, window=self.window, mask_BxTxS=mask_BxTxS, segments_BxT=segments_BxT
-        )
-        if not self.scan:
-            for i, block in enumerate(self.blocks):
-                x_BxTxD = block(x_BxTxD, **kw, drop=drop_at(drop, i))
-            return x_BxTxD
-        graphdef, params, *others = nnx.split(self.layers, nnx.Param, ...)
-        (rest,) = others
-
-        def layer(h_BxTxD, xs):
-            layer_params, i = xs
-            block = nnx.merge(graphdef, layer_params, rest)
-            return block(h_BxTxD, **kw, drop=drop_at(drop, i)), None
-
-        x_BxTxD, _ = jax.lax.scan(layer, x_BxTxD, (params, jnp.arange(self.n_layers, dtype=jnp.int32)))
-        return x_BxTxD
-
-
-LAYER_AXIS = "layers"  # the leading axis of a scanned stack's weights
-
-
-def _stack_blocks(blocks: list[Block]) -> Block:
-    """``blocks[0]`` with every weight replaced by the weights of all ``blocks`` stacked on a new
-    leading :data:`LAYER_AXIS` (the other blocks' modules are dropped)."""
-    flats = [dict(nnx.to_flat_state(nnx.state(b, nnx.Param))) for b in blocks]
-    template = blocks[0]
-    for path, var in flats[0].items():
-        var.set_value(jnp.stack([flat[path].get_value() for flat in flats]))
-        var.set_metadata(logical_axes=(LAYER_AXIS, *var.get_metadata()["logical_axes"]))
-    return template
 
 
 class Embed(nnx.Module):

@@ -6,17 +6,18 @@ model; they differ in vocabulary and in the bytes each position covers.
 
 from __future__ import annotations
 
+from typing import overload
+
 import jax
 from flax import nnx
 
-from bytelm.models.cache import KVCache, stack_cache, stack_extend
+from bytelm.models.cache import KVCache, offset_positions
 from bytelm.models.core import (
     COMPUTE_DTYPES,
     Dropout,
     Embed,
     NgramEmbed,
     RMSNorm,
-    Transformer,
     apply_dropout,
     document_spans,
     drop_at,
@@ -27,6 +28,7 @@ from bytelm.models.core import (
 )
 from bytelm.models.kernels import resolve_kernels
 from bytelm.models.scoring import Scores, next_id_scores
+from bytelm.models.stack import Transformer
 
 # model.ngram_dropout's masks: the step's dropout key folded with this (model.dropout's sites are
 # folded with 0, the embeddings, and 1, the stack)
@@ -69,7 +71,7 @@ class DecoderLM(nnx.Module):
 
     @property
     def n_context(self) -> int:
-        """The ids before a continuation that :meth:`extend` needs (its n-grams reach back)."""
+        """The ids before a continuation that a cached call needs (its n-grams reach back)."""
         return self.ngrams.n_context if self.ngrams is not None else 0
 
     def embed_ids(
@@ -88,22 +90,71 @@ class DecoderLM(nnx.Module):
             e_BxTxD = e_BxTxD + self.ngrams(ids_BxT, context_BxC, reach_BxT, drop=ngram_drop)
         return e_BxTxD.astype(self.dtype)
 
+    @overload
     def __call__(
-        self, ids_BxT: jax.Array, *, drop: Dropout | None = None, ngram_drop: Dropout | None = None
-    ) -> jax.Array:
-        """``drop`` (training): dropout on the embeddings (site 0) and in the stack (site 1);
-        ``ngram_drop``: on the n-gram tables' rows. With ``model.document_mask``, every BOS starts a
-        document that nothing before it reaches."""
-        segments_BxT = reach_BxT = None
-        if self.cfg.document_mask:
+        self,
+        ids_BxT: jax.Array,
+        *,
+        drop: Dropout | None = None,
+        ngram_drop: Dropout | None = None,
+        cache: None = None,
+        pos0=0,
+        context_BxC: jax.Array | None = None,
+    ) -> jax.Array: ...
+
+    @overload
+    def __call__(
+        self,
+        ids_BxT: jax.Array,
+        *,
+        drop: Dropout | None = None,
+        ngram_drop: Dropout | None = None,
+        cache: list[KVCache],
+        pos0=0,
+        context_BxC: jax.Array | None = None,
+    ) -> tuple[jax.Array, list[KVCache]]: ...
+
+    def __call__(
+        self,
+        ids_BxT: jax.Array,
+        *,
+        drop: Dropout | None = None,
+        ngram_drop: Dropout | None = None,
+        cache: list[KVCache] | None = None,
+        pos0=0,
+        context_BxC: jax.Array | None = None,
+    ) -> jax.Array | tuple[jax.Array, list[KVCache]]:
+        """Logits ``B x T x V``. ``drop`` (training): dropout on the embeddings (site 0) and in the
+        stack (site 1); ``ngram_drop``: on the n-gram tables' rows. With ``model.document_mask``,
+        every BOS of a window starts a document that nothing before it reaches.
+
+        ``cache`` (decoding, :meth:`init_cache`): the ids are new ones at absolute positions
+        ``pos0 ..`` after the cached ones, one document; returns the logits and the updated caches.
+        With n-gram embeddings, ``context_BxC`` holds the :attr:`n_context` ids just before the new
+        ones (PAD before the start)."""
+        segments_BxT = reach_BxT = positions_BxT = None
+        if cache is not None:
+            if self.n_context and (context_BxC is None or context_BxC.shape[1] != self.n_context):
+                raise ValueError(
+                    f"this model's n-grams need the {self.n_context} ids before the new ones (context_BxC)"
+                )
+            positions_BxT = offset_positions(pos0, *ids_BxT.shape[:2])
+        elif self.cfg.document_mask:
             segments_BxT, reach_BxT = document_spans(ids_BxT)
         h_BxTxD = apply_dropout(
-            self.embed_ids(ids_BxT, reach_BxT=reach_BxT, ngram_drop=ngram_drop), drop_at(drop, 0)
+            self.embed_ids(ids_BxT, context_BxC, reach_BxT=reach_BxT, ngram_drop=ngram_drop), drop_at(drop, 0)
         )
-        h_BxTxD = self.stack(h_BxTxD, segments_BxT=segments_BxT, drop=drop_at(drop, 1))
-        return head_logits(
+        h_BxTxD, cache = self.stack.apply(
+            h_BxTxD,
+            positions_BxT=positions_BxT,
+            segments_BxT=segments_BxT,
+            drop=drop_at(drop, 1),
+            cache=cache,
+        )
+        logits_BxTxV = head_logits(
             self.norm(h_BxTxD), self.head[...], self.n_valid, self.dtype, self.cfg.logit_softcap
         )
+        return logits_BxTxV if cache is None else (logits_BxTxV, cache)
 
     def score(self, batch: dict, *, dropout_key: jax.Array | None = None) -> Scores:
         """``batch["ids"]`` is ``(B, T+1)``: inputs ``[:, :-1]`` predict targets ``[:, 1:]``.
@@ -118,23 +169,6 @@ class DecoderLM(nnx.Module):
             self(ids[:, :-1], drop=drop, ngram_drop=ngram_drop), ids[:, 1:], batch.get("nbytes")
         )
 
-    # -- decoding (bytelm.sampling) ------------------------------------------------------------
     def init_cache(self, batch: int, slots: int) -> list[KVCache]:
-        """Empty key/value caches of ``slots`` positions (the training context) per layer."""
-        return stack_cache(self.stack, batch, slots)
-
-    def extend(
-        self, ids_BxN: jax.Array, caches: list[KVCache], pos0: jax.Array, context_BxC: jax.Array | None = None
-    ) -> tuple[jax.Array, list[KVCache]]:
-        """Logits for ``N`` new ids at absolute positions ``pos0 ..``, after the cached ones. With
-        n-gram embeddings, ``context_BxC`` holds the :attr:`n_context` ids just before the new ones
-        (PAD before the start)."""
-        if self.n_context and (context_BxC is None or context_BxC.shape[1] != self.n_context):
-            raise ValueError(
-                f"this model's n-grams need the {self.n_context} ids before the new ones (context_BxC)"
-            )
-        h_BxNxD = self.embed_ids(ids_BxN, context_BxC)
-        h_BxNxD, caches = stack_extend(self.stack, h_BxNxD, caches, pos0)
-        return head_logits(
-            self.norm(h_BxNxD), self.head[...], self.n_valid, self.dtype, self.cfg.logit_softcap
-        ), caches
+        """Empty key/value caches for decoding: ``slots`` positions (the training context) per layer."""
+        return self.stack.init_cache(batch, slots)

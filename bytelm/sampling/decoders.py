@@ -3,10 +3,12 @@ recomputation.
 
 A :class:`Decoder` turns a prompt into the logits of the first generated unit (:meth:`start`, the
 prefill: one call per model), then the logits of each next unit (:meth:`step`), with every model's
-key/value caches (:mod:`bytelm.models.cache`). Units are model ids: bytes (``byte + 4``) for the
-byte families, tokens (``token + 4``) for the subword LM. :meth:`recompute` runs the full forward
-pass on the same prefix, the reference the cached path must equal (``tests/test_sampling.py``) and
-the baseline ``benchmarks/generate.py`` measures against.
+key/value caches (:mod:`bytelm.models.cache`). Each call is the forward pass of training, the
+``__call__`` of the model (or of its parts) given its caches and the positions of the new inputs.
+Units are model ids: bytes (``byte + 4``) for the byte families, tokens (``token + 4``) for the
+subword LM. :meth:`recompute` runs the full forward pass on the same prefix, the reference the
+cached path must equal (``tests/test_sampling.py``) and the baseline ``benchmarks/generate.py``
+measures against.
 
 - **Flat LMs** (byte LM, subword LM: :class:`FlatDecoder`, here): one cache per layer; a
   sliding-window model keeps its window.
@@ -137,7 +139,7 @@ class FlatDecoder(Decoder):
         V = len(self.allowed_V)
 
         def extend(m, ids_1xN, caches, pos0, context_1xC):
-            logits_1xNxV, caches = m.extend(ids_1xN, caches, pos0, context_1xC)
+            logits_1xNxV, caches = m(ids_1xN, cache=caches, pos0=pos0, context_BxC=context_1xC)
             return logits_1xNxV[0, -1, :V], caches
 
         self._extend = jit_call(extend, model, donate=(1,))

@@ -16,6 +16,17 @@ from bytelm.patching.patchers import entropy_starts
 from bytelm.sampling.decoders import Decoder, allowed_ids, byte_of_unit, byte_units, host_i32, jit_call
 
 
+def decode_own_slots(model, h_BxNxD, slots_BxNxkxD, has_src_BxN, cache, pos0):
+    """The local decoder (:class:`~bytelm.families.blt.model.LocalDecoder`) over ``N`` new positions
+    ``pos0 ..`` after the cached ones, each reading the ``k`` slots given for it (``has_src`` False:
+    none): ``(logits_BxNxV, caches)``."""
+    B, N, k, dl = slots_BxNxkxD.shape
+    index_BxNxk = jnp.broadcast_to(jnp.arange(N)[:, None] * k + jnp.arange(k)[None, :], (B, N, k))
+    return model.decoder(
+        h_BxNxD, slots_BxNxkxD.reshape(B, N * k, dl), index_BxNxk, has_src_BxN, cache=cache, pos0=pos0
+    )
+
+
 class BLTDecoder(Decoder):
     """BLT: ``[BOS, bytes...]`` patched online by its entropy model, the global model once per patch.
 
@@ -43,27 +54,27 @@ class BLTDecoder(Decoder):
         V, J, k, dl = NUM_BYTE_IDS, cfg.max_patch_len, cfg.queries_per_patch, cfg.local_d_model
 
         def prefill(m, ent, ids_1xN, context_1xC, encoder_cache, entropy_cache):
-            logits_e, entropy_cache = ent.extend(ids_1xN, entropy_cache, 0)
-            states, encoder_cache = m.encode_extend(ids_1xN, context_1xC, encoder_cache, 0)
+            logits_e, entropy_cache = ent(ids_1xN, cache=entropy_cache, pos0=0)
+            states, encoder_cache = m.encoder(ids_1xN, context_BxC=context_1xC, cache=encoder_cache, pos0=0)
             return entropy_of_logits(logits_e)[0], states, encoder_cache, entropy_cache
 
         def prefill_decode(m, closed_states, inputs_1xNxD, lengths_1xP, src_1xN, caches):
             """The prompt's closed patches (``closed_states``: their bytes' encoder states; None when
             none) through the global model in one call, the prompt's bytes through the decoder."""
             if closed_states is not None:
-                patches = m.close_patches(closed_states, lengths_1xP)
-                slots_1xPxkxD, global_cache = m.global_extend(patches, caches["global"], 0)
+                patches = m.encoder.patches(closed_states, lengths_1xP)
+                slots_1xPxkxD, global_cache = m.latent(patches, cache=caches["global"], pos0=0)
             else:
                 slots_1xPxkxD, global_cache = jnp.zeros((1, 1, k, dl), m.dtype), caches["global"]
             src_slots = jnp.take(slots_1xPxkxD[0], jnp.maximum(src_1xN[0], 0), axis=0)[None]
-            logits, decoder_cache = m.decode_extend(
-                inputs_1xNxD, src_slots, src_1xN >= 0, caches["decoder"], 0
+            logits, decoder_cache = decode_own_slots(
+                m, inputs_1xNxD, src_slots, src_1xN >= 0, caches["decoder"], 0
             )
             return logits[0, -1, :V], slots_1xPxkxD[:, -1], global_cache, decoder_cache
 
         def byte_step(m, ent, unit_1x1, recent_1xC, entropy_cache, encoder_cache, buffers, n_open, pos):
-            logits_e, entropy_cache = ent.extend(unit_1x1, entropy_cache, pos)
-            states, encoder_cache = m.encode_extend(unit_1x1, recent_1xC, encoder_cache, pos)
+            logits_e, entropy_cache = ent(unit_1x1, cache=entropy_cache, pos0=pos)
+            states, encoder_cache = m.encoder(unit_1x1, context_BxC=recent_1xC, cache=encoder_cache, pos0=pos)
             # a patch keeps its first J bytes (as in training); later ones are not pooled
             row = jnp.minimum(n_open, J - 1)
             buffers = [
@@ -83,16 +94,16 @@ class BLTDecoder(Decoder):
             )
 
         def decode(m, h_1x1xD, slots_1xkxD, has_src, decoder_cache, pos):
-            logits, decoder_cache = m.decode_extend(
-                h_1x1xD, slots_1xkxD[:, None], jnp.reshape(has_src, (1, 1)), decoder_cache, pos
+            logits, decoder_cache = decode_own_slots(
+                m, h_1x1xD, slots_1xkxD[:, None], jnp.reshape(has_src, (1, 1)), decoder_cache, pos
             )
             return logits[0, -1, :V], decoder_cache
 
         def close_and_decode(m, buffers, n_open, global_cache, n_closed, h_1x1xD, decoder_cache, pos):
-            patch_1x1xG = m.close_patches(buffers, jnp.reshape(n_open, (1, 1)))
-            slots_1x1xkxD, global_cache = m.global_extend(patch_1x1xG, global_cache, n_closed)
-            logits, decoder_cache = m.decode_extend(
-                h_1x1xD, slots_1x1xkxD, jnp.ones((1, 1), bool), decoder_cache, pos
+            patch_1x1xG = m.encoder.patches(buffers, jnp.reshape(n_open, (1, 1)))
+            slots_1x1xkxD, global_cache = m.latent(patch_1x1xG, cache=global_cache, pos0=n_closed)
+            logits, decoder_cache = decode_own_slots(
+                m, h_1x1xD, slots_1x1xkxD, jnp.ones((1, 1), bool), decoder_cache, pos
             )
             return logits[0, -1, :V], slots_1x1xkxD[:, 0], global_cache, decoder_cache
 

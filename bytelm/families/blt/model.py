@@ -62,13 +62,12 @@ from flax import nnx
 
 from bytelm.constants import NUM_BYTE_IDS
 from bytelm.models.attention import attend
-from bytelm.models.cache import KVCache, block_extend, stack_cache, stack_extend
+from bytelm.models.cache import KVCache, offset_positions
 from bytelm.models.core import (
     COMPUTE_DTYPES,
     Dropout,
     Embed,
     RMSNorm,
-    Transformer,
     apply_dropout,
     drop_at,
     drop_rows,
@@ -81,6 +80,7 @@ from bytelm.models.core import (
 )
 from bytelm.models.kernels import resolve_kernels
 from bytelm.models.scoring import Scores, next_id_scores
+from bytelm.models.stack import Transformer
 
 # model.ngram_dropout's masks: the step's dropout key folded with this (model.dropout's sites are
 # folded with 0 to 4: see BLT.__call__), so the two draw independent masks
@@ -308,14 +308,19 @@ class LocalEncoder(nnx.Module):
         else:
             h_BxNxD = self.embed(ids_BxN, ngram_drop)
         h_BxNxD = apply_dropout(h_BxNxD, drop_at(drop, 0))
-        states, new = [], []
+        positions_BxN = None if cache is None else offset_positions(pos0, *ids_BxN.shape[:2])
+        states, new = [], []  # (new: the layers' updated caches, in a cached call)
         for i, block in enumerate(self.stack.blocks):
-            if cache is None:
-                h_BxNxD = block(h_BxNxD, window=self.stack.window, drop=drop_at(drop_at(drop, 1), i))
-            else:
-                h_BxNxD, layer_cache = block_extend(block, h_BxNxD, cache[i], pos0, self.stack.window)
-                new.append(layer_cache)
+            h_BxNxD, layer_cache = block.apply(
+                h_BxNxD,
+                positions_BxT=positions_BxN,
+                window=self.stack.window,
+                drop=drop_at(drop_at(drop, 1), i),
+                cache=None if cache is None else cache[i],
+            )
             states.append(h_BxNxD)
+            if layer_cache is not None:
+                new.append(layer_cache)
         return states or [h_BxNxD], (None if cache is None else new)
 
     def pooled_queries(
@@ -378,10 +383,10 @@ class GlobalModel(nnx.Module):
         (3)."""
         B, P, _ = patches_BxPxG.shape
         x_BxPxG = apply_dropout(patches_BxPxG, drop_at(drop, 2))
-        if cache is None:
-            out_BxPxG, new = self.stack(x_BxPxG, drop=drop_at(drop, 3)), None
-        else:
-            out_BxPxG, new = stack_extend(self.stack, x_BxPxG, cache, pos0)
+        positions_BxP = None if cache is None else offset_positions(pos0, B, P)
+        out_BxPxG, new = self.stack.apply(
+            x_BxPxG, positions_BxT=positions_BxP, drop=drop_at(drop, 3), cache=cache
+        )
         if self.norm is not None:  # (the reference has none)
             out_BxPxG = self.norm(out_BxPxG)
         slots = out_BxPxG @ self.from_global[...].astype(self.dtype)
@@ -430,30 +435,33 @@ class LocalDecoder(nnx.Module):
         cfg, dt = self.cfg, self.dtype
         B, T, k = index_BxTxk.shape
         valid_BxT = valid_BxT & cfg.global_path  # global_path = False: what the global model is worth
-        blocks = list(self.stack.blocks)
-        new: list[KVCache] = [] if cache is None else list(cache)
+        positions_BxT = None if cache is None else offset_positions(pos0, B, T)
         if not cfg.cross_attention:  # the projected global state of the source patch, summed over its k slots
             rows_BxTxkxD = jnp.take_along_axis(
                 slots_BxSxD, index_BxTxk.reshape(B, T * k)[:, :, None], axis=1
             ).reshape(B, T, k, -1)
             h_BxTxD = h_BxTxD + jnp.where(valid_BxT[..., None], rows_BxTxkxD.sum(axis=2), 0.0)
-            if cache is None:
-                h_BxTxD = self.stack(h_BxTxD, drop=drop_at(drop, 4))
-            else:
-                h_BxTxD, new = stack_extend(self.stack, h_BxTxD, cache, pos0)
-            return head_logits(self.norm(h_BxTxD), self.head[...], NUM_BYTE_IDS, dt), (
-                None if cache is None else new
+            h_BxTxD, cache = self.stack.apply(
+                h_BxTxD, positions_BxT=positions_BxT, drop=drop_at(drop, 4), cache=cache
             )
+            return head_logits(self.norm(h_BxTxD), self.head[...], NUM_BYTE_IDS, dt), cache
+        blocks = list(self.stack.blocks)
+        new: list[KVCache] = []  # the layers' updated caches, in a cached call
         valid_BxTxk = jnp.broadcast_to(valid_BxT[:, :, None], index_BxTxk.shape)
         for i in range(max(len(blocks), 1)):
             if i < len(self.cross):
                 ctx = self.cross[i](h_BxTxD[:, :, None, :], slots_BxSxD, index_BxTxk, valid_BxTxk)
                 h_BxTxD = self.variant.residual(h_BxTxD, ctx[:, :, 0, :])
             if i < len(blocks):
-                if cache is None:
-                    h_BxTxD = blocks[i](h_BxTxD, window=self.stack.window, drop=drop_at(drop_at(drop, 4), i))
-                else:
-                    h_BxTxD, new[i] = block_extend(blocks[i], h_BxTxD, cache[i], pos0, self.stack.window)
+                h_BxTxD, layer_cache = blocks[i].apply(
+                    h_BxTxD,
+                    positions_BxT=positions_BxT,
+                    window=self.stack.window,
+                    drop=drop_at(drop_at(drop, 4), i),
+                    cache=None if cache is None else cache[i],
+                )
+                if layer_cache is not None:
+                    new.append(layer_cache)
         return head_logits(self.norm(h_BxTxD), self.head[...], NUM_BYTE_IDS, dt), (
             None if cache is None else new
         )
@@ -564,46 +572,15 @@ class BLT(nnx.Module):
         return logits
 
     # -- decoding (bytelm.families.blt.decoder): bytes through the local models, patches through the global
-    # one
+    # one, each module called with its caches
     def init_cache(self, batch: int, slots: int, max_patches: int) -> dict[str, list[KVCache]]:
         """Empty caches: the local encoder's and decoder's over ``slots`` byte positions, the global
         stack's over ``max_patches`` patch positions."""
         return {
-            "encoder": stack_cache(self.encoder.stack, batch, slots),
-            "global": stack_cache(self.latent.stack, batch, max_patches),
-            "decoder": stack_cache(self.decoder.stack, batch, slots),
+            "encoder": self.encoder.stack.init_cache(batch, slots),
+            "global": self.latent.stack.init_cache(batch, max_patches),
+            "decoder": self.decoder.stack.init_cache(batch, slots),
         }
-
-    def encode_extend(
-        self, ids_BxN: jax.Array, context_BxC: jax.Array, caches: list[KVCache], pos0: jax.Array
-    ):
-        """The local encoder over ``N`` new ids at positions ``pos0 ..`` (:meth:`LocalEncoder.__call__`)."""
-        return self.encoder(ids_BxN, context_BxC=context_BxC, cache=caches, pos0=pos0)
-
-    def close_patches(self, states: list[jax.Array], lengths_BxP: jax.Array) -> jax.Array:
-        """The global-width vectors of ``P`` complete patches (:meth:`LocalEncoder.patches`)."""
-        return self.encoder.patches(states, lengths_BxP)
-
-    def global_extend(self, patches_BxNxG: jax.Array, caches: list[KVCache], pos0: jax.Array):
-        """The global step for ``N`` new patches: their ``k`` key/value slots, ``B x N x k x D``, and the
-        caches."""
-        return self.latent(patches_BxNxG, cache=caches, pos0=pos0)
-
-    def decode_extend(
-        self,
-        h_BxNxD: jax.Array,
-        slots_BxNxkxD: jax.Array,
-        has_src_BxN: jax.Array,
-        caches: list[KVCache],
-        pos0: jax.Array,
-    ):
-        """Logits for ``N`` new positions, each reading the ``k`` slots given for it (``has_src`` False:
-        none)."""
-        B, N, k, dl = slots_BxNxkxD.shape
-        index_BxNxk = jnp.broadcast_to(jnp.arange(N)[:, None] * k + jnp.arange(k)[None, :], (B, N, k))
-        return self.decoder(
-            h_BxNxD, slots_BxNxkxD.reshape(B, N * k, dl), index_BxNxk, has_src_BxN, cache=caches, pos0=pos0
-        )
 
     def score(self, batch: dict, *, dropout_key: jax.Array | None = None) -> Scores:
         """``batch["ids"]`` ``(B, T+1)`` and ``batch["patch_lengths"]`` ``(B, P)`` over the window.

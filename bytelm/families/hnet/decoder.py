@@ -16,81 +16,28 @@ rule of training); past the context the caches slide (ring buffers) and the slot
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from bytelm.constants import BOS_ID, NUM_BYTE_IDS, PAD_ID
 from bytelm.families.hnet.model import P_CLAMP, HNet, straight_through
-from bytelm.models.attention import attend
-from bytelm.models.core import Block, Transformer, apply_rotary, head_logits, rotary_tables
+from bytelm.models.cache import KVCache
+from bytelm.models.core import head_logits
+from bytelm.models.stack import Transformer
 from bytelm.sampling.decoders import Decoder, allowed_ids, byte_of_unit, byte_units, host_i32, jit_call
 
 
-class RowCache(NamedTuple):
-    """A layer's keys and values, each row with its own slots' positions (-1: empty)."""
+def stack_step(stack: Transformer, x_Bx1xD, caches: list[KVCache], pos_B, doc_B=None):
+    """One position per row (row ``b`` at its position ``pos_B[b]``) through ``stack`` with its
+    caches; ``doc_B``: where each row's document starts (its document id: nothing before it is
+    attended), None: no document mask.
 
-    k_BxSxHxK: jax.Array
-    v_BxSxHxK: jax.Array
-    pos_BxS: jax.Array
-
-
-def row_caches(stack: Transformer, batch: int, slots: int) -> list[RowCache]:
-    out = []
-    for block in stack.layer_blocks():
-        a = block.attn
-        shape = (batch, slots, a.n_heads, a.head_dim)
-        out.append(
-            RowCache(
-                jnp.zeros(shape, a.dtype), jnp.zeros(shape, a.dtype), jnp.full((batch, slots), -1, jnp.int32)
-            )
-        )
-    return out
-
-
-def block_step(
-    block: Block,
-    x_Bx1xD: jax.Array,
-    cache: RowCache,
-    pos_B: jax.Array,
-    active_B: jax.Array,
-    window: int,
-    doc_B: jax.Array | None,
-) -> tuple[jax.Array, RowCache]:
-    """One position per row (row ``b`` at its position ``pos_B[b]``) through ``block``, written into
-    the cache of the ``active`` rows only; ``doc_B``: where each row's document starts (nothing
-    before it is attended), None: no document mask."""
-    attn = block.attn
-    dt = attn.dtype
-    h = block.attn_norm(x_Bx1xD).astype(dt)
-    q, k, v = attn.project(h, h)
-    cos, sin = rotary_tables(pos_B[:, None], 1, attn.head_dim, attn.rope_base)
-    q = apply_rotary(q, cos[:, :, None], sin[:, :, None])
-    k = apply_rotary(k, cos[:, :, None], sin[:, :, None])
-    S = cache.pos_BxS.shape[1]
-    write_BxS = (jnp.arange(S)[None, :] == (pos_B % S)[:, None]) & active_B[:, None]
-    k_cache = jnp.where(write_BxS[..., None, None], k.astype(cache.k_BxSxHxK.dtype), cache.k_BxSxHxK)
-    v_cache = jnp.where(write_BxS[..., None, None], v.astype(cache.v_BxSxHxK.dtype), cache.v_BxSxHxK)
-    pos_BxS = jnp.where(write_BxS, pos_B[:, None], cache.pos_BxS)
-    allowed_BxS = (pos_BxS >= 0) & (pos_BxS <= pos_B[:, None])
-    if window > 0:
-        allowed_BxS &= pos_BxS > (pos_B - window)[:, None]
-    if doc_B is not None:
-        allowed_BxS &= pos_BxS >= doc_B[:, None]
-    out = attend(q, k_cache, v_cache, causal=False, mask_BxTxS=allowed_BxS[:, None, :], implementation="xla")
-    attn_out = jnp.einsum("bthk,hkd->btd", out, attn.wo[...].astype(dt))
-    y = x_Bx1xD + attn_out.astype(x_Bx1xD.dtype)
-    return y + block.mlp(block.mlp_norm(y)).astype(y.dtype), RowCache(k_cache, v_cache, pos_BxS)
-
-
-def stack_step(stack: Transformer, x_Bx1xD, caches: list[RowCache], pos_B, active_B, doc_B=None):
-    new = []
-    for block, cache in zip(stack.layer_blocks(), caches):
-        x_Bx1xD, cache = block_step(block, x_Bx1xD, cache, pos_B, active_B, stack.window, doc_B)
-        new.append(cache)
-    return x_Bx1xD, new
+    Every row's keys and values are written, those of a row that is not stepping too (its output is
+    not used): the slot it writes is its current position's, which its next real step overwrites
+    before it attends, so what it left there is never read."""
+    segments_Bx1 = None if doc_B is None else doc_B[:, None]
+    return stack(x_Bx1xD, positions_BxT=pos_B[:, None], segments_BxT=segments_Bx1, cache=caches)
 
 
 def init_state(model: HNet, batch: int, context: int) -> dict:
@@ -101,8 +48,8 @@ def init_state(model: HNet, batch: int, context: int) -> dict:
     for stage, n_slots in zip(model.stages(), slots):
         stages.append(
             {
-                "enc": row_caches(stage.encoder, batch, positions),
-                "dec": row_caches(stage.decoder, batch, positions),
+                "enc": stage.encoder.init_cache(batch, positions),
+                "dec": stage.decoder.init_cache(batch, positions),
                 "pos": jnp.zeros((batch,), jnp.int32),
                 "doc": jnp.zeros((batch,), jnp.int32),  # where the row's current document starts
                 "chunks": jnp.zeros((batch,), jnp.int32),
@@ -115,7 +62,7 @@ def init_state(model: HNet, batch: int, context: int) -> dict:
     return {
         "stages": stages,
         "main": {
-            "cache": row_caches(main.stack, batch, positions),
+            "cache": main.stack.init_cache(batch, positions),
             "pos": jnp.zeros((batch,), jnp.int32),
             "doc": jnp.zeros((batch,), jnp.int32),
         },
@@ -125,7 +72,7 @@ def init_state(model: HNet, batch: int, context: int) -> dict:
 def _main_step(main, x_Bx1xD, start_B, active_B, ms, documents: bool):
     doc_B = jnp.where(start_B & active_B, ms["pos"], ms["doc"])
     y, cache = stack_step(
-        main.stack, main.widen(x_Bx1xD), ms["cache"], ms["pos"], active_B, doc_B if documents else None
+        main.stack, main.widen(x_Bx1xD), ms["cache"], ms["pos"], doc_B if documents else None
     )
     return main.norm(y)[..., : main.d_in], {
         "cache": cache,
@@ -143,7 +90,7 @@ def _stage_step(stages, level, x_Bx1xD, start_B, active_B, within_B, states, ms,
     first_B = start_B | (st["pos"] == 0)
     doc_B = jnp.where(first_B & active_B, st["pos"], st["doc"])
     mask_doc = doc_B if documents else None
-    h, enc = stack_step(stage.encoder, stage.widen(x_Bx1xD), st["enc"], st["pos"], active_B, mask_doc)
+    h, enc = stack_step(stage.encoder, stage.widen(x_Bx1xD), st["enc"], st["pos"], mask_doc)
     h = stage.encoder_norm(h)
     h_B = h[:, 0].astype(jnp.float32)
     p_B = jnp.where(first_B, 1.0, stage.route(st["h_prev"], h_B))
@@ -172,9 +119,7 @@ def _stage_step(stages, level, x_Bx1xD, start_B, active_B, within_B, states, ms,
     z_B, inner_states, ms = jax.lax.cond(jnp.any(close_B), run, skip, (states[1:], ms))
     c_B = jnp.where(b_B, p_B, 1.0 - p_B)
     out = z_B * straight_through(c_B)[:, None] + h_B @ stage.residual[...]
-    y, dec = stack_step(
-        stage.decoder, out[:, None].astype(stage.dtype), st["dec"], st["pos"], active_B, mask_doc
-    )
+    y, dec = stack_step(stage.decoder, out[:, None].astype(stage.dtype), st["dec"], st["pos"], mask_doc)
     y = stage.decoder_norm(y)[..., : stage.d_in]
     new = {
         "enc": enc,

@@ -45,7 +45,6 @@ from bytelm.models.core import (
     Dropout,
     Embed,
     RMSNorm,
-    Transformer,
     document_spans,
     drop_at,
     head_logits,
@@ -55,6 +54,7 @@ from bytelm.models.core import (
 )
 from bytelm.models.kernels import resolve_kernels
 from bytelm.models.scoring import Scores, next_id_scores
+from bytelm.models.stack import Transformer
 
 P_CLAMP = 1e-4  # the dechunking EMA's p is clamped to [P_CLAMP, 1 - P_CLAMP]
 

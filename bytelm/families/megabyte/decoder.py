@@ -7,7 +7,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from bytelm.constants import BOS_ID, NUM_BYTE_IDS, PAD_ID
-from bytelm.models.cache import stack_cache
 from bytelm.sampling.decoders import Decoder, allowed_ids, byte_of_unit, byte_units, host_i32, jit_call
 
 
@@ -24,22 +23,31 @@ class MegaByteDecoder(Decoder):
         V, C = NUM_BYTE_IDS, self.C
 
         def prefill(m, prev_1xPxC, local_prev_1xN, caches):
-            fg_1xPxCxD, global_cache = m.global_extend(prev_1xPxC, caches["global"], 0)
+            fg_1xPxCxD, global_cache = m.global_model(
+                m.global_rows(prev_1xPxC, 0), cache=caches["global"], pos0=0
+            )
             fg_1xCxD = fg_1xPxCxD[:, -1]
             N = local_prev_1xN.shape[1]
-            logits, local_cache = m.local_extend(fg_1xCxD[:, :N], local_prev_1xN, caches["local"], 0)
+            logits, local_cache = m.local_model(
+                m.local_inputs(fg_1xCxD[:, :N], local_prev_1xN), cache=caches["local"], pos0=0
+            )
             return logits[0, -1, :V], fg_1xCxD, global_cache, local_cache
 
         def local_step(m, fg_1xCxD, unit_1x1, local_cache, c):
             slot_1x1xD = jax.lax.dynamic_slice_in_dim(fg_1xCxD, c, 1, axis=1)
-            logits, local_cache = m.local_extend(slot_1x1xD, unit_1x1, local_cache, c)
+            logits, local_cache = m.local_model(
+                m.local_inputs(slot_1x1xD, unit_1x1), cache=local_cache, pos0=c
+            )
             return logits[0, -1, :V], local_cache
 
         def next_patch(m, patch_1x1xC, global_cache, p):
-            fg_1x1xCxD, global_cache = m.global_extend(patch_1x1xC, global_cache, p)
+            fg_1x1xCxD, global_cache = m.global_model(
+                m.global_rows(patch_1x1xC, p), cache=global_cache, pos0=p
+            )
             fg_1xCxD = fg_1x1xCxD[:, 0]
-            fresh = stack_cache(m.local_stack, 1, C)  # the local model restarts with every patch
-            logits, local_cache = m.local_extend(fg_1xCxD[:, :1], jnp.full((1, 1), -1, jnp.int32), fresh, 0)
+            fresh = m.local_stack.init_cache(1, C)  # the local model restarts with every patch
+            pad_1x1 = jnp.full((1, 1), -1, jnp.int32)
+            logits, local_cache = m.local_model(m.local_inputs(fg_1xCxD[:, :1], pad_1x1), cache=fresh, pos0=0)
             return logits[0, -1, :V], fg_1xCxD, global_cache, local_cache
 
         self._prefill = jit_call(prefill, model, donate=(2,))

@@ -31,13 +31,12 @@ import jax.numpy as jnp
 from flax import nnx
 
 from bytelm.constants import NUM_BYTE_IDS, PAD_ID
-from bytelm.models.cache import KVCache, stack_cache, stack_extend
+from bytelm.models.cache import KVCache, offset_positions
 from bytelm.models.core import (
     COMPUTE_DTYPES,
     Dropout,
     Embed,
     RMSNorm,
-    Transformer,
     apply_dropout,
     drop_at,
     head_logits,
@@ -48,6 +47,7 @@ from bytelm.models.core import (
 )
 from bytelm.models.kernels import resolve_kernels
 from bytelm.models.scoring import Scores, next_id_scores
+from bytelm.models.stack import Transformer
 
 
 class MegaByte(nnx.Module):
@@ -107,21 +107,58 @@ class MegaByte(nnx.Module):
         patches_BxPxG = self.global_embed(x_BxT).reshape(B, P, C * cfg.embed_dim).astype(dt)
         pad_Bx1xG = jnp.broadcast_to(self.global_pad[...].astype(dt), (B, 1, cfg.global_d_model))
         global_in_BxPxG = jnp.concatenate([pad_Bx1xG, patches_BxPxG[:, :-1]], axis=1)
-        # 3: global transformer over patches
-        global_in_BxPxG = apply_dropout(global_in_BxPxG, drop_at(drop, 0))
-        global_out_BxPxG = self.global_norm(self.global_stack(global_in_BxPxG, drop=drop_at(drop, 1)))
-        # 4: per-byte slices projected d_G -> d_L by one shared matrix
-        slices_BxPxCxE = global_out_BxPxG.reshape(B, P, C, cfg.embed_dim)
-        from_global_BxPxCxD = slices_BxPxCxE @ self.to_local[...].astype(dt)
+        # 3-4: the global transformer over patches, its slices projected to the local width
+        from_global_BxPxCxD, _ = self.global_model(global_in_BxPxG, drop=drop)
         # 5: local input = projection + embedding of the previous byte in the patch (pad first)
         local_emb_BxPxCxD = self.local_embed(x_BxT).reshape(B, P, C, cfg.local_d_model).astype(dt)
         pad_BxPx1xD = jnp.broadcast_to(self.local_pad[...].astype(dt), (B, P, 1, cfg.local_d_model))
         prev_BxPxCxD = jnp.concatenate([pad_BxPx1xD, local_emb_BxPxCxD[:, :, :-1]], axis=2)
         local_in_NxCxD = (from_global_BxPxCxD + prev_BxPxCxD).reshape(B * P, C, cfg.local_d_model)
         # 6: local transformer within each patch, then byte logits
-        local_in_NxCxD = apply_dropout(local_in_NxCxD, drop_at(drop, 2))
-        local_out_NxCxD = self.local_norm(self.local_stack(local_in_NxCxD, drop=drop_at(drop, 3)))
-        return head_logits(local_out_NxCxD, self.head[...], NUM_BYTE_IDS, dt).reshape(B, T, self.vocab_rows)
+        logits_NxCxV, _ = self.local_model(local_in_NxCxD, drop=drop)
+        return logits_NxCxV.reshape(B, T, self.vocab_rows)
+
+    def global_model(
+        self,
+        rows_BxNxG: jax.Array,
+        *,
+        cache: list[KVCache] | None = None,
+        pos0=0,
+        drop: Dropout | None = None,
+    ) -> tuple[jax.Array, list[KVCache] | None]:
+        """Steps 3-4 on global input rows (each the previous patch's vector; the pad for patch 0):
+        every byte slot's projection to the local width, ``B x N x C x D``, and the caches. A whole
+        window: ``cache`` None. Decoding: ``N`` new patches at positions ``pos0 ..`` after the cached
+        ones. ``drop`` (training): dropout on the rows (site 0) and in the global stack (1)."""
+        B, N, _ = rows_BxNxG.shape
+        cfg, dt = self.cfg, self.dtype
+        rows_BxNxG = apply_dropout(rows_BxNxG, drop_at(drop, 0))
+        positions_BxN = None if cache is None else offset_positions(pos0, B, N)
+        out_BxNxG, cache = self.global_stack.apply(
+            rows_BxNxG, positions_BxT=positions_BxN, drop=drop_at(drop, 1), cache=cache
+        )
+        slices_BxNxCxE = self.global_norm(out_BxNxG).reshape(B, N, self.patch_size, cfg.embed_dim)
+        return slices_BxNxCxE @ self.to_local[...].astype(dt), cache
+
+    def local_model(
+        self,
+        local_in_BxNxD: jax.Array,
+        *,
+        cache: list[KVCache] | None = None,
+        pos0=0,
+        drop: Dropout | None = None,
+    ) -> tuple[jax.Array, list[KVCache] | None]:
+        """Step 6 on local inputs (a patch's positions, the rows of the batch each a patch): byte
+        logits and the caches. A whole patch: ``cache`` None. Decoding: ``N`` new positions
+        ``pos0 ..`` of the current patch after the cached ones. ``drop`` (training): dropout on the
+        inputs (site 2) and in the local stack (3)."""
+        B, N, _ = local_in_BxNxD.shape
+        local_in_BxNxD = apply_dropout(local_in_BxNxD, drop_at(drop, 2))
+        positions_BxN = None if cache is None else offset_positions(pos0, B, N)
+        h_BxNxD, cache = self.local_stack.apply(
+            local_in_BxNxD, positions_BxT=positions_BxN, drop=drop_at(drop, 3), cache=cache
+        )
+        return head_logits(self.local_norm(h_BxNxD), self.head[...], NUM_BYTE_IDS, self.dtype), cache
 
     def score(self, batch: dict, *, dropout_key: jax.Array | None = None) -> Scores:
         """``batch["ids"]`` is ``(B, T+1)`` as for the byte LM, ``[BOS, bytes...]``: MegaByte models the
@@ -134,39 +171,30 @@ class MegaByte(nnx.Module):
         logits_BxTpxV = self(x_BxTp, drop=make_dropout(self.cfg.dropout, dropout_key))
         return next_id_scores(logits_BxTpxV[:, 1:T1], ids_BxT1[:, 1:])
 
-    # -- decoding (bytelm.sampling): the global model once per patch, the local model per byte ---
+    # -- decoding (bytelm.families.megabyte.decoder): the global model once per patch, the local model per
+    # byte, through global_model and local_model
     def init_cache(self, batch: int, max_patches: int) -> dict[str, list[KVCache]]:
         """Empty caches: the global stack's over ``max_patches`` patch positions, the local stack's
         over one patch (it restarts with every patch)."""
         return {
-            "global": stack_cache(self.global_stack, batch, max_patches),
-            "local": stack_cache(self.local_stack, batch, self.patch_size),
+            "global": self.global_stack.init_cache(batch, max_patches),
+            "local": self.local_stack.init_cache(batch, self.patch_size),
         }
 
-    def global_extend(
-        self, prev_ids_BxNxC: jax.Array, caches: list[KVCache], pos0: jax.Array
-    ) -> tuple[jax.Array, list[KVCache]]:
-        """The global step for patches ``pos0 .. pos0 + N - 1``: row ``n`` reads the complete patch
-        before it (``prev_ids[:, n]``; the learned pad for patch 0). Returns every byte slot's
-        projection to the local width, ``B x N x C x D``."""
+    def global_rows(self, prev_ids_BxNxC: jax.Array, pos0) -> jax.Array:
+        """Global input rows for patches ``pos0 .. pos0 + N - 1`` (step 2): row ``n`` is the
+        concatenated embeddings of the complete patch before it (``prev_ids[:, n]``), the learned
+        pad for patch 0."""
         B, N, C = prev_ids_BxNxC.shape
-        cfg, dt = self.cfg, self.dtype
-        rows_BxNxG = self.global_embed(prev_ids_BxNxC).reshape(B, N, C * cfg.embed_dim).astype(dt)
+        dt = self.dtype
+        rows_BxNxG = self.global_embed(prev_ids_BxNxC).reshape(B, N, C * self.cfg.embed_dim).astype(dt)
         first_N = (pos0 + jnp.arange(N)) == 0
-        rows_BxNxG = jnp.where(first_N[None, :, None], self.global_pad[...].astype(dt), rows_BxNxG)
-        out_BxNxG, caches = stack_extend(self.global_stack, rows_BxNxG, caches, pos0)
-        slices_BxNxCxE = self.global_norm(out_BxNxG).reshape(B, N, C, cfg.embed_dim)
-        return slices_BxNxCxE @ self.to_local[...].astype(dt), caches
+        return jnp.where(first_N[None, :, None], self.global_pad[...].astype(dt), rows_BxNxG)
 
-    def local_extend(
-        self, from_global_BxNxD: jax.Array, prev_BxN: jax.Array, caches: list[KVCache], pos0: jax.Array
-    ) -> tuple[jax.Array, list[KVCache]]:
-        """Logits for positions ``pos0 ..`` of the current patch: each reads its global slot and the
-        previous byte of the patch (``prev < 0``: the learned pad, at position 0)."""
+    def local_inputs(self, from_global_BxNxD: jax.Array, prev_BxN: jax.Array) -> jax.Array:
+        """Local inputs of positions of the current patch (step 5): each its global slot plus the
+        embedding of the previous byte of the patch (``prev < 0``: the learned pad, at position 0)."""
         dt = self.dtype
         prev_BxNxD = self.local_embed(jnp.maximum(prev_BxN, 0)).astype(dt)
         prev_BxNxD = jnp.where((prev_BxN < 0)[..., None], self.local_pad[...].astype(dt), prev_BxNxD)
-        h_BxNxD, caches = stack_extend(
-            self.local_stack, from_global_BxNxD.astype(dt) + prev_BxNxD, caches, pos0
-        )
-        return head_logits(self.local_norm(h_BxNxD), self.head[...], NUM_BYTE_IDS, dt), caches
+        return from_global_BxNxD.astype(dt) + prev_BxNxD
