@@ -1,7 +1,7 @@
 """Benchmark the byte-level BPE against its peers, in the same run on the same documents.
 
     python benchmarks/bpe.py [--data stdlib] [--vocab-size 32768] [--pattern cl100k]
-                             [--encode-mb 10] [--workers N] [--repeat 1] [--encode-repeat 3]
+                             [--encode-mb 10] [--workers N] [--repeat 1] [--encode-repeat 3] [--record]
 
 1. Training: ours (``train_bpe``, pre-tokenization on ``--workers`` processes) vs HF
    ``tokenizers``' ``BpeTrainer`` (Rust, on all cores), same documents, pattern and vocab size;
@@ -16,7 +16,8 @@
 Timings are wall-clock (``time.perf_counter``); with ``--repeat N`` each side's training is run N
 times, and encoding ``--encode-repeat`` times per side, alternating ours and tiktoken so that a
 noisy machine weighs on both alike; each side's best time is reported (our chunk cache is
-cleared before every run). The last line printed is one JSON object with the numbers.
+cleared before every run). The last line printed is one JSON object with the numbers; ``--record``
+also appends it to ``benchmarks/results/bpe.jsonl``.
 """
 
 from __future__ import annotations
@@ -28,8 +29,6 @@ import resource
 import sys
 import tempfile
 import time
-
-from results import record
 
 
 def peak_rss_mb() -> tuple[float, float]:
@@ -55,6 +54,7 @@ def main(argv: list[str] | None = None) -> int:
         default=3,
         help="encoding runs per side, alternating ours / tiktoken; each side's best is reported (default: 3)",
     )
+    p.add_argument("--record", action="store_true", help="append the JSON line to benchmarks/results/")
     args = p.parse_args(argv)
 
     os.environ["TIKTOKEN_CACHE_DIR"] = ""  # tiktoken would otherwise cache the ranks file by path
@@ -189,7 +189,10 @@ def main(argv: list[str] | None = None) -> int:
         "encode_repeat": args.encode_repeat,
     }
     print(json.dumps(result))
-    record("bpe", result)
+    if args.record:
+        from results import record
+
+        record("bpe", result)
     return 0
 
 
