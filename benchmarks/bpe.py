@@ -32,7 +32,15 @@ import time
 
 
 def peak_rss_mb() -> tuple[float, float]:
-    """(this process, largest finished child) peak RSS in MiB (Linux reports KiB)."""
+    """(this process, largest finished descendant) peak RSS in MiB (Linux reports KiB).
+
+    Our workers are children of multiprocessing's fork server, which reaps them: they count once the
+    fork server has ended, so it is stopped first (the next process pool starts another)."""
+    import multiprocessing.forkserver
+
+    server = getattr(multiprocessing.forkserver, "_forkserver", None)
+    if server is not None and hasattr(server, "_stop"):
+        server._stop()
     self_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     child_kb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     return self_kb / 1024, child_kb / 1024
