@@ -18,8 +18,8 @@ from hypothesis import strategies as st
 
 from bytelm import cli
 from bytelm.data import load_corpus
-from bytelm.data.corpus import fingerprint_segments, is_heldout
 from bytelm.data.sources import StdlibSource, split_pieces
+from bytelm.data.split import fingerprint_segments, is_heldout
 from bytelm.errors import UserError
 
 
