@@ -1,7 +1,7 @@
 """Benchmark the byte-level BPE against its peers, in the same run on the same documents.
 
     python benchmarks/bpe.py [--data stdlib] [--vocab-size 32768] [--pattern cl100k]
-                             [--encode-mb 10] [--workers N] [--repeat 1] [--encode-repeat 3]
+                             [--encode-mb 10] [--workers N] [--repeat 1] [--encode-repeat 3] [--record]
 
 1. Training: ours (``train_bpe``, pre-tokenization on ``--workers`` processes) vs HF
    ``tokenizers``' ``BpeTrainer`` (Rust, on all cores), same documents, pattern and vocab size;
@@ -16,7 +16,8 @@
 Timings are wall-clock (``time.perf_counter``); with ``--repeat N`` each side's training is run N
 times, and encoding ``--encode-repeat`` times per side, alternating ours and tiktoken so that a
 noisy machine weighs on both alike; each side's best time is reported (our chunk cache is
-cleared before every run). The last line printed is one JSON object with the numbers.
+cleared before every run). The last line printed is one JSON object with the numbers; ``--record``
+also appends it to ``benchmarks/results/bpe.jsonl``.
 """
 
 from __future__ import annotations
@@ -29,11 +30,17 @@ import sys
 import tempfile
 import time
 
-from results import record
-
 
 def peak_rss_mb() -> tuple[float, float]:
-    """(this process, largest finished child) peak RSS in MiB (Linux reports KiB)."""
+    """(this process, largest finished descendant) peak RSS in MiB (Linux reports KiB).
+
+    Our workers are children of multiprocessing's fork server, which reaps them: they count once the
+    fork server has ended, so it is stopped first (the next process pool starts another)."""
+    import multiprocessing.forkserver
+
+    server = getattr(multiprocessing.forkserver, "_forkserver", None)
+    if server is not None and hasattr(server, "_stop"):
+        server._stop()
     self_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     child_kb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     return self_kb / 1024, child_kb / 1024
@@ -195,6 +202,8 @@ def main(argv: list[str] | None = None) -> int:
     }
     print(json.dumps(result))
     if args.record:
+        from results import record
+
         record("bpe", result)
     return 0
 

@@ -24,7 +24,7 @@ objects (what orbax uses for the checkpoints); a record is written as one object
 atomic: a reader sees the old object or the new one, never part of one); there is no lock (an
 object store has no ``flock``: one job per run URL is the user's to keep); and what is appended
 locally (``metrics.jsonl``, TensorBoard events) is staged and uploaded whole at each checkpoint and
-at the end (:class:`bytelm.training.loop._Metrics`).
+at the end (:class:`bytelm.training.metrics.Metrics`).
 """
 
 from __future__ import annotations

@@ -143,3 +143,36 @@ def test_a_step_that_does_not_fit_exits_1_with_a_one_line_diagnosis(capsys):
     assert len(err) == 1 and "does not fit" in err[0] and "GiB" in err[0] and "train.batch_size" in err[0], (
         err
     )
+
+
+def test_the_persistent_cache_is_off_while_compiling_for_a_slice_and_on_again_after(tmp_path):
+    """JAX decides once per process whether it uses its persistent cache: a process that compiled
+    anything before `bytelm compile` would otherwise store the TPU programs, and fail (with a warning)
+    to read them back at the next compile of the same step."""
+    import uuid
+    from pathlib import Path
+
+    import jax
+    import jax.numpy as jnp
+
+    from bytelm.training.aot import _without_persistent_cache
+
+    cache_dir = jax.config.jax_compilation_cache_dir
+    if not cache_dir or jax.config.jax_persistent_cache_min_compile_time_secs > 0:
+        pytest.skip("no persistent compilation cache that stores every program (tests/conftest.py sets one)")
+
+    def compile_new(tag: str) -> str:
+        def f(x):
+            return x * 3 + 1
+
+        f.__name__ = f"probe_{tag}_{uuid.uuid4().hex}"
+        jax.jit(f)(jnp.ones(3)).block_until_ready()
+        return f"jit_{f.__name__}-"
+
+    compile_new("before")  # (JAX has decided to use the cache)
+    with _without_persistent_cache():
+        inside = compile_new("inside")
+    after = compile_new("after")
+    names = [p.name for p in Path(cache_dir).iterdir()]
+    assert not any(n.startswith(inside) for n in names)
+    assert any(n.startswith(after) for n in names)

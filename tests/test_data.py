@@ -22,6 +22,7 @@ from bytelm.data import (
     parse_source,
 )
 from bytelm.data import corpus as corpus_mod
+from bytelm.data import prepare as prepare_mod
 from bytelm.errors import UserError
 
 
@@ -161,7 +162,7 @@ def test_arbitrary_bytes_round_trip_through_cache(tmp_path_factory, docs):
 def test_second_load_reuses_cache(text_dir, tmp_path, monkeypatch):
     c1 = load(f"files:{text_dir}", tmp_path)
     calls = []
-    monkeypatch.setattr(corpus_mod, "_build", lambda *a, **k: calls.append(a))
+    monkeypatch.setattr(corpus_mod, "build_corpus", lambda *a, **k: calls.append(a))
     c2 = load(f"files:{text_dir}", tmp_path)
     assert calls == [] and c2.path == c1.path and c2.fingerprint == c1.fingerprint
 
@@ -177,7 +178,7 @@ def test_failed_build_leaves_no_cache(text_dir, tmp_path, monkeypatch):
     def boom(*a, **k):
         raise RuntimeError("disk full")
 
-    monkeypatch.setattr(corpus_mod, "_build", boom)
+    monkeypatch.setattr(corpus_mod, "build_corpus", boom)
     with pytest.raises(RuntimeError):
         load(f"files:{text_dir}", tmp_path)
     assert not list((tmp_path / "cache" / "corpora").iterdir())  # no final dir, no temp dir
@@ -392,7 +393,7 @@ def test_training_windows_across_shards_equal_the_materialised_stream(
 ):
     """Rows gathered from the shards (both the per-segment and the batch-gather paths) equal slices
     of the stream built by hand, for any documents (empty ones too) and any shard size."""
-    monkeypatch.setattr(corpus_mod, "SHARD_BYTES", shard_bytes)
+    monkeypatch.setattr(prepare_mod, "SHARD_BYTES", shard_bytes)
     root = tmp_path_factory.mktemp("shards")
     write_files(root, {f"f{i:03d}.bin": d for i, d in enumerate(docs)})
     c = load_corpus(f"files:{root}", cache_dir=root / ".cache", require_split=False, heldout_fraction=0.3)

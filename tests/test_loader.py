@@ -15,7 +15,7 @@ import pytest
 from conftest import word_corpus
 
 from bytelm.data import WindowBatches, load_corpus
-from bytelm.data import corpus as corpus_mod
+from bytelm.data import prepare as prepare_mod
 from bytelm.data.prefetch import Prefetch
 from bytelm.errors import UserError
 
@@ -40,7 +40,7 @@ def sharded(tmp_path_factory):
     root = tmp_path_factory.mktemp("sharded")
     spec = f"files:{word_corpus(root / 'docs')}"
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(corpus_mod, "SHARD_BYTES", 1024)
+        mp.setattr(prepare_mod, "SHARD_BYTES", 1024)
         corpus = load_corpus(spec, cache_dir=root / "cache")
     assert len(corpus.shards) == corpus.n_documents == 60
     return spec, root / "cache"

@@ -18,8 +18,8 @@ from hypothesis import strategies as st
 
 from bytelm import cli
 from bytelm.data import load_corpus
-from bytelm.data.corpus import fingerprint_segments, is_heldout
 from bytelm.data.sources import StdlibSource, split_pieces
+from bytelm.data.split import fingerprint_segments, is_heldout
 from bytelm.errors import UserError
 
 
@@ -309,7 +309,7 @@ def test_a_directory_walked_without_its_listing_in_memory_is_listed_in_path_orde
     """The streamed walk lists a directory's files in the order of their relative paths (the order
     the split, the shards and the names depend on), skipping dot-names, as sorting the whole listing
     does; and a parallel build's runs of it concatenate to it."""
-    from bytelm.data.sources import _file_runs, _Walk
+    from bytelm.data.sources.files import _file_runs, _Walk
 
     root = tmp_path_factory.mktemp("walk")
     for parts in paths:

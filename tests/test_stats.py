@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from bytelm.bpb import LN2, SegmentScores
 from bytelm.data import load_corpus
-from bytelm.data.corpus import fingerprint_segments, plan_segments, stratified_order
+from bytelm.data.split import fingerprint_segments, plan_segments, stratified_order
 from bytelm.evaluation import stats
 from bytelm.evaluation.report import build_report, write_scores
 from bytelm.evaluation.results import EvalSet, ModelResult

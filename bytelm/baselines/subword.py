@@ -363,7 +363,7 @@ class SubwordTokenizer:
         if workers <= 1 or sum(sizes) < _PARALLEL_BYTES:
             return [self.encode(t, **kwargs) for t in texts]
         shards = balanced_shards(sizes, _SHARDS_PER_WORKER * workers)
-        parts = shard_map(_encode_batch_shard, (self, texts, shards, kwargs), len(shards), workers)
+        parts = shard_map(_encode_batch_shard, (self, kwargs), [texts[a:b] for a, b in shards], workers)
         return [ids for part in parts for ids in part]
 
     def _reference_documents(self, documents: Iterable[bytes | str], dtype) -> tuple[np.ndarray, np.ndarray]:
@@ -437,8 +437,7 @@ class IncrementalDecoder:
         self._decoder.reset()
 
 
-def _encode_batch_shard(payload, i: int) -> list[list[int]]:
+def _encode_batch_shard(shared, texts: list) -> list[list[int]]:
     """A worker's part of :meth:`SubwordTokenizer.encode_batch` (module level: process pools call it)."""
-    tok, texts, shards, kwargs = payload
-    start, stop = shards[i]
-    return [tok.encode(t, **kwargs) for t in texts[start:stop]]
+    tok, kwargs = shared
+    return [tok.encode(t, **kwargs) for t in texts]

@@ -5,18 +5,9 @@
 """
 
 from bytelm.data.batches import Stream, WindowBatches, segment_rows
-from bytelm.data.corpus import (
-    EVAL_PROTOCOL,
-    Corpus,
-    Segment,
-    default_cache_dir,
-    fingerprint_segments,
-    is_heldout,
-    is_validation,
-    load_corpus,
-    load_corpus_from_config,
-)
+from bytelm.data.corpus import Corpus, default_cache_dir, load_corpus, load_corpus_from_config
 from bytelm.data.sources import Document, parse_source
+from bytelm.data.split import EVAL_PROTOCOL, Segment, fingerprint_segments, is_heldout, is_validation
 
 __all__ = [
     "Corpus",

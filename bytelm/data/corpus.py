@@ -1,11 +1,12 @@
 """Corpus: documents as bytes, a stable train/held-out split, evaluation segments, fingerprint.
 
-docs/evaluation.md describes the split and the fingerprint. A corpus is prepared once into a
-cache directory (one per source signature and split), streamed: memory stays bounded by a read
-chunk and the longest document piece, whatever the corpus's size. The directory holds
+:func:`load_corpus` prepares a corpus once into a cache directory (one per source signature and
+split; :mod:`bytelm.data.prepare` writes it, streamed) and reuses it after; :class:`Corpus` reads
+it. The split and the evaluation set are :mod:`bytelm.data.split`'s (docs/evaluation.md). The
+directory holds
 
 - ``shard-NNNNN.u8``: the documents' bytes, concatenated in source order, in shards of about
-  :data:`SHARD_BYTES` (a document never spans two shards);
+  :data:`~bytelm.data.prepare.SHARD_BYTES` (a document never spans two shards);
 - ``offsets.i64``: ``n_docs + 1`` byte offsets, global across the shards;
 - ``flags.u8``: per document, 1 = held out, 2 = validation (else it trains);
 - ``group.u32`` and ``groups.json``: per document an index into the list of group names;
@@ -23,28 +24,21 @@ crashed run leaves nothing that a later run could mistake for a finished cache.
 
 from __future__ import annotations
 
-import array
-import concurrent.futures
-import dataclasses
 import functools
 import hashlib
 import json
 import os
-import shutil
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import BinaryIO
 
 import numpy as np
 
 from bytelm.atomic import atomic_directory
 from bytelm.constants import BOS_ID, BYTE_OFFSET, EOS_ID
+from bytelm.data.prepare import CACHE_VERSION, FLAG_HELDOUT, FLAG_VALIDATION, build_corpus
 from bytelm.data.sources import Progress, parse_source
+from bytelm.data.split import EVAL_PROTOCOL, Segment, fingerprint_segments, plan_segments, stratified_order
 from bytelm.errors import UserError
-
-CACHE_VERSION = 2
-SHARD_BYTES = 256 << 20  # (below 2 GiB: a position inside a shard fits int32)
-_HELD, _VALID = 1, 2
 
 
 def default_cache_dir() -> Path:
@@ -53,131 +47,6 @@ def default_cache_dir() -> Path:
         return Path(os.environ["BYTELM_CACHE_DIR"])
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "bytelm"
-
-
-def is_heldout(name: str, split_seed: int, heldout_fraction: float) -> bool:
-    """The stable split: a document is held out iff a hash of (seed, name) falls below the fraction.
-
-    Depends only on the document's own identity, so adding or removing other documents never moves
-    it between train and held-out.
-    """
-    digest = hashlib.blake2b(f"{split_seed}\0{name}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") / 2.0**64 < heldout_fraction
-
-
-def is_validation(name: str, split_seed: int, validation_fraction: float) -> bool:
-    """Of the documents not held out, the validation ones: a second hash of (seed, name), salted so
-    that it is independent of the held-out draw. Validation documents leave the training stream;
-    they are what hyperparameters are selected on (never the held-out segments that reports score)."""
-    if validation_fraction <= 0:
-        return False
-    digest = hashlib.blake2b(f"{split_seed}\0validation\0{name}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") / 2.0**64 < validation_fraction
-
-
-# The evaluation protocol's version (docs/evaluation.md, "The evaluation set"): it enters the
-# fingerprint, so scores made under another protocol are never tabulated with these.
-# 1: held-out documents in canonical order cut into segments until max_eval_bytes was spent.
-# 2: segments from every held-out document the cap allows, stratified by group, spread over each
-#    document's length (plan_segments).
-EVAL_PROTOCOL = 2
-
-
-def _unit_hash(text: str) -> float:
-    """A stable number in [0, 1) from ``text`` (blake2b)."""
-    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little") / 2.0**64
-
-
-def stratified_order(names: Sequence[str], groups: Sequence[str], seed: int) -> np.ndarray:
-    """The order in which documents receive evaluation segments: positions into ``names``.
-
-    Stratified by group, in proportion to each group's documents: a group of ``n`` documents
-    places its ``j``-th (by a hash of the split seed and the document's name) at ``(j + v) / n``,
-    ``v`` a hash of the seed and the group in [0, 1); documents are taken in increasing key. Any
-    prefix of the order therefore holds each group's share of documents to within one. Depends
-    only on names and the seed: no position in the source, so adding documents never reorders
-    the others within their group.
-    """
-    n = len(names)
-    if n == 0:
-        return np.zeros(0, np.int64)
-    doc_key = np.fromiter((_unit_hash(f"{seed}\0eval-doc\0{x}") for x in names), np.float64, n)
-    table: dict[str, int] = {}
-    gid = np.fromiter((table.setdefault(g, len(table)) for g in groups), np.int64, n)
-    group_key = np.asarray([_unit_hash(f"{seed}\0eval-group\0{g}") for g in table], np.float64)
-    by_group = np.lexsort((doc_key, gid))  # each group's documents, in hash order
-    counts = np.bincount(gid, minlength=len(table))
-    first = np.concatenate([[0], np.cumsum(counts)[:-1]])
-    rank = np.empty(n, np.int64)
-    rank[by_group] = np.arange(n) - first[gid[by_group]]
-    key = (rank + group_key[gid]) / counts[gid]
-    return np.lexsort((doc_key, key)).astype(np.int64)
-
-
-def plan_segments(
-    lengths: np.ndarray, order: np.ndarray, segment_bytes: int, max_eval_bytes: int
-) -> list[tuple[int, int, int]]:
-    """Evaluation protocol v2: which pieces of which documents are scored.
-
-    Document ``d`` (``lengths[d]`` bytes, > 0) is a row of ``n_d = ceil(L_d / S)`` slots of
-    ``S = segment_bytes`` bytes (the last one shorter). The cap is shared as by water-filling: every
-    document receives one segment per round, in ``order``, while it has slots left and the cap
-    allows (a segment is charged ``S``, a document's last ``L_d - (n_d - 1) S``); the round the cap
-    runs out in goes as far along ``order`` as it can. A document given ``k`` of its ``n`` slots
-    contributes slots ``floor(i n / k)``, ``i < k``: its start and then evenly over its length.
-    When not even the first document of ``order`` fits, its first ``max_eval_bytes`` bytes are the
-    one segment. Returns ``(document, start, length)`` in canonical order (document, start).
-    """
-    lengths = np.asarray(lengths, np.int64)
-    order = np.asarray(order, np.int64)
-    S = int(segment_bytes)
-    if len(lengths) == 0 or max_eval_bytes <= 0:
-        return []
-    slots = -(-lengths // S)
-
-    def cost(k: np.ndarray, d=slice(None)) -> np.ndarray:  # bytes charged for k segments of documents d
-        return np.where(k >= slots[d], lengths[d], k * S)
-
-    def spent(r: int) -> int:
-        return int(cost(np.minimum(slots, r)).sum())
-
-    lo, hi = 0, int(slots.max())  # the most whole rounds the cap allows: spent(lo) <= cap
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        lo, hi = (mid, hi) if spent(mid) <= max_eval_bytes else (lo, mid - 1)
-    k = np.minimum(slots, lo)
-    left = max_eval_bytes - spent(lo)
-    if lo < int(slots.max()):  # the partial round: a prefix of the order that fits
-        more = order[slots[order] > lo]
-        extra = cost(k[more] + 1, more) - cost(k[more], more)
-        take = int(np.searchsorted(np.cumsum(extra), left, side="right"))
-        k[more[:take]] += 1
-    if not k.any():
-        first = int(order[0])
-        return [(first, 0, int(min(lengths[first], max_eval_bytes)))]
-    out = []
-    for d in np.flatnonzero(k):
-        n, kd, length = int(slots[d]), int(k[d]), int(lengths[d])
-        for i in range(kd):
-            start = (i * n // kd) * S
-            out.append((int(d), start, min(S, length - start)))
-    return out
-
-
-@dataclasses.dataclass(frozen=True)
-class Segment:
-    """One scored piece of held-out text: ``length`` bytes of document ``doc`` from ``start``."""
-
-    index: int
-    doc: int
-    start: int
-    length: int
-    name: str
-    group: str
-
-    @property
-    def id(self) -> str:
-        return f"{self.index}:{self.name}@{self.start}"
 
 
 def _memmap(path: Path, dtype, n: int) -> np.ndarray:
@@ -423,8 +292,8 @@ class Corpus:
         n = int(self.index["documents"])
         self.offsets = _memmap(self.path / "offsets.i64", np.int64, n + 1) if n else np.zeros(1, np.int64)
         flags = _memmap(self.path / "flags.u8", np.uint8, n)
-        self.heldout = (flags & _HELD) > 0
-        self.validation = (flags & _VALID) > 0
+        self.heldout = (flags & FLAG_HELDOUT) > 0
+        self.validation = (flags & FLAG_VALIDATION) > 0
         self.groups = _Groups(self.path / "groups.json", _memmap(self.path / "group.u32", np.uint32, n))
         runs = _memmap(self.path / "runs.i64", np.int64, int(self.index["runs"]))
         stored = None
@@ -575,23 +444,6 @@ class Corpus:
         }
 
 
-def fingerprint_segments(segments: list[bytes], protocol: int = EVAL_PROTOCOL) -> str:
-    """The evaluation fingerprint: sha256 of ``b"bytelm-eval-protocol <v>"`` (from protocol 2 on;
-    protocol 1 fingerprints had no prefix), each segment prefixed by its length as 8 little-endian
-    bytes, then ``b"total"`` and the total length."""
-    h = hashlib.sha256()
-    if protocol >= 2:
-        h.update(f"bytelm-eval-protocol {protocol}\0".encode())
-    total = 0
-    for s in segments:
-        h.update(len(s).to_bytes(8, "little"))
-        h.update(s)
-        total += len(s)
-    h.update(b"total")
-    h.update(total.to_bytes(8, "little"))
-    return h.hexdigest()
-
-
 def _cache_key(
     spec: str, signature: str, split_seed: int, heldout_fraction: float, validation_fraction: float = 0.0
 ) -> str:
@@ -600,315 +452,6 @@ def _cache_key(
         key["val"] = validation_fraction
     payload = json.dumps(key, sort_keys=True)
     return hashlib.sha256(payload.encode()).hexdigest()[:24]
-
-
-class _Builder:
-    """Streams documents into a corpus directory (the module docstring's files), holding one piece
-    of a document and a few fixed-size buffers in memory."""
-
-    FLUSH = 1 << 16  # documents per write of the per-document arrays
-
-    def __init__(self, out: Path, shard_bytes: int = SHARD_BYTES, *, distinct_groups: bool = False):
-        """``distinct_groups``: the source promises that a group never comes back after another (a
-        source of files: a group is a file), so no table of the groups seen is kept and the group
-        names are written as they come: memory stays flat in the number of files too."""
-        self.out, self.shard_bytes, self.distinct = out, shard_bytes, distinct_groups
-        self.groups_file = open(out / "groups.json", "w", encoding="utf-8")
-        self.groups_file.write("[")
-        self.n_groups = 0
-        self.files = {
-            name: open(out / name, "wb")
-            for name in ("offsets.i64", "flags.u8", "group.u32", "train.i64", "vstart.i64", "runs.i64")
-        }
-        self.names_file = open(out / "names.jsonl", "w", encoding="utf-8")
-        self.buffers = {
-            "offsets.i64": array.array("q", [0]),
-            "flags.u8": array.array("B"),
-            "group.u32": array.array("I"),
-            "train.i64": array.array("q"),
-            "vstart.i64": array.array("q", [0]),
-            "runs.i64": array.array("q"),
-        }
-        self.shard_sizes: list[int] = []
-        self.shard: BinaryIO | None = None
-        self._next_shard()
-        self.group_ids: dict[str, int] = {}
-        self.n = self.n_runs = self.n_train = self.pos = self.vpos = self.k = 0
-        self.group, self.group_name = -1, ""
-        self.rules = {"group": True, "group#k": True, "group/k": True}  # how names derive from groups
-
-    def _next_shard(self) -> BinaryIO:
-        if self.shard is not None:
-            self.shard.close()
-        self.shard = open(self.out / f"shard-{len(self.shard_sizes):05d}.u8", "wb")
-        self.shard_sizes.append(0)
-        return self.shard
-
-    def add(self, name: str, group: str, pieces, flag: int) -> None:
-        shard = self._next_shard() if self.shard_sizes[-1] >= self.shard_bytes else self.shard
-        assert shard is not None
-        length = 0
-        for piece in pieces:
-            shard.write(piece)
-            length += len(piece)
-        self.shard_sizes[-1] += length
-        if self.distinct:
-            gid = self.group if self.group >= 0 and group == self.group_name else None
-        else:
-            gid = self.group_ids.get(group)
-        if gid is None or gid != self.group:  # a new run of documents of one group
-            if gid is not None:  # the group came back after another: names cannot derive from it
-                self.rules = dict.fromkeys(self.rules, False)
-            else:
-                gid = self.n_groups
-                if not self.distinct:
-                    self.group_ids[group] = gid
-                self.groups_file.write(("," if gid else "") + json.dumps(group))
-                self.n_groups += 1
-            self.group, self.k, self.group_name = gid, 0, group
-            self.buffers["runs.i64"].append(self.n)
-            self.n_runs += 1
-        else:
-            self.k += 1
-        rules = self.rules
-        rules["group"] = rules["group"] and name == group and self.k == 0
-        rules["group#k"] = rules["group#k"] and name == f"{group}#{self.k}"
-        rules["group/k"] = rules["group/k"] and name == f"{group}/{self.k}"
-        self.names_file.write(json.dumps(name) + "\n")
-        self.pos += length
-        self.buffers["offsets.i64"].append(self.pos)
-        self.buffers["flags.u8"].append(flag)
-        self.buffers["group.u32"].append(gid)
-        if flag == 0:
-            self.buffers["train.i64"].append(self.n)
-            self.vpos += length + 2
-            self.buffers["vstart.i64"].append(self.vpos)
-            self.n_train += 1
-        self.n += 1
-        if self.n % self.FLUSH == 0:
-            self._flush()
-
-    def _flush(self) -> None:
-        for name, buf in self.buffers.items():
-            buf.tofile(self.files[name])
-            del buf[:]
-
-    def finish(self, header: dict, *, part: bool = False) -> dict:
-        """Close the files and write the index; ``part``: one worker's share of a parallel build
-        (its names kept, and every rule its names follow, for :func:`_merge`)."""
-        self._flush()
-        if self.shard is not None:
-            self.shard.close()
-        self.names_file.close()
-        for f in self.files.values():
-            f.close()
-        if part:
-            header = {**header, "rules": [r for r, ok in self.rules.items() if ok]}
-        rule = next((r for r, ok in self.rules.items() if ok), "stored")
-        if not part:
-            _settle_names(self.out, rule, self.n, header["spec"])
-        self.groups_file.write("]")
-        self.groups_file.close()
-        index = {
-            "version": CACHE_VERSION,
-            **header,
-            "documents": self.n,
-            "bytes": self.pos,
-            "shards": self.shard_sizes,
-            "runs": self.n_runs,
-            "groups": self.n_groups,
-            "names": rule,
-            "train_documents": self.n_train,
-            "train_stream_len": self.vpos,
-        }
-        if part:
-            index["distinct_groups"] = self.distinct
-        (self.out / "index.json").write_text(json.dumps(index, indent=1))
-        return index
-
-
-def _settle_names(out: Path, rule: str, n: int, spec: str) -> None:
-    """Drop the names file when names derive from groups (unique by construction); else check
-    that the stored names are unique."""
-    if rule != "stored":
-        (out / "names.jsonl").unlink()
-        return
-    seen: set[bytes] = set()
-    with open(out / "names.jsonl", "rb") as names:
-        for line in names:
-            seen.add(hashlib.blake2b(line, digest_size=16).digest())
-    if len(seen) != n:
-        raise UserError(f"data spec {spec!r} yields duplicate document names; they must be unique")
-
-
-def _build_part(job: tuple) -> dict:
-    """One worker of a parallel build: its partition of the source into ``out`` (a part)."""
-    source, out, split_seed, heldout_fraction, validation_fraction, shard_bytes = job
-    out.mkdir()
-    builder = _Builder(out, shard_bytes, distinct_groups=getattr(source, "distinct_groups", False))
-    for name, group, pieces in source.records():
-        held = is_heldout(name, split_seed, heldout_fraction)
-        flag = _HELD if held else _VALID if is_validation(name, split_seed, validation_fraction) else 0
-        builder.add(name, group, pieces, flag)
-        if _DONE is not None:
-            with _DONE.get_lock():
-                _DONE.value += 1
-    return builder.finish({"spec": source.spec}, part=True)
-
-
-_DONE = None  # a worker's shared count of documents done (set by _worker_init)
-
-
-def _worker_init(done) -> None:
-    global _DONE
-    _DONE = done
-
-
-def _copy_adjusted(src: Path, dst, dtype, add: int = 0, skip: int = 0, chunk: int = 1 << 20) -> None:
-    """Append ``src``'s values (from index ``skip``) plus ``add`` to the open file ``dst``, a chunk
-    at a time."""
-    n = src.stat().st_size // np.dtype(dtype).itemsize
-    if n <= skip:
-        return
-    values = np.memmap(src, dtype=dtype, mode="r", shape=(n,))
-    for lo in range(skip, n, chunk):
-        block = np.asarray(values[lo : lo + chunk])
-        (block + np.asarray(add, dtype) if add else block).astype(dtype).tofile(dst)
-
-
-_PER_DOC = ("offsets.i64", "flags.u8", "group.u32", "train.i64", "vstart.i64", "runs.i64")
-
-
-def _merge(parts: list[Path], indexes: list[dict], out: Path, header: dict) -> None:
-    """Join the parts of a parallel build, in order, into one corpus directory: the shards are
-    renamed, the per-document files appended with their offsets shifted (streamed)."""
-    # parts of a source whose groups never recur (files) concatenate their group tables, streamed;
-    # else the names are matched across parts
-    distinct = all(i.get("distinct_groups") for i in indexes)
-    groups: dict[str, int] = {}
-    n_groups = 0
-    recurring = False
-    shard_sizes: list[int] = []
-    n = n_bytes = n_runs = n_train = v_len = 0
-    files = {name: open(out / name, "wb") for name in _PER_DOC}
-    np.zeros(1, np.int64).tofile(files["offsets.i64"])
-    np.zeros(1, np.int64).tofile(files["vstart.i64"])
-    table_file = open(out / "groups.json", "w", encoding="utf-8")
-    table_file.write("[")
-    with open(out / "names.jsonl", "wb") as names:
-        for part, idx in zip(parts, indexes):
-            for k, size in enumerate(idx["shards"]):
-                os.replace(part / f"shard-{k:05d}.u8", out / f"shard-{len(shard_sizes):05d}.u8")
-                shard_sizes.append(size)
-            if distinct:
-                body = (part / "groups.json").read_text(encoding="utf-8")[1:-1]
-                if body:
-                    table_file.write(("," if n_groups else "") + body)
-                _copy_adjusted(part / "group.u32", files["group.u32"], np.uint32, add=n_groups)
-                n_groups += idx["groups"]
-            else:
-                table = json.loads((part / "groups.json").read_text(encoding="utf-8"))
-                remap = np.empty(len(table), np.uint32)
-                for g, name in enumerate(table):
-                    recurring = recurring or name in groups
-                    if name not in groups:
-                        table_file.write(("," if groups else "") + json.dumps(name))
-                    remap[g] = groups.setdefault(name, len(groups))
-                ids = np.fromfile(part / "group.u32", np.uint32)
-                remap[ids].tofile(files["group.u32"])
-                n_groups = len(groups)
-            _copy_adjusted(part / "offsets.i64", files["offsets.i64"], np.int64, add=n_bytes, skip=1)
-            _copy_adjusted(part / "flags.u8", files["flags.u8"], np.uint8)
-            _copy_adjusted(part / "runs.i64", files["runs.i64"], np.int64, add=n)
-            _copy_adjusted(part / "train.i64", files["train.i64"], np.int64, add=n)
-            _copy_adjusted(part / "vstart.i64", files["vstart.i64"], np.int64, add=v_len, skip=1)
-            with open(part / "names.jsonl", "rb") as src:
-                shutil.copyfileobj(src, names, 1 << 20)
-            n, n_bytes, n_runs = n + idx["documents"], n_bytes + idx["bytes"], n_runs + idx["runs"]
-            n_train, v_len = n_train + idx["train_documents"], v_len + idx["train_stream_len"]
-    for out_file in files.values():
-        out_file.close()
-    table_file.write("]")
-    table_file.close()
-    common = set.intersection(*(set(i["rules"]) for i in indexes)) if not recurring else set()
-    rule = next((r for r in ("group", "group#k", "group/k") if r in common), "stored")
-    _settle_names(out, rule, n, header["spec"])
-    index = {
-        "version": CACHE_VERSION,
-        **header,
-        "documents": n,
-        "bytes": n_bytes,
-        "shards": shard_sizes,
-        "runs": n_runs,
-        "groups": n_groups,
-        "names": rule,
-        "train_documents": n_train,
-        "train_stream_len": v_len,
-    }
-    (out / "index.json").write_text(json.dumps(index, indent=1))
-
-
-def _build(
-    source,
-    out: Path,
-    split_seed: int,
-    heldout_fraction: float,
-    validation_fraction: float,
-    progress: Progress | None,
-    shard_bytes: int | None = None,
-    workers: int = 1,
-) -> None:
-    shard_bytes = shard_bytes or SHARD_BYTES
-    header = {
-        "spec": source.spec,
-        "source": source.describe(),
-        "split_seed": split_seed,
-        "heldout_fraction": heldout_fraction,
-        "validation_fraction": validation_fraction,
-    }
-    partitions = source.partitions(workers) if workers > 1 else [source]
-    if len(partitions) > 1:
-        _build_parallel(partitions, out, header, shard_bytes, progress)
-        return
-    builder = _Builder(out, shard_bytes, distinct_groups=getattr(source, "distinct_groups", False))
-    for name, group, pieces in source.records(progress):
-        held = is_heldout(name, split_seed, heldout_fraction)
-        flag = _HELD if held else _VALID if is_validation(name, split_seed, validation_fraction) else 0
-        builder.add(name, group, pieces, flag)
-    builder.finish(header)
-
-
-def _build_parallel(partitions, out: Path, header: dict, shard_bytes: int, progress: Progress | None) -> None:
-    """One worker process per partition (spawned: the parent may hold JAX's threads), each writing
-    a part; then :func:`_merge`. Progress counts documents (of an unknown total)."""
-    import multiprocessing  # noqa: PLC0415
-
-    context = multiprocessing.get_context("spawn")
-    done = context.Value("q", 0)
-    parts = [out / f"part-{k:05d}" for k in range(len(partitions))]
-    jobs = [
-        (
-            p,
-            part,
-            header["split_seed"],
-            header["heldout_fraction"],
-            header["validation_fraction"],
-            shard_bytes,
-        )
-        for p, part in zip(partitions, parts)
-    ]
-    with concurrent.futures.ProcessPoolExecutor(
-        len(jobs), mp_context=context, initializer=_worker_init, initargs=(done,)
-    ) as pool:
-        futures = [pool.submit(_build_part, job) for job in jobs]
-        while not all(f.done() for f in futures):
-            concurrent.futures.wait(futures, timeout=0.5)
-            if progress:
-                progress(done.value, 0)
-        indexes = [f.result() for f in futures]
-    _merge(parts, indexes, out, header)
-    for part in parts:
-        shutil.rmtree(part)
 
 
 def load_corpus(
@@ -958,7 +501,9 @@ def load_corpus(
                 f"shares, or run 'bytelm data prepare --data {spec} --out {root}' on each host first"
             )
         with atomic_directory(path) as tmp:
-            _build(source, tmp, split_seed, heldout_fraction, validation_fraction, progress, workers=workers)
+            build_corpus(
+                source, tmp, split_seed, heldout_fraction, validation_fraction, progress, workers=workers
+            )
     corpus = Corpus(path, segment_bytes=segment_bytes, max_eval_bytes=max_eval_bytes)
     if require_split:
         _check_split(corpus, spec, heldout_fraction)

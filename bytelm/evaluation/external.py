@@ -13,7 +13,7 @@ first line is a header, then one line per segment in canonical order::
 need not be valid UTF-8. ``protocol`` is the evaluation protocol that chose the segments
 (docs/evaluation.md). The fingerprint is the sha256 of ``b"bytelm-eval-protocol 2\0"``, the
 segments, each prefixed by its length as 8 little-endian bytes, then ``b"total"`` and the total
-length as 8 little-endian bytes (:func:`bytelm.data.corpus.fingerprint_segments`).
+length as 8 little-endian bytes (:func:`bytelm.data.split.fingerprint_segments`).
 
 **Scores file** (``bytelm eval --external NAME=scores.jsonl``), JSON Lines. A header line, then
 one line per segment (any order, every id exactly once)::

@@ -1,7 +1,7 @@
 """What the evaluator produces: the evaluation set and one result row per model.
 
 A leaf module of :mod:`bytelm.evaluation` (it imports only the arithmetic of :mod:`~bytelm.bpb` and the
-segment fingerprint of :mod:`bytelm.data.corpus`), shared by the evaluator, outside scores
+segment fingerprint of :mod:`bytelm.data.split`), shared by the evaluator, outside scores
 (:mod:`bytelm.evaluation.external`) and reports (:mod:`bytelm.evaluation.report`). The protocol behind the
 numbers is docs/evaluation.md.
 """
@@ -14,7 +14,8 @@ import sys
 import numpy as np
 
 from bytelm.bpb import SegmentScores, breakdown, top_directory
-from bytelm.data.corpus import EVAL_PROTOCOL, Corpus, Segment, fingerprint_segments
+from bytelm.data.corpus import Corpus
+from bytelm.data.split import EVAL_PROTOCOL, Segment, fingerprint_segments
 from bytelm.errors import UserError
 
 

@@ -11,13 +11,16 @@ reuse of the arguments (the donated parameters and optimizer state) + temporarie
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import re
 import time
+from collections.abc import Iterator
 
 import jax
 import numpy as np
+from jax.experimental.compilation_cache.compilation_cache import reset_cache
 
 from bytelm.config import Config
 from bytelm.errors import UserError
@@ -217,15 +220,28 @@ def compile_for_topology(
 ) -> dict:
     """Compile the training step and the evaluation step of ``cfg`` for ``slices`` slices of
     ``topology``; the report :func:`bytelm.cli` prints (see the module docstring)."""
-    # the kernels a TPU would run (splash attention, XLA's MLP); and no persistent compilation cache,
-    # which would store these TPU programs and then fail to read them back without a TPU
+    # the kernels a TPU would run (splash attention, XLA's MLP), and no persistent compilation cache
+    with target_backend("tpu"), _without_persistent_cache():
+        return _compile_for_topology(cfg, topology, slices, chips_per_host, vocab_size)
+
+
+@contextlib.contextmanager
+def _without_persistent_cache() -> Iterator[None]:
+    """JAX's persistent compilation cache off inside the block, and as it was after it.
+
+    The cache would store the TPU programs compiled here and then fail to read them back (a
+    compile-only client cannot load an executable: a warning on every later compile of the same
+    step). JAX decides once per process whether it uses the cache, at its first compilation, so
+    the setting alone changes nothing once anything was compiled: the cache is reset on the way in
+    and on the way out, and JAX decides again at the next compilation."""
     previous = getattr(jax.config, "jax_enable_compilation_cache")  # noqa: B009 (no typed attribute)
     jax.config.update("jax_enable_compilation_cache", False)
+    reset_cache()
     try:
-        with target_backend("tpu"):
-            return _compile_for_topology(cfg, topology, slices, chips_per_host, vocab_size)
+        yield
     finally:
         jax.config.update("jax_enable_compilation_cache", previous)
+        reset_cache()
 
 
 def _compile_for_topology(

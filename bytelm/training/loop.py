@@ -1,18 +1,15 @@
 """The one training loop: :func:`train` runs (or resumes) a run directory, around a
 :class:`~bytelm.training.trainer.Trainer`: checkpoints (periodic, on SIGTERM/SIGINT, keep last N),
-``metrics.jsonl``, periodic held-out BPB, ``run.json``, the time budget. Batches are a pure function
-of ``(seed, step)`` and the state is restored bit for bit, so a resumed run reproduces the
-uninterrupted one on the same machine.
+``metrics.jsonl`` (:mod:`bytelm.training.metrics`), periodic held-out BPB, ``run.json``, the time
+budget. Batches are a pure function of ``(seed, step)`` and the state is restored bit for bit, so a
+resumed run reproduces the uninterrupted one on the same machine.
 
 The files of a run directory are :class:`~bytelm.rundir.RunDir`'s.
 """
 
 from __future__ import annotations
 
-import collections
 import contextlib
-import hashlib
-import json
 import logging
 import math
 import shutil
@@ -25,17 +22,17 @@ from pathlib import Path
 
 import jax
 
-from bytelm.atomic import atomic_write_text
 from bytelm.config import Config, config_to_dict, dump_config
 from bytelm.data.prefetch import Prefetch
 from bytelm.errors import UserError
 from bytelm.families import STATS_KEY
 from bytelm.paths import check_output_dir
-from bytelm.rundir import RunDir, check_output_url, run_path, upload_directory, write_text
+from bytelm.rundir import RunDir, check_output_url, run_path, upload_directory
 from bytelm.training.check import metrics_line
 from bytelm.training.checkpoint import Checkpointer, CheckpointUnreadable
 from bytelm.training.clock import Clock
 from bytelm.training.distributed import agree, barrier, is_primary, load_job_corpus
+from bytelm.training.metrics import Metrics, Throughput
 from bytelm.training.peak import device_peak, measure_matmul_peak
 from bytelm.training.restore import ensure_run_record, make_task, run_record
 from bytelm.training.trainer import (
@@ -70,115 +67,6 @@ class _SignalFlag:
     def __exit__(self, *exc):
         for sig, old in self._old.items():
             signal.signal(sig, old)
-
-
-class _Metrics:
-    """Appends JSON lines to the run's ``metrics.jsonl``; on resume, drops records past the restored
-    step (and a torn last line). Only the primary process writes (the others' records are the same
-    numbers). In an object store, where nothing can be appended, the records (and TensorBoard's
-    event files, written to a local staging directory) are uploaded whole by :meth:`sync`: at each
-    checkpoint, every :attr:`SYNC_S` seconds and at the end."""
-
-    SYNC_S = 60.0
-
-    def __init__(
-        self,
-        files: RunDir,
-        resume_step: int,
-        *,
-        tensorboard: bool = False,
-        wandb_project: str = "",
-        config: dict | None = None,
-    ):
-        self.files = files
-        self.file = None
-        self.board = None
-        self.wandb = None
-        self.lines: list[str] | None = None  # (a run in an object store: every record, uploaded whole)
-        self.staging: Path | None = None
-        self.synced = time.monotonic()
-        if not is_primary():
-            return
-        path = files.metrics_path
-        kept = [r for r in files.metrics() if r.get("step", 0) <= resume_step]
-        if files.remote:
-            self.lines = [json.dumps(r) + "\n" for r in kept]
-            self.staging = Path(tempfile.mkdtemp(prefix="bytelm-run-"))
-        else:
-            if path.exists():
-                atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in kept))
-            self.file = open(path, "a")
-        local = self.staging if self.staging is not None else files.path
-        if tensorboard:
-            from tensorboardX import SummaryWriter  # noqa: PLC0415
-
-            # (a resumed run's writer purges the events past its step, as metrics.jsonl drops them)
-            self.board = SummaryWriter(str(local / "tensorboard"), purge_step=resume_step + 1, flush_secs=10)
-        if wandb_project:
-            try:
-                import wandb  # noqa: PLC0415
-            except ImportError:
-                raise UserError(
-                    f"train.wandb_project = {wandb_project!r} needs Weights & Biases: "
-                    "pip install -e '.[wandb]' (or set train.wandb_project = \"\")"
-                ) from None
-            # one W&B run per run directory, resumed with it (its id derives from the directory)
-            where = str(files.path) if files.remote else str(files.path.absolute())
-            run_id = hashlib.sha256(where.encode()).hexdigest()[:16]
-            self.wandb = wandb.init(
-                project=wandb_project,
-                dir=str(local),
-                id=run_id,
-                name=files.path.name,
-                resume="allow",
-                config=config or {},
-            )
-
-    def write(self, record: dict) -> None:
-        if self.file is not None:
-            self.file.write(json.dumps(record) + "\n")
-            self.file.flush()
-        elif self.lines is not None:
-            self.lines.append(json.dumps(record) + "\n")
-            if time.monotonic() - self.synced > self.SYNC_S:
-                self.sync()
-        if (self.board is None and self.wandb is None) or record.get("kind") not in ("train", "eval"):
-            return
-        scalars = {
-            f"{record['kind']}/{k}": v
-            for k, v in record.items()
-            if k not in ("kind", "step") and isinstance(v, int | float) and not isinstance(v, bool)
-        }
-        if self.board is not None:
-            for tag, value in scalars.items():
-                self.board.add_scalar(tag, value, record["step"])
-        if self.wandb is not None:
-            self.wandb.log(scalars, step=record["step"])
-
-    def sync(self) -> None:
-        """Upload the records and the event files (a run in an object store; on disk they are
-        written as they come)."""
-        if self.lines is None:
-            return
-        write_text(self.files.metrics_path, "".join(self.lines))
-        if self.board is not None:
-            self.board.flush()
-            upload_directory(self.staging / "tensorboard", self.files.path / "tensorboard")  # type: ignore[operator]
-        self.synced = time.monotonic()
-
-    def close(self) -> None:
-        if self.file is not None:
-            self.file.close()
-        if self.board is not None:
-            self.board.close()
-        if self.wandb is not None:
-            self.wandb.finish()
-        if self.lines is not None:
-            try:
-                self.sync()
-            finally:
-                shutil.rmtree(self.staging, ignore_errors=True)  # type: ignore[arg-type]
-                self.lines = None
 
 
 def eval_slice(corpus, eval_bytes: int) -> list[bytes]:
@@ -241,9 +129,8 @@ class _Run:
         )
         trainer.horizon = self.clock.horizon if self.clock.horizon is not None else Clock.UNPLANNED
         self.peak_total = self._peak_flops()
-        self.intervals: collections.deque = collections.deque()  # (seconds, steps, bytes) of recent logs
-        self.warned_peak = False
         self.flops_per_step = self.task.train_flops_per_position() * self.task.positions_per_step()
+        self.throughput = Throughput(self.flops_per_step, self.peak_total, self.peak_source)
         self.ledger = self.task.ledger()  # own + auxiliary FLOPs (bytelm/ledger.py)
         self.info = self._run_info(corpus)
         # an extended run: its schedule's segments (docs/architecture.md, "Extending a run")
@@ -263,7 +150,7 @@ class _Run:
             trainer.segment_start = trainer.step  # (kept in every checkpoint from here: meta)
         if extensions:
             self.info["extensions"] = extensions
-        self.metrics: _Metrics | None = _Metrics(
+        self.metrics: Metrics | None = Metrics(
             self.files,
             trainer.step,
             tensorboard=cfg.train.tensorboard,
@@ -380,45 +267,11 @@ class _Run:
         if self.metrics is not None:
             self.metrics.write(record)
 
-    # progress lines average throughput and MFU over the log intervals of the last THROUGHPUT_WINDOW_S
-    # seconds of training time (evaluations excluded), so that consecutive lines are comparable
-    THROUGHPUT_WINDOW_S = 30.0
-
-    def _windowed(self, step_s: float, steps_logged: int, nbytes: float) -> tuple[float, float]:
-        """``(seconds per step, bytes per second)`` over the recent intervals (this one included)."""
-        self.intervals.append((step_s * steps_logged, steps_logged, nbytes * steps_logged))
-        while len(self.intervals) > 1 and sum(x[0] for x in self.intervals) - self.intervals[0][0] >= (
-            self.THROUGHPUT_WINDOW_S
-        ):
-            self.intervals.popleft()
-        seconds_ = sum(x[0] for x in self.intervals)
-        return seconds_ / sum(x[1] for x in self.intervals), sum(x[2] for x in self.intervals) / seconds_
-
-    def mfu(self, step_s: float) -> tuple[float | None, float | None]:
-        """``(MFU, FLOP/s over the peak)``: MFU when there is a peak and the ratio is at most 1; a
-        ratio above 1 is not an MFU (the configured peak is below what was achieved) and is returned
-        second, with a warning once."""
-        if self.peak_total is None or step_s <= 0:
-            return None, None
-        ratio = self.flops_per_step / step_s / self.peak_total
-        if ratio <= 1.0:
-            return ratio, None
-        if not self.warned_peak:
-            log.warning(
-                "the achieved %.3g FLOP/s exceed the peak MFU is measured against (%.3g, %s): no MFU is "
-                "printed; set train.peak_flops to the devices' real peak",
-                self.flops_per_step / step_s,
-                self.peak_total,
-                self.peak_source,
-            )
-            self.warned_peak = True
-        return None, ratio
-
     def log_train(self, m: dict, loss: float, step_s: float, progress, steps_logged: int = 1) -> None:
         trainer, steps = self.trainer, self.clock.horizon
         nbytes = float(m["bytes"])
-        window_step_s, window_bytes_s = self._windowed(step_s, steps_logged, nbytes)
-        mfu, over = self.mfu(window_step_s)
+        window_step_s, window_bytes_s = self.throughput.window(step_s, steps_logged, nbytes)
+        mfu, over = self.throughput.mfu(window_step_s)
         rec = {
             "kind": "train",
             "step": trainer.step,

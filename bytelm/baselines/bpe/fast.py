@@ -12,7 +12,8 @@ corpora. The tokenizer module is the algorithm; this one is engineering:
   their chunks keyed by integers (packed, or numbered by content) rather than Python strings;
 - new chunks of up to ``_VECTOR_CHUNK`` bytes merge together in numpy, one merge per chunk per
   round; long chunks go through a heap of pair ranks; the rest through a plain loop;
-- inputs of 1 MiB or more are split across worker processes (forked on Linux).
+- inputs of 1 MiB or more are split across worker processes (:mod:`.parallel`), which receive the
+  encoder with its tables.
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ class FastEncoder:
         self.ranks: dict[int, int] = {(a << PAIR_SHIFT) | b: r for (a, b), r in tokenizer.ranks.items()}
         self.results: list[int] = tokenizer.merge_results
         self._cache = _ChunkCache()
-        # one-time tables, built on first use and before worker processes fork (they inherit them)
+        # one-time tables, built on first use (worker processes receive them built, see __getstate__)
         self._whole_tokens: dict[bytes, int] | None = None
         self._pair_arrays: tuple[IntTable | None, np.ndarray] | None = None
         self._whole_packed_table: IntTable | None = None
@@ -83,13 +84,13 @@ class FastEncoder:
         :meth:`~bytelm.baselines.bpe.tokenizer.Tokenizer.encode_documents`)."""
         workers = resolve_workers(num_workers)
         sizes = [len(d) for d in docs]
-        self._prepare_tables()  # once, before the workers fork
+        self._prepare_tables()  # once, here: the workers receive them
         if workers <= 1 or sum(sizes) < _PARALLEL_BYTES:
-            return _encode_documents_shard((self, docs, [(0, len(docs))], dtype), 0)
+            return _encode_documents_shard((self, dtype), docs)
         shards = balanced_shards(
             sizes, _SHARDS_PER_WORKER * workers
         )  # a worker's cache serves all its shards
-        parts = shard_map(_encode_documents_shard, (self, docs, shards, dtype), len(shards), workers)
+        parts = shard_map(_encode_documents_shard, (self, dtype), [docs[a:b] for a, b in shards], workers)
         if not parts:
             return np.zeros(0, dtype), np.zeros(0, np.int64)
         return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
@@ -419,14 +420,13 @@ class _ChunkCache:
         return self._flat, starts, self._lens
 
 
-def _encode_documents_shard(payload, i: int) -> tuple[np.ndarray, np.ndarray]:
+def _encode_documents_shard(shared, docs: list) -> tuple[np.ndarray, np.ndarray]:
     """A worker's part of :meth:`FastEncoder.encode_documents` (module level: process pools call it)."""
-    enc, docs, shards, dtype = payload
-    start, stop = shards[i]
+    enc, dtype = shared
     id_parts, count_parts = [], []
     batch: list = []
     size = 0
-    for doc in docs[start:stop]:
+    for doc in docs:
         batch.append(doc)
         size += len(doc)
         if size >= _BATCH_BYTES:

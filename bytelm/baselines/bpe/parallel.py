@@ -1,21 +1,33 @@
 """Run one function over a few shards in worker processes (pre-tokenization, batch encoding).
 
-On Linux the workers are forked, so the shared ``payload`` (documents, a tokenizer) reaches them
-without being pickled; elsewhere it is pickled once per worker. Only the (small) results travel
-back. Workers run pure Python/numpy code (no JAX), which is what makes forking safe here.
+The workers are started by a fork server where the platform has one (Linux, macOS), else spawned:
+never forked from this process, whose JAX may be running threads. What all shards share (a
+tokenizer) is pickled once per worker, by the pool's initializer; a shard (its documents) is pickled
+once, with the task that takes it; only the (small) results travel back. Workers run pure
+Python/numpy code. As with any spawned process, a worker imports the main module (once, in the fork
+server): a script that runs these with several workers needs the ``if __name__ == "__main__":``
+idiom.
 """
 
 from __future__ import annotations
 
-import gc
 import multiprocessing
 import os
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
+from multiprocessing.context import BaseContext
+from typing import Any, TypeVar
 
 from bytelm.errors import UserError
 
-_PAYLOAD: Any = None
+# Imported once by the fork server, so that each worker starts with them: the main module (which a
+# worker would otherwise import for itself, as spawned processes do) and what the workers need.
+_PRELOAD = ["__main__", "bytelm.baselines.bpe._worker"]
+
+S = TypeVar("S")
+P = TypeVar("P")
+R = TypeVar("R")
+
+_WORK: tuple[Callable, Any] | None = None  # (func, shared), in a worker
 
 
 def available_cpus() -> int:
@@ -37,40 +49,35 @@ def resolve_workers(num_workers: int | None) -> int:
     return num_workers
 
 
-def _set_payload(payload: Any) -> None:
-    global _PAYLOAD
-    _PAYLOAD = payload
+def _context() -> BaseContext:
+    if "forkserver" in multiprocessing.get_all_start_methods():
+        context = multiprocessing.get_context("forkserver")
+        context.set_forkserver_preload(_PRELOAD)  # (no effect once this process's fork server runs)
+        return context
+    return multiprocessing.get_context("spawn")
 
 
-def _run(task: tuple[Callable[[Any, int], Any], int]) -> Any:
-    func, i = task
-    return func(_PAYLOAD, i)
+def _set_work(func: Callable, shared: Any) -> None:
+    global _WORK
+    _WORK = (func, shared)
 
 
-def shard_map(func: Callable[[Any, int], Any], payload: Any, n_shards: int, workers: int) -> list[Any]:
-    """``[func(payload, i) for i in range(n_shards)]``, computed by ``workers`` processes.
+def _run(part: Any) -> Any:
+    assert _WORK is not None
+    func, shared = _WORK
+    return func(shared, part)
 
-    ``func`` must be a module-level function. With one worker (or one shard) it runs in-process.
+
+def shard_map(func: Callable[[S, P], R], shared: S, parts: Sequence[P], workers: int) -> list[R]:
+    """``[func(shared, part) for part in parts]``, computed by up to ``workers`` processes.
+
+    ``func`` must be a module-level function, and ``shared`` and the parts picklable. With one
+    worker (or one part) it runs in-process.
     """
-    if workers <= 1 or n_shards <= 1:
-        return [func(payload, i) for i in range(n_shards)]
-    methods = multiprocessing.get_all_start_methods()
-    tasks = [(func, i) for i in range(n_shards)]
-    if "fork" in methods:
-        ctx = multiprocessing.get_context("fork")
-        _set_payload(payload)
-        # Objects that exist before the fork are left out of the workers' garbage collections,
-        # which would otherwise walk (and copy on write) the whole inherited heap.
-        gc.freeze()
-        try:
-            with ctx.Pool(min(workers, n_shards)) as pool:
-                return pool.map(_run, tasks, chunksize=1)
-        finally:
-            gc.unfreeze()
-            _set_payload(None)
-    spawn = multiprocessing.get_context("spawn")
-    with spawn.Pool(min(workers, n_shards), initializer=_set_payload, initargs=(payload,)) as pool:
-        return pool.map(_run, tasks, chunksize=1)
+    if workers <= 1 or len(parts) <= 1:
+        return [func(shared, part) for part in parts]
+    with _context().Pool(min(workers, len(parts)), initializer=_set_work, initargs=(func, shared)) as pool:
+        return pool.map(_run, parts, chunksize=1)
 
 
 def balanced_shards(sizes: list[int], n_shards: int) -> list[tuple[int, int]]:

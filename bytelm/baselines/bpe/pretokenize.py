@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import functools
 import re
+import sys
+from array import array
 
 import regex
 
@@ -80,7 +82,10 @@ def pattern_name(pattern: str) -> str | None:
 # -- the equivalent ``re`` patterns -------------------------------------------------------
 @functools.lru_cache(maxsize=1)
 def _all_code_points() -> str:
-    return "".join(map(chr, range(0x110000)))
+    # decoded from one array of code points (surrogates included): a join of a million one-character
+    # strings would hold them all at once (about 100 MB, three times slower)
+    codec = "utf-32-le" if sys.byteorder == "little" else "utf-32-be"
+    return array("I", range(0x110000)).tobytes().decode(codec, "surrogatepass")
 
 
 @functools.lru_cache(maxsize=None)

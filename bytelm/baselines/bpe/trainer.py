@@ -61,12 +61,10 @@ _PARALLEL_BYTES = 1 << 20  # smaller corpora are pre-tokenized in-process
 
 # -- small pure helpers (reference semantics, used by tests) -------------------------------
 # -- 1. counting chunks -------------------------------------------------------------------
-def _count_shard(payload: tuple[PreTokenizer, list[bytes], list[tuple[int, int]]], i: int) -> dict[str, int]:
-    pretok, docs, shards = payload
-    start, stop = shards[i]
+def _count_shard(pretok: PreTokenizer, docs: list[bytes]) -> dict[str, int]:
     counts: Counter = Counter()
     split = pretok.split
-    for doc in docs[start:stop]:
+    for doc in docs:
         counts.update(split(doc.decode("utf-8", "surrogateescape")))
     return counts
 
@@ -99,7 +97,7 @@ def count_chunks(
         sizes = [len(d) for d in block]
         parallel = workers > 1 and sum(sizes) >= _PARALLEL_BYTES
         shards = balanced_shards(sizes, 2 * workers if parallel else 1)
-        for part in shard_map(_count_shard, (pretok, block, shards), len(shards), workers):
+        for part in shard_map(_count_shard, pretok, [block[a:b] for a, b in shards], workers):
             total.update(part)
         done += sum(sizes)
         if progress is not None:
