@@ -41,6 +41,7 @@ from bytelm.atomic import atomic_directory, atomic_write_text
 from bytelm.baselines import OWN_ENCODER, is_saved, load_tokenizer, train_tokenizer
 from bytelm.bpb import SegmentScores
 from bytelm.config import Config, load_config, section_overrides, typed_fields, with_values
+from bytelm.console import Stopped
 from bytelm.errors import UserError
 from bytelm.evaluation.evaluator import CorpusCache, evaluate_run, evaluate_trained
 from bytelm.evaluation.results import EvalSet, ModelResult
@@ -69,14 +70,10 @@ StageProgress = Callable[[str, int, "int | None", str], None]
 Note = Callable[[str], None]
 
 
-class StageStopped(RuntimeError):
+class StageStopped(Stopped):
     """A training stopped before its last step (SIGINT/SIGTERM) inside a multi-run job; its checkpoint
-    is saved and the same command resumes it (the CLI's signal contract: exit 0 after SIGTERM, 130
-    after SIGINT; ``signum``: the signal)."""
-
-    def __init__(self, message: str, signum: int | None = None):
-        super().__init__(message)
-        self.signum = signum
+    is saved and the same command resumes it (the CLI's signal contract, :mod:`bytelm.console`: exit 0
+    after SIGTERM, 130 after SIGINT; ``signum``: the signal)."""
 
 
 @dataclasses.dataclass
