@@ -254,3 +254,9 @@ class Task:
     def decoder(self, model: nnx.Module) -> Decoder:
         """The family's cached decoder for ``model`` (:mod:`bytelm.sampling`)."""
         raise NotImplementedError
+
+    @classmethod
+    def add_commands(cls, subparsers) -> None:
+        """A family may contribute commands of its own to the ``bytelm`` command line: add their
+        parsers to ``subparsers`` (argparse's ``add_subparsers()``), each with its function
+        (:func:`bytelm.console.command`). Default: none."""
