@@ -304,13 +304,13 @@ def test_a_skewed_clock_on_one_process_changes_neither_learning_rates_nor_the_st
 def test_only_process_0_logs_info_and_the_others_prefix_their_warnings(capsys):
     import logging
 
-    from bytelm import cli
+    from bytelm import console
     from bytelm.training.distributed import configure_process_logging
 
     root = logging.getLogger()
     saved = (root.level, [(h, h.formatter) for h in root.handlers])
     try:
-        cli._configure_logging(verbose=False, quiet=False)
+        console.configure_logging(verbose=False, quiet=False)
         configure_process_logging(0, 2)  # process 0: as configured
         assert root.level == logging.INFO
         configure_process_logging(3, 4)
@@ -323,7 +323,7 @@ def test_only_process_0_logs_info_and_the_others_prefix_their_warnings(capsys):
         root.setLevel(saved[0])
         for handler, formatter in saved[1]:
             handler.setFormatter(formatter)
-        cli._configure_logging(verbose=False, quiet=False)
+        console.configure_logging(verbose=False, quiet=False)
         root.setLevel(saved[0])
 
 

@@ -18,9 +18,10 @@ from pathlib import Path
 import pytest
 from conftest import subprocess_env, word_corpus
 
-from bytelm import cli
+from bytelm import cli, console
 from bytelm.atomic import atomic_directory, atomic_write_text
 from bytelm.baselines.bpe import train_bpe
+from bytelm.cli import data as data_cli
 from bytelm.config import load_config
 from bytelm.data import load_corpus
 from bytelm.errors import UserError
@@ -152,7 +153,7 @@ def _wait_for_any_step(out: Path, proc: subprocess.Popen, timeout: float = 600) 
 def test_sigterm_stops_a_multi_run_job_with_exit_0_and_the_same_command_resumes(
     command, corpus_dir, tmp_path
 ):
-    """The signal contract (bytelm/cli.py): SIGTERM to compare or ablate in a training saves its
+    """The signal contract (bytelm/console.py): SIGTERM to compare or ablate in a training saves its
     checkpoint and exits 0 with one line; the same command then finishes the job."""
     out = tmp_path / "out"
     if command == "compare":
@@ -192,7 +193,7 @@ def test_sigterm_outside_a_training_exits_0_and_leaves_no_partial_file(tmp_path,
     no cache directory half written; the same command then prepares it."""
     root = word_corpus(tmp_path / "corpus", n_docs=30, words_per_doc=50)
     cache = tmp_path / "cache"
-    real = cli.load_corpus_from_config
+    real = data_cli.load_corpus_from_config
 
     def interrupted(cfg, progress=None, **kw):
         def tick(done, total):
@@ -204,7 +205,7 @@ def test_sigterm_outside_a_training_exits_0_and_leaves_no_partial_file(tmp_path,
 
         return real(cfg, progress=tick, **kw)
 
-    monkeypatch.setattr(cli, "load_corpus_from_config", interrupted)
+    monkeypatch.setattr(data_cli, "load_corpus_from_config", interrupted)
     assert (
         cli.main(["data", "prepare", "--data", f"files:{root}", "--out", str(cache), "--workers", "1"]) == 0
     )
@@ -212,8 +213,8 @@ def test_sigterm_outside_a_training_exits_0_and_leaves_no_partial_file(tmp_path,
     assert "stopped by SIGTERM" in err and "Traceback" not in err
     corpora = cache / "corpora"
     assert not corpora.exists() or not any((p / "index.json").is_file() for p in corpora.iterdir())
-    assert signal.getsignal(signal.SIGTERM) is not cli._terminate  # (the handler is the command's only)
-    monkeypatch.setattr(cli, "load_corpus_from_config", real)
+    assert signal.getsignal(signal.SIGTERM) is not console.terminate  # (the handler is the command's only)
+    monkeypatch.setattr(data_cli, "load_corpus_from_config", real)
     assert (
         cli.main(["data", "prepare", "--data", f"files:{root}", "--out", str(cache), "--workers", "1"]) == 0
     )

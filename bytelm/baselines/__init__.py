@@ -9,12 +9,15 @@ Python + numpy + regex, for the subword token LM.
   encode/decode API, greedy longest match over any vocabulary).
 
 :func:`load_tokenizer` reads any kind from its directory (by its native file);
-:func:`train_tokenizer` trains any kind. :data:`OWN_ENCODER` is each kind's own segmentation rule;
-BPE and Unigram vocabularies can also be segmented by greedy longest match (``"longest"``).
+:func:`train_tokenizer` trains any kind on a corpus, :func:`train_on_documents` on documents, and
+:func:`save_tokenizer` writes one over another kind's directory. :data:`OWN_ENCODER` is each kind's
+own segmentation rule; BPE and Unigram vocabularies can also be segmented by greedy longest match
+(``"longest"``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 
 from bytelm.errors import UserError
@@ -93,3 +96,53 @@ def train_tokenizer(kind: str, data, *, vocab_size: int, **kwargs):
 
         return train_wordpiece_on_corpus(data, vocab_size=vocab_size, **kwargs)
     raise UserError(f"tokenizer kind {kind!r} is not one of {list(KINDS)}")
+
+
+def train_on_documents(
+    kind: str,
+    documents: Iterable[bytes],
+    *,
+    encoder: str | None = None,
+    level: str = "byte",
+    max_input_chars_per_word: int | None = None,
+    **kwargs,
+):
+    """Train a ``kind`` (:data:`KINDS`) tokenizer on ``documents`` (streamed), recording ``encoder``
+    (default: the kind's own, :data:`OWN_ENCODER`); ``level`` and ``max_input_chars_per_word`` are
+    WordPiece's; ``kwargs`` go to :func:`~bytelm.baselines.bpe.trainer.train_bpe`,
+    :func:`~bytelm.baselines.unigram.trainer.train_unigram` or
+    :func:`~bytelm.baselines.wordpiece.trainer.train_wordpiece`."""
+    if kind == "bpe":
+        from bytelm.baselines.bpe import train_bpe
+
+        tok = train_bpe(documents, **kwargs)
+    elif kind == "unigram":
+        from bytelm.baselines.unigram import train_unigram
+
+        tok = train_unigram(documents, **kwargs)
+    elif kind == "wordpiece":
+        from bytelm.baselines.wordpiece import train_wordpiece
+
+        tok = train_wordpiece(
+            documents, level=level, max_input_chars_per_word=max_input_chars_per_word, **kwargs
+        )
+    else:
+        raise UserError(f"tokenizer kind {kind!r} is not one of {list(KINDS)}")
+    if encoder is not None and encoder != OWN_ENCODER[kind]:
+        tok = tok.with_encoder(encoder)
+    return tok
+
+
+def save_tokenizer(tok, directory, kind: str, **kwargs) -> None:
+    """``tok.save(directory, **kwargs)``, then remove what a tokenizer of another kind left in
+    ``directory`` (``kind``: :data:`KINDS` or ``"imported"``): its native file would be read
+    first, its tiktoken ranks would mislead."""
+    tok.save(directory, **kwargs)
+    stale = [name for k, name in NATIVE_FILES.items() if k != kind]
+    if kind != "bpe" and kind != "imported":
+        stale.append("ranks.tiktoken")
+    if kind != "imported":
+        stale.append("bytelm_imported.json")
+    for name in stale:
+        if (Path(directory) / name).is_file():
+            (Path(directory) / name).unlink()

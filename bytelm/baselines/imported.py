@@ -37,7 +37,7 @@ from bytelm.baselines.bpe.io import FORMAT_VERSION, TIKTOKEN_FILE, read_native, 
 from bytelm.baselines.bpe.pretokenize import resolve_pattern
 from bytelm.baselines.bpe.tokenizer import Tokenizer
 from bytelm.baselines.hf_import import SOURCE_KIND as HF_SOURCE_KIND
-from bytelm.baselines.hf_import import inner_from_tokenizer_json
+from bytelm.baselines.hf_import import inner_from_tokenizer_json, read_tokenizer_json
 from bytelm.errors import UserError
 
 FORMAT_NAME = "bytelm-imported"
@@ -140,6 +140,16 @@ def import_tokenizer_json(path: str | Path) -> ImportedTokenizer:
     add_special_tokens=False)`` (what is supported: :mod:`bytelm.baselines.hf_import`)."""
     inner, to_source = inner_from_tokenizer_json(path)
     return ImportedTokenizer(inner, to_source, source=Path(path).name, source_kind=HF_SOURCE_KIND)
+
+
+def import_tokenizer(path: str | Path, *, pattern: str) -> ImportedTokenizer:
+    """The tokenizer of ``path``: an HF tokenizer.json (:func:`import_tokenizer_json`), else a
+    tiktoken rank file split by ``pattern`` (:func:`import_tiktoken`)."""
+    if not Path(path).is_file():
+        raise UserError(f"{path} is not a file: give an HF tokenizer.json or a tiktoken rank file")
+    if read_tokenizer_json(path) is not None:
+        return import_tokenizer_json(path)
+    return import_tiktoken(path, pattern=pattern)
 
 
 # -- the tokenizer -----------------------------------------------------------------------------

@@ -11,19 +11,16 @@ import numpy as np
 
 from bytelm.bpb import SegmentScores
 from bytelm.config import Config, load_config, section_overrides
+from bytelm.console import Stopped
 from bytelm.evaluation.results import ModelResult
 from bytelm.ledger import Ledger
 from bytelm.rundir import RunDir
 
 
-class StageStopped(RuntimeError):
+class StageStopped(Stopped):
     """A training stopped before its last step (SIGINT/SIGTERM) inside a multi-run job; its checkpoint
-    is saved and the same command resumes it (the CLI's signal contract: exit 0 after SIGTERM, 130
-    after SIGINT; ``signum``: the signal)."""
-
-    def __init__(self, message: str, signum: int | None = None):
-        super().__init__(message)
-        self.signum = signum
+    is saved and the same command resumes it (the CLI's signal contract, :mod:`bytelm.console`: exit 0
+    after SIGTERM, 130 after SIGINT; ``signum``: the signal)."""
 
 
 @dataclasses.dataclass

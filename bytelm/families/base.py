@@ -288,3 +288,9 @@ class Task:
         if hasattr(model, "init_cache"):
             return FlatDecoder(model, self.cfg.train.seq_len, byte_units, byte_of_unit)
         return RecomputeDecoder(model, self.cfg.train.seq_len, byte_units, byte_of_unit)
+
+    @classmethod
+    def add_commands(cls, subparsers) -> None:
+        """A family may contribute commands of its own to the ``bytelm`` command line: add their
+        parsers to ``subparsers`` (argparse's ``add_subparsers()``), each with its function
+        (:func:`bytelm.console.command`). Default: none."""

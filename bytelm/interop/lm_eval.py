@@ -52,7 +52,7 @@ import numpy as np
 
 from bytelm.atomic import atomic_write_text
 from bytelm.errors import UserError
-from bytelm.evaluation.probes import conditional_nats, score_strings
+from bytelm.evaluation.probes import conditional_nats, corpus_probe_set, score_strings
 from bytelm.generate import generate, stream
 from bytelm.sampling.decoders import Decoder
 from bytelm.sampling.sampler import SamplingOptions
@@ -360,3 +360,9 @@ def write_tasks(out: str | Path, eval_set, probe_set=None) -> dict:
     summary["tasks"] = names
     atomic_write_text(out / "tasks.json", json.dumps(summary, indent=1) + "\n")
     return summary
+
+
+def write_probe_tasks(out: str | Path, eval_set, corpus, *, seed: int = 0, items: int | None = None) -> dict:
+    """:func:`write_tasks` with the probe set of ``eval_set`` and ``corpus``
+    (:func:`~bytelm.evaluation.probes.corpus_probe_set` with ``seed`` and ``items``)."""
+    return write_tasks(out, eval_set, corpus_probe_set(eval_set, corpus, seed=seed, items=items))

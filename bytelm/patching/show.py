@@ -21,6 +21,7 @@ import dataclasses
 import io
 import itertools
 import logging
+import os
 import sys
 import unicodedata
 from collections.abc import Iterable, Iterator
@@ -82,6 +83,60 @@ def read_windows(stream: BinaryIO, width: int) -> Iterator[bytes]:
     while chunk := stream.read(size):
         yield chunk
         size = width
+
+
+def open_text(text: str | None = None, file: str | os.PathLike | None = None) -> tuple[BinaryIO, int]:
+    """The bytes to show, as a stream to read windows from, and their length: the file ``file``'s,
+    else the string ``text``'s (its own bytes, as the command line gave them)."""
+    if file is None:
+        data = os.fsencode(text or "")
+        return io.BytesIO(data), len(data)
+    try:
+        stream = open(file, "rb")  # noqa: SIM115 (the caller closes it)
+    except OSError as e:
+        raise UserError(f"cannot read --file {file}: {e.strerror}; give a readable file") from None
+    try:
+        return stream, os.fstat(stream.fileno()).st_size
+    except OSError as e:
+        stream.close()
+        raise UserError(f"cannot read --file {file}: {e.strerror}; give a readable file") from None
+
+
+def read_text(text: str | None = None, file: str | os.PathLike | None = None) -> bytes:
+    """All the bytes :func:`open_text` opens."""
+    stream, _ = open_text(text, file)
+    with stream:
+        try:
+            return stream.read()
+        except OSError as e:
+            raise UserError(f"cannot read --file {file}: {e.strerror}; give a readable file") from None
+
+
+@dataclasses.dataclass
+class PatchTally:
+    """What the windows of a text came to, window by window (:meth:`add`): the first window (the
+    one drawn, whose settings a calibration chose), and the windows, bytes and patches so far."""
+
+    first: PatchedText | None = None
+    n_windows: int = 0
+    n_bytes: int = 0
+    n_patches: int = 0  # the BOS patch excluded
+
+    def add(self, part: PatchedText) -> None:
+        self.first = self.first or part
+        self.n_windows += 1
+        self.n_bytes += len(part.data)
+        self.n_patches += part.n_patches
+
+    @property
+    def mean_patch_len(self) -> float:
+        """Text bytes per patch."""
+        return self.n_bytes / max(self.n_patches, 1)
+
+    @property
+    def mean_patch_len_with_bos(self) -> float:
+        """Bytes per patch counting the BOS patch, as calibration does."""
+        return (self.n_bytes + 1) / (self.n_patches + 1)
 
 
 def _window_row(chunk: bytes, first: bool) -> np.ndarray:

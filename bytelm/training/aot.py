@@ -13,16 +13,17 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
 import math
 import re
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 
 import jax
 import numpy as np
 from jax.experimental.compilation_cache.compilation_cache import reset_cache
 
-from bytelm.config import Config
+from bytelm.config import Config, load_config
 from bytelm.errors import UserError
 from bytelm.families import task_class
 from bytelm.models.kernels import target_backend
@@ -219,7 +220,7 @@ def compile_for_topology(
     vocab_size: int | None = None,
 ) -> dict:
     """Compile the training step and the evaluation step of ``cfg`` for ``slices`` slices of
-    ``topology``; the report :func:`bytelm.cli` prints (see the module docstring)."""
+    ``topology``; the report ``bytelm compile`` prints (see the module docstring)."""
     # the kernels a TPU would run (splash attention, XLA's MLP), and no persistent compilation cache
     with target_backend("tpu"), _without_persistent_cache():
         return _compile_for_topology(cfg, topology, slices, chips_per_host, vocab_size)
@@ -369,3 +370,80 @@ def diagnosis(report: dict) -> str:
         f"{train['memory']['arguments'] / gib:.2f} GiB) against {t['hbm_bytes'] / gib:.0f} GiB of HBM on "
         f"{t['chip']}; largest arrays: {largest}; try " + "; or ".join(fixes)
     )
+
+
+def compile_config(config: str, overrides: Sequence[str], topology: Topology, **kwargs) -> dict:
+    """:func:`compile_for_topology` of the config file (or shipped config) ``config`` with
+    ``overrides`` (``KEY=VALUE``); ``kwargs``: its keyword arguments."""
+    return compile_for_topology(load_config(config, list(overrides)), topology, **kwargs)
+
+
+def headline(config: str, report: dict) -> dict:
+    """The main figures of a compile report, for one JSON line."""
+    t, r = report["topology"], report["roofline"]
+    train = report["programs"][0]
+    return {
+        "config": config,
+        "topology": t["name"],
+        "slices": t["slices"],
+        "fits": report["fits"],
+        "hbm_free_fraction": round(report["hbm_free_fraction"], 4),
+        "train_bytes_per_chip": train["memory"]["total"],
+        "eval_bytes_per_chip": report["programs"][1]["memory"]["total"],
+        "compile_s": round(sum(p["compile_s"] for p in report["programs"]), 2),
+        "xla_flops_per_chip": train["xla_flops"],
+        "analytic_flops_per_chip": report["analytic_train_flops_per_device"],
+        "collectives": {k: v["count"] for k, v in train["collectives"].items() if v["count"]},
+        "step_s_lower_bound": r["step_s_lower_bound"],
+        "bytes_per_s_per_chip_upper_bound": r["bytes_per_s_per_chip_upper_bound"],
+    }
+
+
+def sweep_settings(sweep: Sequence[str]) -> list[list[str]]:
+    """Every combination of swept values: ``["KEY=V1,V2,...", ...]`` -> the override lists."""
+    axes = []
+    for item in sweep:
+        key, sep, values = item.partition("=")
+        if not sep or not key.strip() or not values.strip():
+            raise UserError(f"--sweep {item!r}: give KEY=V1,V2,... (e.g. train.batch_size=128,256)")
+        axes.append([f"{key.strip()}={v.strip()}" for v in values.split(",") if v.strip()])
+    return [list(combo) for combo in itertools.product(*axes)]
+
+
+def compile_sweep(
+    config: str,
+    overrides: Sequence[str],
+    topology: Topology,
+    sweep: Sequence[str],
+    *,
+    note: Callable[[str], None] | None = None,
+    **kwargs,
+) -> list[dict]:
+    """One row per combination of the ``sweep`` values (:func:`sweep_settings`), each compiled by
+    :func:`compile_config` (``kwargs``: its keyword arguments): memory, compile time and the roofline
+    bound; a combination refused (:class:`UserError`) is a row with its ``error``, also passed to
+    ``note``."""
+    rows: list[dict] = []
+    for combo in sweep_settings(sweep):
+        label = " ".join(combo)
+        try:
+            report = compile_config(config, [*overrides, *combo], topology, **kwargs)
+        except UserError as e:
+            rows.append({"settings": label, "error": str(e)})
+            if note is not None:
+                note(f"{label}: {e}")
+            continue
+        train, r = report["programs"][0], report["roofline"]
+        rows.append(
+            {
+                "settings": label,
+                "fits": report["fits"],
+                "train_bytes_per_chip": train["memory"]["total"],
+                "hbm_free_fraction": round(report["hbm_free_fraction"], 4),
+                "compile_s": round(train["compile_s"] + report["programs"][1]["compile_s"], 2),
+                "step_s_lower_bound": r["step_s_lower_bound"],
+                "binding": r["binding"],
+                "bytes_per_s_per_chip_upper_bound": r["bytes_per_s_per_chip_upper_bound"],
+            }
+        )
+    return rows

@@ -64,6 +64,20 @@ def huge_page_malloc_env(environ: dict[str, str] | None = None) -> dict[str, str
     return environ
 
 
+def enable_compilation_cache() -> None:
+    """Reuse compiled XLA programs across runs (resumes, evals, compare stages), in the cache directory
+    (:func:`bytelm.data.default_cache_dir`), unless the user configured JAX's cache themselves."""
+    import jax  # noqa: PLC0415
+
+    from bytelm.data import default_cache_dir  # noqa: PLC0415
+
+    if "JAX_COMPILATION_CACHE_DIR" in os.environ or getattr(jax.config, "jax_compilation_cache_dir", None):
+        return
+    jax.config.update("jax_compilation_cache_dir", str(default_cache_dir() / "jax"))
+    if "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS" not in os.environ:
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
+
+
 # -- libtpu on a machine without a TPU ----------------------------------------------------------
 def accelerator_present() -> bool:
     """A TPU (``/dev/accel*``, ``/dev/vfio/N``) or an NVIDIA GPU (``/dev/nvidia0``) on this machine."""

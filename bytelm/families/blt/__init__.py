@@ -247,3 +247,9 @@ class BLTTask(Task):
     def report_note(cls, run_info: dict) -> str:
         achieved = (run_info.get("patching") or {}).get("achieved_mean_patch_len")
         return f"train mean patch {achieved:.2f} (BOS patches counted)" if achieved else ""
+
+    @classmethod
+    def add_commands(cls, subparsers) -> None:
+        from bytelm.families.blt.cli import add_patch  # noqa: PLC0415 (when the command line is built)
+
+        add_patch(subparsers)  # bytelm patch

@@ -100,3 +100,9 @@ class HNetTask(Task):
         ratio = run_info.get("flops_at_measured_rate")
         # (FLOPs are planned at the targets N; at the rates the router learned they would be this)
         return note + (f", FLOPs at the learned rates {ratio:.2f}x planned" if ratio else "")
+
+    @classmethod
+    def add_commands(cls, subparsers) -> None:
+        from bytelm.families.hnet.cli import add_chunks  # noqa: PLC0415 (when the command line is built)
+
+        add_chunks(subparsers)  # bytelm chunks
