@@ -66,9 +66,10 @@ def terminate(signum, frame):
 
 @dataclasses.dataclass(frozen=True)
 class RunTools:
-    """How a command opens a run directory: the functions of :mod:`bytelm.training.restore`, set on
-    every command's arguments as ``args.runs`` by :func:`bytelm.cli.build_parser`, for commands in
-    packages the training layer depends on (a family's own), which cannot import it."""
+    """How a command opens a run directory: functions of :mod:`bytelm.training.restore` and
+    :mod:`bytelm.config`, set on every command's arguments as ``args.runs`` by
+    :func:`bytelm.cli.build_parser`, for commands in packages that the training layer and the config
+    depend on (a family's own), which cannot import them."""
 
     ensure_record: Callable[[str | Path], None]  # rebuild a damaged run.json (a readable one stays)
     model: Callable[..., Any]  # (run_dir, *, step=None) -> the run's model, its latest (or step) weights
