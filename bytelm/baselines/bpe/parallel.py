@@ -4,13 +4,14 @@ The workers are started by a fork server where the platform has one (Linux, macO
 never forked from this process, whose JAX may be running threads. What all shards share (a
 tokenizer) is pickled once per worker, by the pool's initializer; a shard (its documents) is pickled
 once, with the task that takes it; only the (small) results travel back. Workers run pure
-Python/numpy code. As with any spawned process, a worker imports the main module (once, in the fork
-server): a script that runs these with several workers needs the ``if __name__ == "__main__":``
-idiom.
+Python/numpy code. As a spawned process does, a worker imports the main module: a script that runs
+these with several workers needs the ``if __name__ == "__main__":`` idiom (without it, the workers
+cannot start and the pool stops with ``BrokenProcessPool``).
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import multiprocessing
 import os
 from collections.abc import Callable, Sequence
@@ -19,9 +20,8 @@ from typing import Any, TypeVar
 
 from bytelm.errors import UserError
 
-# Imported once by the fork server, so that each worker starts with them: the main module (which a
-# worker would otherwise import for itself, as spawned processes do) and what the workers need.
-_PRELOAD = ["__main__", "bytelm.baselines.bpe._worker"]
+# Imported once by the fork server, so that each worker starts with what it needs (see the module)
+_PRELOAD = ["bytelm.baselines.bpe._worker"]
 
 S = TypeVar("S")
 P = TypeVar("P")
@@ -76,8 +76,12 @@ def shard_map(func: Callable[[S, P], R], shared: S, parts: Sequence[P], workers:
     """
     if workers <= 1 or len(parts) <= 1:
         return [func(shared, part) for part in parts]
-    with _context().Pool(min(workers, len(parts)), initializer=_set_work, initargs=(func, shared)) as pool:
-        return pool.map(_run, parts, chunksize=1)
+    # (a process pool executor rather than multiprocessing.Pool: a worker that cannot start, as in a
+    # script without the main-module idiom, breaks the pool with an error where Pool restarts it forever)
+    with concurrent.futures.ProcessPoolExecutor(
+        min(workers, len(parts)), mp_context=_context(), initializer=_set_work, initargs=(func, shared)
+    ) as pool:
+        return list(pool.map(_run, parts))
 
 
 def balanced_shards(sizes: list[int], n_shards: int) -> list[tuple[int, int]]:
