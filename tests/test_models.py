@@ -12,6 +12,8 @@ from bytelm.families.byte.model import ByteLM
 from bytelm.models import flops
 from bytelm.models.attention import attend, halving_causal_attention
 from bytelm.models.core import Attention, rotary, swiglu_mlp
+from bytelm.models.kernels import resolve_kernels
+from bytelm.models.stack import Transformer
 
 jax.config.update("jax_numpy_rank_promotion", "raise")
 
@@ -197,6 +199,27 @@ def test_rotary_is_relative():
 
     assert dot(5, 2) == pytest.approx(dot(13, 10), rel=1e-5)
     assert dot(5, 2) != pytest.approx(dot(5, 3), rel=1e-3)
+
+
+@pytest.mark.parametrize("window", [0, 4])
+def test_a_stack_over_its_caches_equals_the_full_pass(window):
+    """The one forward path: a stack run over a prefix at once, then a position at a time over its
+    caches, gives the full pass's outputs, under a sliding window and with documents (row 1 starts a
+    new one mid-way). Rows sit at different positions: row 1 steps one position behind row 0 (its
+    first step feeds the prefix's last position again, which rewrites the same keys and values)."""
+    kernels = resolve_kernels("xla", "autodiff", dtype="float32", remat="none")
+    stack = Transformer(32, 2, 4, 64, rngs=nnx.Rngs(0), kernels=kernels, window=window, qk_norm=True)
+    T, P = 12, 5
+    x = jnp.asarray(np.random.default_rng(0).normal(size=(2, T, 32)), jnp.float32)
+    segments = jnp.asarray([[0] * T, [0] * 7 + [1] * (T - 7)], jnp.int32)
+    full = np.asarray(stack(x, segments_BxT=segments))
+    out, caches = stack(x[:, :P], segments_BxT=segments[:, :P], cache=stack.init_cache(2, 16))
+    np.testing.assert_allclose(np.asarray(out), full[:, :P], rtol=1e-5, atol=1e-5)
+    for t in range(P, T):
+        at = jnp.asarray([[t], [t - 1]], jnp.int32)
+        rows = jnp.arange(2)[:, None]
+        out, caches = stack(x[rows, at], positions_BxT=at, segments_BxT=segments[rows, at], cache=caches)
+        np.testing.assert_allclose(np.asarray(out)[:, 0], full[[0, 1], [t, t - 1]], rtol=1e-5, atol=1e-5)
 
 
 def tiny_cfg(**kw):
