@@ -9,37 +9,14 @@ import shutil
 import numpy as np
 import pytest
 from conftest import word_corpus
+from helpers import micro_grid
 
 from bytelm import cli
 from bytelm.config import load_config, shipped_configs
 from bytelm.errors import UserError
-from bytelm.experiments.ablate import GRID_DIR, load_grid
+from bytelm.experiments.ablate import load_grid
 from bytelm.experiments.runner import StageStopped
 from bytelm.experiments.spec import SizeRule
-
-# a cell that cannot be built: the micro width (16) is not a multiple of the patch size
-BROKEN = """
-[[family]]
-name = "broken"
-config = "{tiny}/megabyte.toml"
-lr_from = "megabyte"
-grid = {{ "model.patch_size" = [3] }}
-"""
-
-
-def micro_grid(tmp_path, *, broken: bool = False, families: set[str] | None = None):
-    """The shipped micro grid with absolute config paths, plus the broken cell, or only some families."""
-    text = (GRID_DIR / "micro.toml").read_text().replace('"../tiny/', f'"{shipped_configs() / "tiny"}/')
-    if families is not None:
-        head, *tables = text.split("[[family]]")
-        text = head + "".join(
-            f"[[family]]{t}" for t in tables if t.split('name = "')[1].split('"')[0] in families
-        )
-    if broken:
-        text += BROKEN.format(tiny=shipped_configs() / "tiny")
-    path = tmp_path / "micro.toml"
-    path.write_text(text)
-    return path
 
 
 @pytest.fixture(scope="module")

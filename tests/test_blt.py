@@ -6,6 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from helpers import blt_cfg, random_lengths
 
 from bytelm.config import load_config
 from bytelm.constants import BOS_ID, BYTE_OFFSET, PAD_ID
@@ -15,33 +16,6 @@ from bytelm.families.byte.model import ByteLM
 from bytelm.patching import EntropyModel, EntropyPatcher
 
 jax.config.update("jax_numpy_rank_promotion", "raise")
-
-
-def blt_cfg(**kw):
-    base = {
-        "model.family": "blt",
-        "model.local_d_model": 32,
-        "model.local_heads": 2,
-        "model.local_mlp_dim": 64,
-        "model.local_window": 8,
-        "model.global_d_model": 48,
-        "model.global_heads": 2,
-        "model.global_mlp_dim": 96,
-        "model.global_layers": 1,
-        "model.hash_table_size": 101,
-        "model.ngram_sizes": "3,4,5",
-    }
-    base.update({f"model.{k}": v for k, v in kw.items()})
-    return load_config(None, [f"{k}={v}" for k, v in base.items()]).model
-
-
-def random_lengths(rng, total, max_patches, max_len=6, first=1):
-    """Patch lengths covering ``total`` positions, the first patch ``first`` positions (the BOS alone)."""
-    lengths = [first]
-    while sum(lengths) < total:
-        lengths.append(int(min(rng.integers(1, max_len + 1), total - sum(lengths))))
-    assert len(lengths) <= max_patches
-    return lengths + [0] * (max_patches - len(lengths))
 
 
 @pytest.fixture(scope="module")
@@ -265,7 +239,7 @@ def test_bad_config():
 
 
 # -- training task ------------------------------------------------------------------------
-from test_training import corpus_dir, metrics, tiny_overrides  # noqa: E402, F401  (module fixture)
+from helpers import corpus_dir, metrics, tiny_overrides  # noqa: E402, F401  (module fixture)
 
 from bytelm.training.loop import train  # noqa: E402
 

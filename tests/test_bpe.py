@@ -8,13 +8,12 @@ from __future__ import annotations
 import io
 import json
 import sys
-import sysconfig
 from collections import Counter
-from pathlib import Path
 
 import numpy as np
 import pytest
 from conftest import write_files
+from helpers import stdlib_sample
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -44,23 +43,6 @@ SPECIALS = ["<|endoftext|>", "<|fim|>"]
 
 def pieces(tok: Tokenizer, ids: list[int]) -> list[bytes]:
     return [tok.token_bytes(i) for i in ids]
-
-
-def stdlib_sample(max_bytes: int, skip: int = 0) -> list[bytes]:
-    """Top-level stdlib modules (sorted by name, valid UTF-8 only), up to ``max_bytes``."""
-    root = Path(sysconfig.get_paths()["stdlib"])
-    out, total = [], 0
-    for p in sorted(root.glob("*.py"))[skip:]:
-        data = p.read_bytes()
-        try:
-            data.decode("utf-8")
-        except UnicodeDecodeError:
-            continue
-        out.append(data)
-        total += len(data)
-        if total >= max_bytes:
-            break
-    return out
 
 
 @pytest.fixture(scope="module")

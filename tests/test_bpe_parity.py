@@ -13,9 +13,9 @@ from __future__ import annotations
 import json
 
 import pytest
+from helpers import ADVERSARIAL, MULTILINGUAL, stdlib_sample
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_bpe import stdlib_sample
 
 from bytelm.baselines.bpe import PATTERNS, Tokenizer, train_bpe
 from bytelm.baselines.bpe.bytelevel import chars_to_bytes
@@ -25,39 +25,6 @@ tokenizers = pytest.importorskip("tokenizers")
 import tiktoken.load  # noqa: E402, F811
 
 SPECIALS = ["<|endoftext|>", "<|fim_prefix|>"]
-
-MULTILINGUAL = [
-    "The quick brown fox jumps over the lazy dog; it's 12,345.67 km away, isn't it?",
-    "Zwölf Boxkämpfer jagen Viktor quer über den großen Sylter Deich.",
-    "Le cœur déçu mais l'âme plutôt naïve, Louÿs rêva de crapaüter en canoë.",
-    "Съешь же ещё этих мягких французских булок, да выпей чаю.",
-    "Ξεσκεπάζω την ψυχοφθόρα βδελυγμία.",
-    "דג סקרן שט בים מאוכזב ולפתע מצא חברה.",
-    "نص حكيم له سر قاطع وذو شأن عظيم مكتوب على ثوب أخضر ومغلف بجلد أزرق.",
-    "सभी मनुष्यों को गौरव और अधिकारों के मामले में जन्मजात स्वतन्त्रता प्राप्त है।",
-    "いろはにほへと ちりぬるを わかよたれそ つねならむ。東京都は日本の首都です。",
-    "我能吞下玻璃而不伤身体。中华人民共和国成立于1949年。",
-    "다람쥐 헌 쳇바퀴에 타고파. 대한민국의 수도는 서울이다.",
-    "เป็นมนุษย์สุดประเสริฐเลิศคุณค่า กว่าบรรดาฝูงสัตว์เดรัจฉาน",
-    "Tiếng Việt có dấu: Đây là một câu thử nghiệm.",
-    "ሰማይ አይታረስ ንጉሥ አይከሰስ። ᚠᛇᚻ᛫ᛒᛦᚦ ⠊⠀⠉⠁⠝ 𝔘𝔫𝔦𝔠𝔬𝔡𝔢 𓀀𓁐",
-]
-
-ADVERSARIAL = [
-    "1" * 1000,
-    "12345678901234567890" * 50 + " 3.14159265358979",
-    " " * 3000 + "x" + "\t" * 500 + "\n" * 500 + " \n \r\n\t " * 100,
-    "    \n\n\n    def f():\n\t\t  \r\n",
-    "👨‍👩‍👧‍👦👩🏽‍💻🏳️‍🌈🇯🇵🇺🇸" * 30,
-    "e\u0301\u0302\u0303\u0304" * 200 + "Z\u0351\u0352\u0353\u0354\u0355" * 100,
-    "''''s's 't 'RE 'Ve 'LL 'd 'ſ " * 20,
-    "\u00a0\u2000\u3000\u200b\ufeff\x85\x0b\x0c\x1c\x1f" * 30,
-    "a" * 100_000,
-    " " * 100_000,
-    "日" * 100_000,
-    "!" * 100_000,
-    "",
-]
 
 
 @pytest.fixture(scope="module")

@@ -25,9 +25,15 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-from test_blt import blt_cfg, random_lengths
-from test_scan import LM, MEGABYTE, _byte_batch
-from test_training import corpus_dir, tiny_overrides  # noqa: F401  (corpus_dir: a fixture)
+from helpers import (  # noqa: F401  (corpus_dir: a fixture)
+    LM,
+    MEGABYTE,
+    _byte_batch,
+    blt_cfg,
+    corpus_dir,
+    random_lengths,
+    tiny_overrides,
+)
 
 from bytelm.config import load_config
 from bytelm.families.blt.model import BLT, REFERENCE_PRIMES, reference_ngram_hashes
@@ -37,6 +43,8 @@ from bytelm.models.core import Dropout, dropout_bits, ngram_hashes
 from bytelm.training.loop import train
 from bytelm.training.programs import dropout_key
 from bytelm.training.restore import restore_scorer
+
+jax.config.update("jax_numpy_rank_promotion", "raise")  # as the other model tests: no silent broadcasting
 
 
 def test_dropout_zeroes_the_rate_and_rescales_the_rest():

@@ -13,83 +13,15 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from helpers import FAMILIES, batch_for, loss_and_grads
 
 from bytelm.config import load_config
-from bytelm.families.blt.model import BLT
-from bytelm.families.bpe.model import TokenLM
-from bytelm.families.byte.model import ByteLM
-from bytelm.families.megabyte.model import MegaByte
-
-FAMILIES = {
-    "byte": (ByteLM, dict(family="byte", d_model=64, n_layers=2, n_heads=2, mlp_dim=128)),
-    "bpe": (
-        lambda cfg, rngs: TokenLM(cfg, 500, rngs=rngs),
-        dict(family="bpe", d_model=64, n_layers=2, n_heads=2, mlp_dim=128),
-    ),
-    "megabyte": (
-        MegaByte,
-        dict(
-            family="megabyte",
-            patch_size=4,
-            embed_dim=16,
-            global_d_model=64,
-            global_layers=2,
-            global_heads=2,
-            global_mlp_dim=128,
-            local_d_model=32,
-            local_layers=1,
-            local_heads=2,
-            local_mlp_dim=64,
-        ),
-    ),
-    "blt": (
-        BLT,
-        dict(
-            family="blt",
-            local_d_model=32,
-            local_heads=2,
-            local_mlp_dim=64,
-            local_window=16,
-            global_d_model=64,
-            global_heads=2,
-            global_mlp_dim=128,
-            global_layers=1,
-            hash_table_size=64,
-            ngram_sizes="3,4",
-        ),
-    ),
-}
 
 
 def build(family, dtype):
     cls, kw = FAMILIES[family]
     cfg = load_config(None, [f"model.{k}={v}" for k, v in {**kw, "dtype": dtype}.items()]).model
     return cls(cfg, rngs=nnx.Rngs(0))
-
-
-def batch_for(family):
-    rng = np.random.default_rng(0)
-    ids = rng.integers(4, 500 if family == "bpe" else 260, size=(4, 65)).astype(np.int32)
-    ids[:, 0] = 1
-    batch = {"ids": jnp.asarray(ids)}
-    if family == "bpe":
-        batch["nbytes"] = jnp.asarray(rng.integers(1, 5, size=(4, 64)).astype(np.int32))
-    if family == "blt":
-        lengths = np.zeros((4, 40), np.int32)
-        lengths[:, 0], lengths[:, 1:17] = 1, 4
-        batch["patch_lengths"] = jnp.asarray(lengths)
-    return batch
-
-
-def loss_and_grads(model, batch):
-    graphdef, state = nnx.split(model, nnx.Param)
-
-    def loss(params):
-        s = nnx.merge(graphdef, params).score(batch)
-        return jnp.sum(s.nll_BxT) / jnp.sum(s.mask_BxT)
-
-    value, grads = jax.jit(jax.value_and_grad(loss))(state)
-    return float(value), jax.tree.leaves(grads)
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))

@@ -3,7 +3,7 @@
 import jax
 import numpy as np
 import pytest
-from test_training import corpus_dir, metrics, tiny_overrides  # noqa: F401  (corpus_dir: a fixture)
+from helpers import corpus_dir, metrics, tiny_overrides  # noqa: F401  (corpus_dir: a fixture)
 
 from bytelm.config import load_config
 from bytelm.data import load_corpus_from_config

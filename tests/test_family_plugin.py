@@ -14,7 +14,7 @@ import jax
 import numpy as np
 import pytest
 from conftest import word_corpus
-from test_ablate import micro_grid
+from helpers import micro_grid
 
 import bytelm
 from bytelm import cli

@@ -12,9 +12,8 @@ import sys
 
 import pytest
 from conftest import stable_text
+from helpers import MULTILINGUAL, stdlib_sample
 from hypothesis import given, settings
-from test_bpe import stdlib_sample
-from test_bpe_parity import MULTILINGUAL
 
 from bytelm.baselines import load_tokenizer
 from bytelm.baselines.bpe import PATTERNS, train_bpe

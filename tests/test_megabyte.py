@@ -184,7 +184,7 @@ def test_golden_one_step_loss(tmp_path):
     import json
 
     from conftest import word_corpus
-    from test_training import tiny_overrides
+    from helpers import tiny_overrides
 
     from bytelm.training.loop import train
 

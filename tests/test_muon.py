@@ -29,8 +29,7 @@ import numpy as np
 import pytest
 from conftest import subprocess_env
 from flax import nnx
-from test_scan import LM
-from test_training import corpus_dir, tiny_overrides  # noqa: F401  (corpus_dir: a fixture)
+from helpers import LM, corpus_dir, tiny_overrides  # noqa: F401  (corpus_dir: a fixture)
 
 from bytelm.config import load_config
 from bytelm.families.byte.model import ByteLM
@@ -38,6 +37,8 @@ from bytelm.models.core import LAYER_AXIS
 from bytelm.training.loop import train
 from bytelm.training.optim import MUON_RMS, make_optimizer, muon_dimensions, schedule_plan
 from bytelm.training.restore import restore_scorer
+
+jax.config.update("jax_numpy_rank_promotion", "raise")  # as the other model tests: no silent broadcasting
 
 ONE_STEP = [
     "train.optimizer=muon",

@@ -8,10 +8,11 @@ import shutil
 import jax
 import numpy as np
 import pytest
+from conftest import WORDS
 from flax import nnx
+from helpers import corpus_dir, tiny_overrides  # noqa: F401  (corpus_dir is a fixture)
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_training import WORDS, corpus_dir, tiny_overrides  # noqa: F401  (corpus_dir is a fixture)
 
 from bytelm import cli
 from bytelm.config import load_run_config

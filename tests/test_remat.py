@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 from flax import nnx
-from test_dtypes import FAMILIES, batch_for, loss_and_grads
+from helpers import FAMILIES, batch_for, loss_and_grads
 
 from bytelm.config import load_config
 

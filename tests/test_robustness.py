@@ -168,7 +168,7 @@ def test_sigterm_stops_a_multi_run_job_with_exit_0_and_the_same_command_resumes(
         args = ["compare", "--preset", str(preset), "--data", f"files:{corpus_dir}", "--out", str(out)]
         done_file = out / "report.json"
     else:
-        from test_ablate import micro_grid  # noqa: PLC0415
+        from helpers import micro_grid  # noqa: PLC0415
 
         grid = micro_grid(tmp_path, families={"byte"})
         args = ["ablate", str(grid), "--data", f"files:{corpus_dir}", "--out", str(out)]

@@ -337,7 +337,7 @@ def test_a_token_that_would_overshoot_max_bytes_is_cut():
 
 # -- the CLI, on a trained run ----------------------------------------------------------------
 
-from test_training import corpus_dir, tiny_overrides  # noqa: E402, F401  (module fixture)
+from helpers import corpus_dir, tiny_overrides  # noqa: E402, F401  (module fixture)
 
 from bytelm.training.loop import train  # noqa: E402
 

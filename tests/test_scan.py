@@ -21,30 +21,16 @@ import numpy as np
 import optax
 import pytest
 from flax import nnx
-from test_blt import blt_cfg, random_lengths
+from helpers import LM, MEGABYTE, _byte_batch, blt_cfg, random_lengths
 
 from bytelm.config import load_config
-from bytelm.constants import BOS_ID, BYTE_OFFSET
 from bytelm.families.blt.model import BLT
 from bytelm.families.byte.model import ByteLM
 from bytelm.families.megabyte.model import MegaByte
 from bytelm.training.optim import make_optimizer, schedule_plan
 from bytelm.training.sharding import logical_to_spec
 
-LM = ["model.family=byte", "model.d_model=32", "model.n_heads=2", "model.mlp_dim=64"]
-MEGABYTE = [
-    "model.family=megabyte",
-    "model.patch_size=4",
-    "model.embed_dim=8",
-    "model.global_d_model=32",
-    "model.global_layers=3",
-    "model.global_heads=2",
-    "model.global_mlp_dim=64",
-    "model.local_d_model=16",
-    "model.local_layers=2",
-    "model.local_heads=2",
-    "model.local_mlp_dim=32",
-]
+jax.config.update("jax_numpy_rank_promotion", "raise")  # as the other model tests: no silent broadcasting
 
 
 def _pair(build, cfg_of):
@@ -107,13 +93,6 @@ def _same_scores_and_grads(unrolled, scanned, batch, stacks) -> None:
     for path, g in grads_b.items():
         want = _as_stacked(grads_a, path, g.shape[0]) if path[0] in stacks else grads_a[path]
         np.testing.assert_allclose(g, want, rtol=1e-4, atol=1e-5)
-
-
-def _byte_batch(B=2, T=24, seed=0):
-    rng = np.random.default_rng(seed)
-    ids = rng.integers(BYTE_OFFSET, 260, size=(B, T + 1)).astype(np.int32)
-    ids[:, 0] = BOS_ID
-    return {"ids": jnp.asarray(ids)}
 
 
 def test_scanned_byte_lm_is_the_unrolled_one():

@@ -4,7 +4,7 @@ import json
 
 import numpy as np
 import pytest
-from test_training import corpus_dir, tiny_overrides  # noqa: F401  (module fixture)
+from helpers import corpus_dir, tiny_overrides  # noqa: F401  (module fixture)
 
 from bytelm.baselines.bpe import train_bpe
 from bytelm.baselines.wordpiece import train_wordpiece

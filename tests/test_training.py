@@ -6,16 +6,11 @@ import subprocess
 import sys
 import textwrap
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import (  # noqa: F401  (WORDS: imported by other test modules)
-    TESTS_DIR,
-    WORDS,
-    subprocess_env,
-    word_corpus,
-)
+from conftest import TESTS_DIR, subprocess_env
+from helpers import corpus_dir, metrics, tiny_overrides  # noqa: F401  (corpus_dir: a fixture)
 
 from bytelm import cli
 from bytelm.config import load_config, with_values
@@ -28,43 +23,7 @@ from bytelm.training.restore import restore_scorer
 from bytelm.training.trainer import TrainingDiverged
 
 
-@pytest.fixture(scope="module")
-def corpus_dir(tmp_path_factory):
-    return word_corpus(tmp_path_factory.mktemp("train_corpus"))
-
-
-def tiny_overrides(corpus_dir, **extra):
-    base = {
-        "data.source": f"files:{corpus_dir}",
-        "data.segment_bytes": 64,
-        "data.max_eval_bytes": 4096,
-        "model.family": "byte",
-        "model.d_model": 32,
-        "model.n_layers": 2,
-        "model.n_heads": 2,
-        "model.mlp_dim": 64,
-        "train.steps": 12,
-        "train.batch_size": 8,
-        "train.seq_len": 64,
-        "train.learning_rate": 3e-3,
-        "train.warmup_steps": 2,
-        "train.log_every": 1,
-        "train.checkpoint_every": 4,
-        "train.peak_flops": 1e11,
-        "eval.every": 6,
-        "eval.eval_bytes": 512,
-        "eval.batch_size": 8,
-    }
-    base.update(extra)
-    return [f"{k}={v}" for k, v in base.items()]
-
-
-def metrics(run_dir, kind="train"):
-    rows = [json.loads(line) for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
-    return [r for r in rows if r["kind"] == kind]
-
-
-def test_golden_one_step_loss(corpus_dir, tmp_path):
+def test_golden_one_step_loss(corpus_dir, tmp_path):  # noqa: F811
     """Golden values for seed 0 on the fixed corpus. Update them only when a change is *meant* to alter
     initialisation, the data order or the numerics (and say so in the commit message)."""
     cfg = load_config(None, tiny_overrides(corpus_dir, **{"train.steps": 2, "eval.every": 0}))
@@ -75,7 +34,7 @@ def test_golden_one_step_loss(corpus_dir, tmp_path):
     assert losses[0] > np.log(260) - 1  # near-uniform start over 260 ids
 
 
-def test_training_reduces_loss_and_records_run(corpus_dir, tmp_path):
+def test_training_reduces_loss_and_records_run(corpus_dir, tmp_path):  # noqa: F811
     cfg = load_config(None, tiny_overrides(corpus_dir, **{"train.steps": 30, "eval.every": 30}))
     result = train(cfg, tmp_path / "run")
     rows = metrics(tmp_path / "run")
@@ -89,7 +48,7 @@ def test_training_reduces_loss_and_records_run(corpus_dir, tmp_path):
     assert all(r["mfu"] is None or 0 < r["mfu"] <= 1 for r in rows)
 
 
-def test_grad_accumulation_matches_full_batch(corpus_dir, tmp_path):
+def test_grad_accumulation_matches_full_batch(corpus_dir, tmp_path):  # noqa: F811
     a = load_config(None, tiny_overrides(corpus_dir, **{"train.steps": 3, "eval.every": 0}))
     b = load_config(
         None, tiny_overrides(corpus_dir, **{"train.steps": 3, "eval.every": 0, "train.grad_accum": 4})
@@ -108,7 +67,7 @@ def _read_final_params(run_dir):
     return trainer.step, [np.asarray(x) for x in jax.tree.leaves(trainer.params)]
 
 
-def test_resume_after_sigkill_equals_uninterrupted(corpus_dir, tmp_path):
+def test_resume_after_sigkill_equals_uninterrupted(corpus_dir, tmp_path):  # noqa: F811
     overrides = tiny_overrides(corpus_dir, **{"train.steps": 16})
     config = tmp_path / "c.toml"
     config.write_text("")
@@ -153,7 +112,7 @@ def test_resume_after_sigkill_equals_uninterrupted(corpus_dir, tmp_path):
     ]
 
 
-def test_data_parallel_step_equals_single_device(corpus_dir, tmp_path):
+def test_data_parallel_step_equals_single_device(corpus_dir, tmp_path):  # noqa: F811
     code = textwrap.dedent(
         f"""
         import jax, numpy as np
@@ -191,7 +150,7 @@ def test_data_parallel_step_equals_single_device(corpus_dir, tmp_path):
     assert "max param diff" in r.stdout
 
 
-def test_nan_loss_stops_with_step_and_keeps_last_good_checkpoint(corpus_dir, tmp_path):
+def test_nan_loss_stops_with_step_and_keeps_last_good_checkpoint(corpus_dir, tmp_path):  # noqa: F811
     cfg = load_config(
         None,
         tiny_overrides(
@@ -221,7 +180,7 @@ def test_nan_loss_stops_with_step_and_keeps_last_good_checkpoint(corpus_dir, tmp
 
 
 @pytest.mark.slow  # (the fast tier: pytest -m "not slow")
-def test_an_extended_run_equals_the_unextended_one_up_to_its_steps_and_goes_on(corpus_dir, tmp_path):
+def test_an_extended_run_equals_the_unextended_one_up_to_its_steps_and_goes_on(corpus_dir, tmp_path):  # noqa: F811
     """train.steps raised on a finished run (and on an interrupted one) continues it: the first N
     steps are the unextended run's, then a new warmup + cosine segment to the floor at M; the change
     is recorded in run.json and every checkpoint; other differences are still refused, by key."""
@@ -265,7 +224,7 @@ def test_an_extended_run_equals_the_unextended_one_up_to_its_steps_and_goes_on(c
         train(other, tmp_path / "long")
 
 
-def test_resume_refuses_a_different_config(corpus_dir, tmp_path):
+def test_resume_refuses_a_different_config(corpus_dir, tmp_path):  # noqa: F811
     cfg = load_config(None, tiny_overrides(corpus_dir, **{"train.steps": 2, "eval.every": 0}))
     train(cfg, tmp_path / "run")
     other = load_config(
@@ -282,7 +241,7 @@ def test_resume_refuses_a_different_config(corpus_dir, tmp_path):
         restore_scorer(tmp_path / "run")
 
 
-def test_batch_not_divisible_by_data_axis(corpus_dir, tmp_path):
+def test_batch_not_divisible_by_data_axis(corpus_dir, tmp_path):  # noqa: F811
     code = textwrap.dedent(
         f"""
         from bytelm.config import load_config
@@ -306,7 +265,7 @@ def test_batch_not_divisible_by_data_axis(corpus_dir, tmp_path):
     )
 
 
-def test_default_cpu_mesh_fits_the_batch(corpus_dir):
+def test_default_cpu_mesh_fits_the_batch(corpus_dir):  # noqa: F811
     code = textwrap.dedent(
         f"""
         from bytelm.config import load_config
@@ -350,7 +309,7 @@ def test_cli_train_bad_config_exit_2(tmp_path, capsys, monkeypatch):
     assert len(err) == 1 and "--out gs://bucket/cmp is a URL" in err[0], err
 
 
-def test_resume_on_two_devices_and_finished_run_is_left_alone(corpus_dir, tmp_path):
+def test_resume_on_two_devices_and_finished_run_is_left_alone(corpus_dir, tmp_path):  # noqa: F811
     code = textwrap.dedent(
         f"""
         import json, jax
@@ -389,7 +348,7 @@ BUDGET_OVERRIDES = {
 }
 
 
-def budget_cfg(corpus_dir, **extra):
+def budget_cfg(corpus_dir, **extra):  # noqa: F811
     over = {"train.time_budget_s": BUDGET_S, **BUDGET_OVERRIDES, **extra}
     return load_config(None, tiny_overrides(corpus_dir, **over))
 
@@ -409,7 +368,7 @@ def _lr_matches_the_planned_schedule(cfg, run_dir, planned):
         assert r["lr"] == pytest.approx(float(schedule(r["step"] - 1, horizon)), rel=1e-6), r
 
 
-def test_time_budget_stops_the_run_with_a_checkpoint_and_a_final_eval(corpus_dir, tmp_path):
+def test_time_budget_stops_the_run_with_a_checkpoint_and_a_final_eval(corpus_dir, tmp_path):  # noqa: F811
     """``train.steps`` is ignored; the run plans its horizon from its first steps and stops when the
     budget is spent (or at the horizon, if the steps got faster), within one step of it."""
     cfg = budget_cfg(corpus_dir, **{"eval.every": 10**6})
@@ -506,7 +465,7 @@ def test_time_budget_replans_from_the_steady_pace(monkeypatch):
     assert planned_at == [4] and set(horizons[3:]) == {31}
 
 
-def test_time_budget_resume_continues_the_schedule_and_the_budget(corpus_dir, tmp_path):
+def test_time_budget_resume_continues_the_schedule_and_the_budget(corpus_dir, tmp_path):  # noqa: F811
     """Interrupted twice (``stop_after``) long before its budget: the second and third invocations
     keep the first one's plan and add to its clock. (A budget of minutes is never spent here.)"""
     cfg = budget_cfg(corpus_dir, **{"train.checkpoint_every": 1, "train.time_budget_s": 600.0})
@@ -562,7 +521,7 @@ def _tensorboard_scalars(directory) -> dict[str, list[tuple[int, float]]]:
     return scalars
 
 
-def test_tensorboard_holds_the_logged_scalars_and_a_profile_window_is_written(corpus_dir, tmp_path):
+def test_tensorboard_holds_the_logged_scalars_and_a_profile_window_is_written(corpus_dir, tmp_path):  # noqa: F811
     out = tmp_path / "run"
     args = ["train", "tiny/byte", "-q", "--out", str(out), "--profile-steps", "2:3"]
     for o in tiny_overrides(corpus_dir, **{"train.steps": 4, "eval.every": 4}):
@@ -581,7 +540,7 @@ def test_tensorboard_holds_the_logged_scalars_and_a_profile_window_is_written(co
         load_config(None, ["train.profile_steps=3:2"])
 
 
-def test_weights_and_biases_offline_writes_its_run_into_the_run_directory(corpus_dir, tmp_path, monkeypatch):
+def test_weights_and_biases_offline_writes_its_run_into_the_run_directory(corpus_dir, tmp_path, monkeypatch):  # noqa: F811
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
     out = tmp_path / "run"
@@ -646,7 +605,7 @@ def test_the_mfu_denominator_is_the_datasheet_peak_on_accelerators_and_none_on_c
     assert device_peak("gpu", kind, 2e14, measure=measured) == (2e14, "config")
 
 
-def test_a_run_that_would_take_days_on_the_cpu_stops_before_it_allocates(corpus_dir, tmp_path, capsys):
+def test_a_run_that_would_take_days_on_the_cpu_stops_before_it_allocates(corpus_dir, tmp_path, capsys):  # noqa: F811
     """`bytelm train` where JAX has only the CPU: a run of more than a day there (here a tiny model for
     10^9 steps; in practice a small or base preset) stops in one line naming the accelerator extras
     and --allow-cpu; a time-budgeted run and a CPU-sized one pass the check."""
@@ -683,7 +642,7 @@ MFU_WORKER = textwrap.dedent(
 
 
 @pytest.mark.slow  # (the fast tier: pytest -m "not slow")
-def test_mfu_is_never_above_1_with_two_processes_and_a_busy_neighbour(corpus_dir, tmp_path, caplog):
+def test_mfu_is_never_above_1_with_two_processes_and_a_busy_neighbour(corpus_dir, tmp_path, caplog):  # noqa: F811
     """A process spinning beside the training (the load that made MFU read 1.04-2.40): on a CPU
     without train.peak_flops there is no MFU at all, one process or two; with a peak below what is
     achieved the ratio is recorded apart, never as MFU, and said once; throughput in the progress

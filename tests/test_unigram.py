@@ -8,10 +8,9 @@ import math
 
 import numpy as np
 import pytest
+from helpers import ADVERSARIAL, MULTILINGUAL, stdlib_sample
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_bpe import stdlib_sample
-from test_bpe_parity import ADVERSARIAL, MULTILINGUAL
 
 from bytelm.baselines import load_tokenizer
 from bytelm.baselines.bpe import Tokenizer, train_bpe

@@ -13,10 +13,9 @@ import sys
 import numpy as np
 import pytest
 from conftest import stable_text
+from helpers import ADVERSARIAL, MULTILINGUAL, stdlib_sample
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_bpe import stdlib_sample
-from test_bpe_parity import ADVERSARIAL, MULTILINGUAL
 
 from bytelm.baselines import load_tokenizer
 from bytelm.baselines.bpe.bytelevel import BYTE_TO_CHAR
