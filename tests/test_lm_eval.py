@@ -110,7 +110,7 @@ def check_bits_per_byte(lm, runs, family):
     data = max(texts, key=len).encode()
     (nats,) = lm.loglikelihood_rolling([request(data.decode())])
     pieces = [data[i : i + 48] for i in range(0, len(data), 48)]
-    alone = [lm.trainer.evaluate([p]).nats[0] for p in pieces]
+    alone = [lm.scorer.evaluate([p]).nats[0] for p in pieces]
     assert len(pieces) >= 3 and -nats == pytest.approx(math.fsum(alone), rel=1e-5)
 
 
@@ -120,8 +120,8 @@ def check_loglikelihood(lm):
     got = lm.loglikelihood([request(c, x) for c, x in pairs])
     for (context, continuation), (ll, greedy) in zip(pairs, got):
         ctx = context.encode()[-(48 - len(continuation)) :] if context else b""
-        joint = lm.trainer.evaluate([ctx + continuation.encode()]).nats[0]
-        alone = lm.trainer.evaluate([ctx]).nats[0] if ctx else 0.0
+        joint = lm.scorer.evaluate([ctx + continuation.encode()]).nats[0]
+        alone = lm.scorer.evaluate([ctx]).nats[0] if ctx else 0.0
         assert -ll == pytest.approx(joint - alone, rel=1e-5, abs=1e-4) and isinstance(greedy, bool)
     # is_greedy is exactly "greedy decoding after the context gives the continuation"
     from bytelm.generate import generate
