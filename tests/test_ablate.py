@@ -52,6 +52,7 @@ def cells(report, budget_index):
     ]
 
 
+@pytest.mark.slow
 def test_micro_grid_end_to_end(grid_run, tmp_path, capsys):
     """The micro grid trained once, checked four ways (one test: the grid is trained once per
     process, and pytest-xdist's grouping of tests onto one worker does not hold here)."""
@@ -289,6 +290,7 @@ def test_bad_grids_fail_with_the_key(tmp_path):
         load_grid("nonexistent")
 
 
+@pytest.mark.slow
 def test_an_interrupted_run_resumes_and_a_failed_one_is_not_retried(tmp_path, monkeypatch):
     """A run stopped mid-way (Ctrl-C) stops the grid with its checkpoint saved; the same command
     continues it from there. A run whose training failed is recorded and reported, not retried."""

@@ -47,6 +47,7 @@ def artefacts(corpus_dir, tmp_path_factory):
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
+@pytest.mark.slow
 def test_segment_scores_and_patches_do_not_depend_on_the_batch(family, corpus_dir, artefacts):
     extra = dict(FAMILIES[family])
     if family == "bpe":

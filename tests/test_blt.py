@@ -46,6 +46,7 @@ def entropy_patcher():
         ({"cross_attention": True, "max_patch_len": 3}, 5),  # a window that runs out of slots
     ],
 )
+@pytest.mark.slow
 def test_causality_by_gradient_across_patches(kw, slots, entropy_patcher):
     model = BLT(blt_cfg(**kw), rngs=nnx.Rngs(0))
     rng = np.random.default_rng(1)
@@ -167,6 +168,7 @@ def _dense_cross_attention(module, q_BxMxQxD, src_BxSxD, allowed_BxMxS):
 
 
 @pytest.mark.parametrize("side", ["encoder", "decoder"])
+@pytest.mark.slow
 def test_gathered_cross_attention_equals_dense_masks(side):
     """Encoder: each patch's k queries over the bytes of its own patch (gathered, at most
     max_patch_len); decoder: each byte over the k slots of its source patch. Values and gradients
@@ -281,6 +283,7 @@ def blt_train_cfg(corpus_dir, entropy_run, **extra):  # noqa: F811
     )
 
 
+@pytest.mark.slow
 def test_golden_one_step_loss_and_calibration(corpus_dir, entropy_run, tmp_path):  # noqa: F811
     """Golden values for seed 0 on the fixed corpus and entropy run. Update only for an intended change
     of initialisation, data order, patching or numerics (and say so in the commit message)."""
@@ -312,6 +315,7 @@ def test_missing_and_mismatched_entropy_run(corpus_dir, entropy_run, tmp_path): 
         make_task(blt_train_cfg(corpus_dir, blt_run), corpus)
 
 
+@pytest.mark.slow
 def test_patch_overflow_is_capped_causally_and_logged(corpus_dir, entropy_run, tmp_path):  # noqa: F811
     """Every position a boundary, 8 slots for 65-position windows: training runs (no error, no byte
     dropped) and the overflow rate (windows and bytes affected) lands in metrics.jsonl and run.json."""

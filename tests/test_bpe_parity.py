@@ -91,6 +91,7 @@ def test_parity_with_special_and_added_tokens(references):
 
 @settings(max_examples=150, deadline=None)
 @given(st.text(max_size=200))
+@pytest.mark.slow
 def test_parity_on_random_text(references, text):
     check(references, text)
 

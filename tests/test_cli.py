@@ -33,6 +33,7 @@ def test_help_exits_zero(path, capsys):
     assert "usage: bytelm" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_python_m_data_info_stdlib_is_reproducible_across_processes(tmp_path):
     """The acceptance check: `bytelm data info` with no flags, twice, in two fresh processes and caches."""
     outs = []

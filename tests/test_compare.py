@@ -35,6 +35,7 @@ def one_process(corpus_dir, tmp_path_factory):
     return out, stdout.getvalue()
 
 
+@pytest.mark.slow
 def test_compare_test_preset_end_to_end_and_resume(corpus_dir, one_process, tmp_path, capsys):
     out = one_process[0]  # (its resume below rewrites the report with the same numbers)
     printed = types.SimpleNamespace(out=one_process[1])
@@ -115,6 +116,7 @@ def test_compare_test_preset_end_to_end_and_resume(corpus_dir, one_process, tmp_
     assert [m["bpb"] for m in again["models"]] == [m["bpb"] for m in report["models"]]
 
 
+@pytest.mark.slow
 def test_compare_minutes_gives_every_compared_model_the_same_training_time(corpus_dir, tmp_path, capsys):
     out = tmp_path / "cmp"
     args = [
@@ -225,6 +227,7 @@ def test_presets_load_and_bad_presets_fail(tmp_path):
         load_preset(str(bad))
 
 
+@pytest.mark.slow
 def test_compare_with_a_unigram_tokenizer_records_its_kind_and_rule(corpus_dir, tmp_path):
     """``[tokenizer] kind = "unigram"``: the subword LM trains on Unigram ids; the report and
     the run name the kind and the encoder rule; a directory holding another kind is refused."""
@@ -250,6 +253,7 @@ def test_compare_with_a_unigram_tokenizer_records_its_kind_and_rule(corpus_dir, 
         cmp.compare(other, out, data_spec=f"files:{corpus_dir}")
 
 
+@pytest.mark.slow
 def test_compare_chooses_each_models_learning_rate_on_the_validation_split(corpus_dir, tmp_path):
     """``[compare] learning_rates``: a short run per rate, scored on the validation split; the
     lowest validation BPB trains the compared run, and the report shows every rate's score."""
@@ -297,6 +301,7 @@ def test_compare_chooses_each_models_learning_rate_on_the_validation_split(corpu
         cmp.compare(bad, tmp_path / "bad", data_spec=f"files:{corpus_dir}")
 
 
+@pytest.mark.slow
 def test_compare_seeds_give_each_model_a_mean_and_a_spread(corpus_dir, tmp_path, capsys):
     """``--seeds 2``: every compared model trained twice (train.seed and train.seed + 1, one learning
     rate); the report gives each model's BPB per seed, mean, std and range, and for each adjacent
@@ -360,6 +365,7 @@ def test_compare_into_an_out_made_with_other_data_is_refused_in_one_short_line(o
     assert "wall time" in one_process[1] and "summed over every invocation" in one_process[1]
 
 
+@pytest.mark.slow
 def test_two_process_compare_writes_the_one_process_report(corpus_dir, one_process, tmp_path):
     """`bytelm compare --preset test` as a job of two processes (Gloo, 2 CPU devices each) sharing --out:
     process 0 prepares the corpus, trains the tokenizer and writes the report, every run trains and is
@@ -380,6 +386,7 @@ def test_two_process_compare_writes_the_one_process_report(corpus_dir, one_proce
         assert other["bpb"] == pytest.approx(m["bpb"], abs=1e-5), m["name"]
 
 
+@pytest.mark.slow
 def test_compare_trains_the_subword_lm_on_an_imported_tokenizer(corpus_dir, tmp_path):
     """``[tokenizer] dir = DIR`` with a tiktoken rank file imported into DIR (built from our BPE):
     the subword LM trains on the imported ids and the report names the given directory; a directory

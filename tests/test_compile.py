@@ -75,6 +75,7 @@ def test_collectives_are_counted_with_their_result_bytes_and_slices():
 
 @needs_libtpu
 @pytest.mark.parametrize("family", ["byte", "bpe", "megabyte", "blt", "entropy"])
+@pytest.mark.slow
 def test_every_tiny_preset_compiles_for_a_v5e_2x2_slice(family, capsys):
     """The train and eval steps of each family's tiny preset, on the 4 chips of a v5e:2x2: positive memory
     within a v5e's 16 GiB, and XLA's FLOPs within 25% of bytelm's analytic count (the tiny presets do not
@@ -109,6 +110,7 @@ def _compiled(tmp_path, *args: str) -> dict:
 
 
 @needs_libtpu
+@pytest.mark.slow
 def test_two_slices_put_the_data_axis_across_the_data_centre_network(tmp_path):
     """With --slices 2 the mesh's data axis spans both slices, and the compiled step reduces the
     gradients over the data-centre network (libtpu's transfers between slices)."""
@@ -120,6 +122,7 @@ def test_two_slices_put_the_data_axis_across_the_data_centre_network(tmp_path):
 
 
 @needs_libtpu
+@pytest.mark.slow
 def test_fsdp_shards_the_optimizer_state_with_the_weights(tmp_path):
     """On fsdp=4, each chip holds a quarter of the weights and of Adam's two moments: the train step's
     arguments are about 3 x 4 bytes x parameters / 4, not the 3 x 4 bytes x parameters a replicated
@@ -131,6 +134,7 @@ def test_fsdp_shards_the_optimizer_state_with_the_weights(tmp_path):
 
 
 @needs_libtpu
+@pytest.mark.slow
 def test_a_step_that_does_not_fit_exits_1_with_a_one_line_diagnosis(capsys):
     cfg = load_config("tiny/byte")
     huge = cfg.train.batch_size * 4096

@@ -156,6 +156,7 @@ def test_cpu_recipes_cover_every_family_and_score_inside_their_context():
             assert cfg.train.steps >= 10_000 and cfg.train.time_budget_s == 0, name
 
 
+@pytest.mark.slow
 def test_small_and_base_presets_have_the_sizes_they_promise():
     """configs/small: about 100M-parameter models of every family (one GPU); configs/base: about 1B
     (the global model of MegaByte and BLT, the main network of H-Net; several hosts, FSDP, one

@@ -418,6 +418,7 @@ def test_training_windows_across_shards_equal_the_materialised_stream(
     np.testing.assert_array_equal(np.asarray(stream).astype(np.int32), expected)
 
 
+@pytest.mark.slow
 def test_names_are_derived_from_groups_or_stored(text_dir, tmp_path):
     """Per-file pieces name themselves GROUP#k, whole files their group: neither is stored; the
     stdlib's names (not derivable from its package groups) are."""

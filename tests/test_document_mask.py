@@ -38,6 +38,7 @@ def random_segments(rng, B, T, n_starts):
 
 
 @pytest.mark.parametrize("implementation, block", [("halving", 4), ("halving", 2), ("xla", 4)])
+@pytest.mark.slow
 def test_segment_attention_matches_numpy(implementation, block):
     """Every path (the halving recursion to leaves of 4 and 2 positions, dense XLA) equals masked
     numpy attention, documents that start inside a leaf or a half included."""
@@ -108,6 +109,7 @@ def doc_ids(rng, n):
 
 
 @pytest.mark.parametrize("attention, T", [("halving", 256), ("xla", 40)])
+@pytest.mark.slow
 def test_each_document_scores_as_if_alone(attention, T):
     """With the mask, a window of several documents gives each document the logits it gets alone
     (from its BOS, as an evaluation segment is scored); without it, the first document changes

@@ -151,6 +151,7 @@ def _check_training_only(name, plain, dropped, batch, moves: float) -> np.ndarra
     return a
 
 
+@pytest.mark.slow
 def test_every_family_drops_in_training_only():
     for (name, plain, batch), (_, dropped, _) in zip(_families(0.0), _families(0.3)):
         a = _check_training_only(name, plain, dropped, batch, 1e-2)
@@ -221,6 +222,7 @@ def test_ngram_dropout_keeps_or_drops_whole_rows_at_the_rate():
         )  # no drop: the sum
 
 
+@pytest.mark.slow
 def test_ngram_dropout_applies_in_training_only():
     for (name, plain, _, _), (_, dropped, _, _) in zip(_ngram_models(0.0), _ngram_models(0.5)):
         _check_training_only(
@@ -237,6 +239,7 @@ def test_ngram_dropout_applies_in_training_only():
         blt_cfg(ngram_sizes="[]", ngram_dropout=0.1)
 
 
+@pytest.mark.slow
 def test_scanned_stack_draws_the_unrolled_masks():
     key = jax.random.key(11)
     for build, overrides, batch in (
@@ -255,6 +258,7 @@ def test_scanned_stack_draws_the_unrolled_masks():
         )
 
 
+@pytest.mark.slow
 def test_recomputed_blocks_draw_the_stored_masks():
     """``model.remat`` recomputes a block in the backward pass: the same masks, so the same loss and
     gradients as without it."""
@@ -290,6 +294,7 @@ def test_step_keys_differ_by_step_and_seed():
     assert len({str(k) for k in keys}) == len(keys)
 
 
+@pytest.mark.slow
 def test_gradient_accumulation_with_dropout_repeats_itself(corpus_dir, tmp_path):  # noqa: F811
     over = {"train.steps": 3, "train.grad_accum": 2, "eval.every": 0}
     cfg = load_config(None, tiny_overrides(corpus_dir, **over, **{"model.dropout": 0.2}))
@@ -304,6 +309,7 @@ def test_gradient_accumulation_with_dropout_repeats_itself(corpus_dir, tmp_path)
     )
 
 
+@pytest.mark.slow
 def test_resumed_run_draws_the_uninterrupted_masks(corpus_dir, tmp_path):  # noqa: F811
     cfg = load_config(
         None, tiny_overrides(corpus_dir, **{"train.steps": 8, "model.dropout": 0.2, "eval.every": 0})

@@ -25,6 +25,7 @@ def build(family, dtype):
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))
+@pytest.mark.slow
 def test_bfloat16_against_float32(family):
     batch = batch_for(family)
     m32, m16 = build(family, "float32"), build(family, "bfloat16")

@@ -140,6 +140,7 @@ def test_breakdown_sums_to_total_and_groups_by_directory():
 
 
 # -- scoring runs -------------------------------------------------------------------------
+@pytest.mark.slow
 def test_byte_run_scores_every_segment_byte(corpus_dir, byte_run):
     eval_set = EvalSet.from_corpus(corpus_of(corpus_dir))
     r = evaluate_run(byte_run, eval_set)
@@ -153,6 +154,7 @@ def test_byte_run_scores_every_segment_byte(corpus_dir, byte_run):
     assert 0 < r.bpb < 8.5
 
 
+@pytest.mark.slow
 def test_bpe_run_counts_segment_bytes_not_tokens(corpus_dir, bpe_run, tokenizer_dir):
     eval_set = EvalSet.from_corpus(corpus_of(corpus_dir))
     r = evaluate_run(bpe_run, eval_set)

@@ -179,6 +179,7 @@ def conv_config(path: pathlib.Path, family: str = NAME) -> pathlib.Path:
     return path
 
 
+@pytest.mark.slow
 def test_it_trains_is_scored_and_samples(corpus_dir, tmp_path, capsys):
     run = tmp_path / "run"
     sets = [
@@ -216,6 +217,7 @@ def test_it_trains_is_scored_and_samples(corpus_dir, tmp_path, capsys):
     np.testing.assert_allclose(dec.start(b"ab"), dec.recompute(b"ab", []), rtol=1e-6)
 
 
+@pytest.mark.slow
 def test_it_takes_part_in_compare_and_in_an_ablation_grid(corpus_dir, tmp_path):
     config = conv_config(tmp_path / "conv.toml")
     preset = load_preset("test")

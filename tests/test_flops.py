@@ -135,6 +135,7 @@ CASES = {
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.slow
 def test_analytic_count_matches_xla_cost_analysis(case):
     _, model, batch, forward_per_position = CASES[case]()
     ratio = xla_train_flops(model, batch) / (3.0 * forward_per_position * B * T)

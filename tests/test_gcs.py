@@ -9,6 +9,8 @@ import os
 import socket
 import socketserver
 
+import pytest
+
 # gcsfs's experimental bucket-type lookup speaks gRPC to the real service: off for the emulator
 # (before gcsfs is first imported)
 os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
@@ -16,7 +18,6 @@ os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
 import numpy as np  # noqa: E402
 import pyarrow as pa  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
-import pytest  # noqa: E402
 import zstandard  # noqa: E402
 from conftest import word_corpus  # noqa: E402
 
@@ -134,6 +135,7 @@ def _batches(corpus, n=4):
 @pytest.mark.parametrize(
     "kind, sub", [("files", "docs"), ("jsonl", "records"), ("parquet", "tables"), ("hf", "hfds")]
 )
+@pytest.mark.slow
 def test_a_bucket_gives_the_documents_split_and_batches_of_the_same_files_on_disk(
     bucket, tmp_path, kind, sub
 ):
@@ -280,6 +282,7 @@ def _objects(prefix: str) -> list[str]:
     return fs.find(prefix)
 
 
+@pytest.mark.slow
 def test_a_run_in_a_bucket_killed_and_resumed_evaluates_and_samples_as_on_disk(
     bucket, tmp_path, capsysbinary
 ):

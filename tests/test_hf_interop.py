@@ -186,6 +186,7 @@ CASES = {
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.slow
 def test_hf_blt_converts_with_identical_patches_entropies_and_logits(tmp_path, case):
     hf_dir, model = _hf_blt(tmp_path, "hf", **CASES[case])
     out = tmp_path / "run"
@@ -245,6 +246,7 @@ def _random_model(cfg, seed: int, modules=None) -> nnx.Module:
     return model
 
 
+@pytest.mark.slow
 def test_bytelm_models_export_to_transformers_with_matching_logits(tmp_path):
     # a byte LM as Llama
     cfg = load_config(
@@ -400,6 +402,7 @@ def test_byte_lm_options_llama_lacks_are_refused_before_anything_is_written(tmp_
     assert not (tmp_path / "hf").exists()
 
 
+@pytest.mark.slow
 def test_converted_runs_are_evaluated_patched_and_sampled(tmp_path, capsys):
     hf_dir, _ = _hf_blt(tmp_path, "hf", **CASES["windowed"])
     out = tmp_path / "run"

@@ -100,6 +100,7 @@ def np_ema(zhat, p, restart):
     return z
 
 
+@pytest.mark.slow
 def test_router_ratio_loss_chunks_and_ema_equal_the_paper_in_numpy():
     B, T, D = 3, 20, 8
     q, k = RNG.normal(size=(B, T, D)), RNG.normal(size=(B, T, D))
@@ -136,6 +137,7 @@ def np_rms(x, scale, eps):
     return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * scale
 
 
+@pytest.mark.slow
 def test_a_stage_with_empty_stacks_equals_its_numpy_transcription():
     """Encoder, main network and decoder of zero layers (each then just its RMSNorm) leave the
     stage's own parts: padding, router, slot rule, gather, EMA, plug-back, straight-through factor,
@@ -181,6 +183,7 @@ def test_a_stage_with_empty_stacks_equals_its_numpy_transcription():
 
 # -- causality, the cache, batches ---------------------------------------------------------------
 @pytest.mark.parametrize("stages", [1, 2])
+@pytest.mark.slow
 def test_bytes_after_t_change_no_log_probability_up_to_t(stages):
     m = scrambled(tiny(stages))
     B, T = 2, 32
@@ -197,6 +200,7 @@ def test_bytes_after_t_change_no_log_probability_up_to_t(stages):
 
 
 @pytest.mark.parametrize("stages, documents", [(1, False), (2, False), (1, True), (2, True)])
+@pytest.mark.slow
 def test_the_batched_cache_equals_the_full_pass_at_every_step(stages, documents):
     """Rows with prompts of different lengths (a document start inside one: with
     ``model.document_mask`` attention and the moving average restart there), fed byte by byte after
@@ -230,6 +234,7 @@ def test_the_batched_cache_equals_the_full_pass_at_every_step(stages, documents)
 
 
 # -- training ------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_the_router_learns_through_the_straight_through_factor_and_the_ratio_loss():
     m = scrambled(tiny())
     ids = jnp.asarray(np.concatenate([random_ids(2, 32), np.full((2, 1), 10, np.int32)], axis=1))
@@ -248,6 +253,7 @@ def test_the_router_learns_through_the_straight_through_factor_and_the_ratio_los
     assert float(jnp.abs(g1 - g0).max()) > 0  # the ratio loss moves the router too
 
 
+@pytest.mark.slow
 def test_per_stage_learning_rates_scale_each_stage_s_adam_step():
     m = HNet(tiny(lr_scales=(3.0, 1.0)), rngs=nnx.Rngs(0))
     params = nnx.state(m, nnx.Param)
@@ -315,6 +321,7 @@ def hnet_run(tmp_path_factory):
     return root / "run"
 
 
+@pytest.mark.slow
 def test_a_run_logs_its_chunk_rates_and_its_evaluation_counts_the_model_s_chunks(hnet_run, tmp_path):
     import json
 
@@ -351,6 +358,7 @@ def test_bytelm_chunks_shows_each_stage_s_chunks_and_refuses_other_families(hnet
     assert "context" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_sampling_an_h_net_run_streams_bytes(hnet_run, capsys):
     import json
 

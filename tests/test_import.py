@@ -108,6 +108,7 @@ def test_bad_rank_files_are_refused(tmp_path):
         import_tiktoken(bad, pattern="cl100k")
 
 
+@pytest.mark.slow
 def test_cli_imports_a_rank_file(sources, tmp_path):
     tok, _ = sources["ours"]
     ranks = tmp_path / "r.tiktoken"
@@ -229,6 +230,7 @@ def check_hf(tok, ref, text: str) -> None:
 
 
 @pytest.mark.parametrize("name", list(HF_CASES))
+@pytest.mark.slow
 def test_ids_identical_to_hf_on_the_test_corpora(hf_sources, name):
     tok, ref, texts = hf_sources[name]
     assert isinstance(tok, ImportedTokenizer) and tok.source_kind == "tokenizer.json"
@@ -298,6 +300,7 @@ def test_which_imports_are_byte_exact(hf_sources):
         assert sum(tok.encode_ordinary_with_bytes(text)[1]) == len(text.encode())
 
 
+@pytest.mark.slow
 def test_bert_punctuation_is_hfs_on_every_code_point():
     from bytelm.baselines.hf_import import BERT_WHITESPACE, is_bert_punct  # noqa: PLC0415
 

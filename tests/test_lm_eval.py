@@ -80,6 +80,7 @@ def request(*args):
 
 
 @pytest.mark.parametrize("family", list(TINY_FAMILIES))
+@pytest.mark.slow
 def test_the_harness_model_of_every_family(runs, family, capsys):
     """One restored run per family: the harness's bits_per_byte, loglikelihood, generate_until."""
     lm = lm_eval_model.BytelmLM(run=str(runs[0][family]))
@@ -158,6 +159,7 @@ def check_generate_until(lm, capsys):
     assert cut == made[: made.index(stop)].decode("utf-8", "replace")
 
 
+@pytest.mark.slow
 def test_the_exported_tasks_run_through_the_harness_command_line(runs, tmp_path):
     """`bytelm probe --export-lm-eval`, then `bytelm-lm-eval --model bytelm ...` as the docs say."""
     run_dirs, report = runs[0], runs[1]

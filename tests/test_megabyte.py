@@ -40,6 +40,7 @@ def onehot(ids, v):
 
 @pytest.mark.parametrize("P", [2, 4, 8])
 @pytest.mark.parametrize("T", [16, 13])  # 13: padded to a multiple of P
+@pytest.mark.slow
 def test_causality_by_gradient_across_patches(P, T):
     model = MegaByte(mb_cfg(P), rngs=nnx.Rngs(P))
     rng = np.random.default_rng(T)
@@ -58,6 +59,7 @@ def test_causality_by_gradient_across_patches(P, T):
             assert dep[t, t - 1] > 0 and dep[t, 0] > 0, f"P={P}: byte {t} ignores its past"
 
 
+@pytest.mark.slow
 def test_p1_reduces_to_plain_byte_transformer():
     """With P=1, no local layers, an identity projection and a zero local pad, MegaByte is a flat byte
     transformer whose first input is the global pad patch: it must equal ByteLM fed [BOS, x0..x_{T-2}]
@@ -89,6 +91,7 @@ def test_p1_reduces_to_plain_byte_transformer():
     np.testing.assert_allclose(np.asarray(mb(x)), np.asarray(lm(lm_inputs)), rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.slow
 def test_every_byte_is_conditioned_on_the_bos_as_in_every_family():
     """The BOS is the first position of the first patch: the first byte's score depends on it (a
     document's start differs from a window cut mid-document), and the BOS itself is not a target."""
@@ -105,6 +108,7 @@ def test_every_byte_is_conditioned_on_the_bos_as_in_every_family():
     assert float(jnp.abs(grad[0, 0]).sum()) > 0 and float(jnp.abs(grad[0, 2:]).sum()) == 0
 
 
+@pytest.mark.slow
 def test_scores_any_length_and_nul_is_a_byte():
     model = MegaByte(mb_cfg(4), rngs=nnx.Rngs(0))
     ids = np.full((2, 12), BYTE_OFFSET, np.int32)  # every target is byte 0x00 (id 4)

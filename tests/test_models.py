@@ -67,6 +67,7 @@ def test_causal_attention_matches_numpy(attn):
 
 
 @pytest.mark.parametrize("T, window", [(16, 0), (24, 0), (13, 0), (16, 3), (23, 6)])
+@pytest.mark.slow
 def test_long_sequence_attention_paths_match_numpy(T, window):
     """From 2 blocks on, the halving kernel takes the halving path (no window) or the
     query-blocked path (window): both must equal dense masked attention."""
@@ -202,6 +203,7 @@ def test_rotary_is_relative():
 
 
 @pytest.mark.parametrize("window", [0, 4])
+@pytest.mark.slow
 def test_a_stack_over_its_caches_equals_the_full_pass(window):
     """The one forward path: a stack run over a prefix at once, then a position at a time over its
     caches, gives the full pass's outputs, under a sliding window and with documents (row 1 starts a

@@ -138,6 +138,7 @@ def _runs(root):
     return root, {f: [next(results) for _ in stops[f]] for f in families}, one
 
 
+@pytest.mark.slow
 def test_two_processes_agree_with_one_across_a_resume(tmp_path):
     """One test for both families: the job runs once (a module fixture would run once per
     pytest-xdist worker that gets one of its tests)."""
@@ -266,6 +267,7 @@ def _two(out, overrides, at: int, *, rates=(1.0, 1.0), lrs: list | None = None) 
     return [mine[-1] for mine in lines]
 
 
+@pytest.mark.slow
 def test_a_signal_to_one_process_stops_both_at_one_step_and_the_resume_equals_one_run(tmp_path):
     """SIGTERM to process 1 alone (at a random step of 2..4 of 6, after its log line): both processes
     agree to stop at the next step, checkpoint there collectively and return; resumed, the job ends
@@ -288,6 +290,7 @@ def test_a_signal_to_one_process_stops_both_at_one_step_and_the_resume_equals_on
     assert worst < 1e-5, worst
 
 
+@pytest.mark.slow
 def test_a_skewed_clock_on_one_process_changes_neither_learning_rates_nor_the_stop_step(tmp_path):
     """A time-budgeted run whose process 1 has a clock running 3x fast: both processes plan with
     process 0's clock, so their learning rate is the same at every step and they stop at the same
@@ -338,6 +341,7 @@ EVAL = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_two_process_eval_writes_the_one_process_report(tmp_path, capsys):
     """`bytelm eval` on two processes (2 devices each): process 0 alone writes the report and prints
     the table; its numbers are one process's, to the float32 reassociation of a sharded score."""
@@ -387,6 +391,7 @@ KILLED = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_a_host_killed_while_a_checkpoint_is_written_resumes_from_the_last_complete_one(tmp_path):
     corpus = word_corpus(tmp_path / "corpus")
     overrides = _tiny_byte(corpus, **{"train.steps": 6, "train.checkpoint_every": 2})
@@ -427,6 +432,7 @@ SAMPLE = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_two_process_sample_prints_the_one_process_bytes_once(tmp_path, capsysbinary):
     """`bytelm sample` on two processes (2 devices each): the model restored onto the 4-device mesh,
     the same seeded bytes as one process, printed by process 0 alone."""

@@ -105,6 +105,7 @@ def _matrix(path, x):
     return x
 
 
+@pytest.mark.slow
 def test_one_step_follows_the_polar_factor_and_adam():
     cfg, _, grads, updates = _one_step(["model.n_layers=2", "model.scan_layers=false"])
     lr = cfg.train.learning_rate
@@ -159,6 +160,7 @@ def test_scanned_stack_orthogonalises_each_layer():
     assert n == 7 + 2  # the stacked matrices and norms
 
 
+@pytest.mark.slow
 def test_resumed_muon_run_ends_with_the_uninterrupted_parameters(corpus_dir, tmp_path):  # noqa: F811
     over = {"train.steps": 8, "eval.every": 0}
     cfg = load_config(None, tiny_overrides(corpus_dir, **over, **{"train.optimizer": "muon"}))
@@ -198,6 +200,7 @@ def test_split_axis_prefers_the_layers_then_the_longest_axis():
     assert split_axis((3, 5), D((0,), (1,)), 2) is None
 
 
+@pytest.mark.slow
 def test_data_parallel_devices_share_the_newton_schulz_work(corpus_dir):  # noqa: F811
     """On two data-parallel devices, Muon's orthogonalisation is split between them (per device,
     its extra FLOPs over AdamW's step fall to about half of one device's, by XLA's cost analysis),
@@ -261,6 +264,7 @@ def test_data_parallel_devices_share_the_newton_schulz_work(corpus_dir):  # noqa
 
 
 @pytest.mark.parametrize("optimizer", ["adamw", "muon"])
+@pytest.mark.slow
 def test_embedding_lr_scale_multiplies_the_lookup_tables_steps(optimizer):
     over = [f"train.optimizer={optimizer}", "model.ngram_sizes=2,3", "model.hash_table_size=61"]
     _, _, _, base = _one_step(over)

@@ -250,6 +250,7 @@ PAIRS = [
 
 
 @pytest.mark.parametrize("family", ["blt", "bpe", "byte", "hnet", "megabyte"])
+@pytest.mark.slow
 def test_conditional_scoring_is_the_difference_of_two_full_scorings(family, trainers):
     trainer = trainers[family]
     got = probes.conditional_nats(probes.trainer_scorer(trainer), PAIRS)
@@ -260,6 +261,7 @@ def test_conditional_scoring_is_the_difference_of_two_full_scorings(family, trai
         assert value > 0
 
 
+@pytest.mark.slow
 def test_subword_conditional_scoring_equals_brute_force_over_the_exact_bytes(trainers):
     trainer = trainers["bpe"]
     model = nnx.merge(trainer.graphdef, trainer.model_params)

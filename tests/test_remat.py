@@ -36,6 +36,7 @@ def primitives(jaxpr) -> set[str]:
 
 
 @pytest.mark.parametrize("family", ["byte", "blt"])  # through Transformer, and BLT's own block loops
+@pytest.mark.slow
 def test_remat_changes_memory_not_results(family):
     batch = batch_for(family)
     base_loss, base_grads = loss_and_grads(build(family, "none"), batch)

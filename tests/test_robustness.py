@@ -107,6 +107,7 @@ def wait_for_step(run: Path, step: int, proc: subprocess.Popen, timeout: float =
 
 
 # -- signals ----------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_a_signal_on_a_checkpoint_step_saves_once_exits_130_and_resumes_to_the_same_loss(
     corpus_dir, tmp_path
 ):
@@ -222,6 +223,7 @@ def test_sigterm_outside_a_training_exits_0_and_leaves_no_partial_file(tmp_path,
 
 
 # -- two writers -----------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_a_second_writer_stops_at_once_naming_the_first_and_no_metrics_are_lost(corpus_dir, tmp_path, capsys):
     config = config_file(tmp_path)
     out = tmp_path / "run"
@@ -387,6 +389,7 @@ def empty_the_data_files(run: Path, step: int) -> None:
             path.write_bytes(b"")
 
 
+@pytest.mark.slow
 def test_a_damaged_latest_checkpoint_falls_back_to_the_previous_one_without_noise(finished_run, tmp_path):
     """sample and eval (processes, so that what they print at exit is seen too) report the
     damaged checkpoint with its step and reason and use checkpoint 4."""
@@ -563,6 +566,7 @@ def test_a_config_that_is_not_utf8_fails_in_one_line(tmp_path, capsys):
 
 
 # -- pipes -----------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_a_closed_pipe_ends_quietly(finished_run, tmp_path):
     """`bytelm sample RUN | head -c1` and `bytelm tokenizer encode ... | head -c 10`: exit 0, no
     traceback."""
@@ -692,6 +696,7 @@ def digests(root: Path) -> dict[str, str]:
     }
 
 
+@pytest.mark.slow
 def test_fuzz_damaged_run_directories_work_or_fail_in_one_line(bpe_run, tmp_path, capfd):
     """50 random truncations and byte flips of the run's files (run.json, config.toml,
     metrics.jsonl, every checkpoint file, the tokenizer's files): eval, sample and train (resume)

@@ -88,6 +88,7 @@ def check_every_step(decoder, prompt: bytes, seed: int) -> list[int]:
         dict(window=0, qk_norm="true"),
     ],
 )
+@pytest.mark.slow
 def test_byte_lm_cache_equals_full_pass(extra):
     dec = byte_decoder(ByteLM(model_cfg(family="byte", **extra, **LM), rngs=nnx.Rngs(0)), CONTEXT)
     for i, prompt in enumerate([b"", "Zwölf Box".encode()]):
@@ -108,6 +109,7 @@ def test_token_lm_cache_equals_full_pass():
 
 
 @pytest.mark.parametrize("patch_size", [4, 5])
+@pytest.mark.slow
 def test_megabyte_cache_equals_full_pass_across_patches(patch_size):
     cfg = model_cfg(
         family="megabyte",
@@ -181,6 +183,7 @@ def batch_starts(entropy_lm, ids, settings, max_patches):
         ),
     ],
 )
+@pytest.mark.slow
 def test_blt_cache_equals_full_pass_and_patches_online_as_in_training(entropy_lm, kw, rule, max_patches):
     model = BLT(model_cfg(**{**BLT_KW, **kw}), rngs=nnx.Rngs(3))
     ids = [BOS_ID, *(np.frombuffer(TEXT.encode(), np.uint8)[:CONTEXT] + BYTE_OFFSET).tolist()]
@@ -361,6 +364,7 @@ def test_text_pieces_hold_back_incomplete_utf8():
     assert list(text_pieces([b"\xff", b"d" + e[:1]])) == ["\ufffd", "d", "\ufffd"]  # invalid; cut at the end
 
 
+@pytest.mark.slow
 def test_cli_streams_utf8_and_matches_the_api(byte_run, capsysbinary):
     prompt = "Zwö".encode()[:-1]  # ends inside a two-byte character
     api = generate(byte_run, prompt, max_bytes=40, options=SamplingOptions(seed=5, top_k=40))

@@ -173,6 +173,7 @@ TRAIN = [*LM, "model.n_layers=2", "model.qk_norm=true", "train.warmup_steps=0", 
 
 
 @pytest.mark.parametrize("optimizer", ["adamw", "muon"])
+@pytest.mark.slow
 def test_a_scanned_stack_trains_as_the_unrolled_one(optimizer):
     """A few optimizer steps with weight decay leave the scanned model's weights the unrolled
     model's, stacked: a norm's gain (one row per layer when stacked; QK-norm's too) is not decayed

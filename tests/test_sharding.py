@@ -115,6 +115,7 @@ def setup(tmp_path_factory):
     return base, families
 
 
+@pytest.mark.slow
 def test_every_family_sharded_equals_one_device(setup):
     base, families = setup
     code = textwrap.dedent(

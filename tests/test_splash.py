@@ -50,6 +50,7 @@ def _loss(impl, kw):
 
 
 @pytest.mark.parametrize("mask", list(MASKS))
+@pytest.mark.slow
 def test_splash_equals_the_xla_path_in_float32(mask):
     q, k, v, seg = _inputs(jnp.float32)
     kw = _kwargs(mask, seg)
@@ -98,6 +99,7 @@ def test_auto_takes_splash_on_a_tpu_and_keeps_the_other_backends_choices():
     )  # (a warning: kernels change speed only)
 
 
+@pytest.mark.slow
 def test_splash_under_a_mesh_runs_per_shard_and_equals_one_device():
     """On 4 CPU devices as data 2 x tensor 2, inside jit under the mesh: rows and heads per shard
     (shard_map), the same outputs and gradients as without a mesh."""

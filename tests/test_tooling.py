@@ -26,6 +26,7 @@ def test_ruff_is_clean(argv):
     )
 
 
+@pytest.mark.slow
 def test_mypy_is_clean():
     result = run("mypy", "bytelm")
     assert result.returncode == 0, f"mypy bytelm:\n{result.stdout}{result.stderr}"

@@ -67,6 +67,7 @@ def _read_final_params(run_dir):
     return trainer.step, [np.asarray(x) for x in jax.tree.leaves(trainer.params)]
 
 
+@pytest.mark.slow
 def test_resume_after_sigkill_equals_uninterrupted(corpus_dir, tmp_path):  # noqa: F811
     overrides = tiny_overrides(corpus_dir, **{"train.steps": 16})
     config = tmp_path / "c.toml"
@@ -112,6 +113,7 @@ def test_resume_after_sigkill_equals_uninterrupted(corpus_dir, tmp_path):  # noq
     ]
 
 
+@pytest.mark.slow
 def test_data_parallel_step_equals_single_device(corpus_dir, tmp_path):  # noqa: F811
     code = textwrap.dedent(
         f"""
@@ -309,6 +311,7 @@ def test_cli_train_bad_config_exit_2(tmp_path, capsys, monkeypatch):
     assert len(err) == 1 and "--out gs://bucket/cmp is a URL" in err[0], err
 
 
+@pytest.mark.slow
 def test_resume_on_two_devices_and_finished_run_is_left_alone(corpus_dir, tmp_path):  # noqa: F811
     code = textwrap.dedent(
         f"""
@@ -368,6 +371,7 @@ def _lr_matches_the_planned_schedule(cfg, run_dir, planned):
         assert r["lr"] == pytest.approx(float(schedule(r["step"] - 1, horizon)), rel=1e-6), r
 
 
+@pytest.mark.slow
 def test_time_budget_stops_the_run_with_a_checkpoint_and_a_final_eval(corpus_dir, tmp_path):  # noqa: F811
     """``train.steps`` is ignored; the run plans its horizon from its first steps and stops when the
     budget is spent (or at the horizon, if the steps got faster), within one step of it."""

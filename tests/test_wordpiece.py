@@ -367,6 +367,7 @@ def test_bad_arguments_are_refused():
         WordPieceTokenizer([]).with_encoder("longest")
 
 
+@pytest.mark.slow
 def test_cli_trains_a_wordpiece_tokenizer(tmp_path):
     corpus = tmp_path / "c.txt"
     corpus.write_text("".join(f"Hello world {i}, naïve café ## done\n" for i in range(40)))
