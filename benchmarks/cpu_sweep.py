@@ -127,12 +127,12 @@ ROUND_TWO_GROUPS: dict[str, tuple[str, list[list[tuple[str, ...]]]]] = {
         [
             [
                 (),
-                ("model.global_layers=2",),
+                ("model.global.layers=2",),
                 (
                     "model.embed_dim=48",
-                    "model.global_d_model=192",
-                    "model.global_heads=3",
-                    "model.global_mlp_dim=512",
+                    "model.global.d_model=192",
+                    "model.global.heads=3",
+                    "model.global.mlp_dim=512",
                 ),
             ],
             *_BATCH,
@@ -145,8 +145,8 @@ ROUND_TWO_GROUPS: dict[str, tuple[str, list[list[tuple[str, ...]]]]] = {
         [
             [
                 (),
-                ("model.global_layers=2", "model.decoder_layers=1"),
-                ("model.global_d_model=192", "model.global_heads=3", "model.global_mlp_dim=512"),
+                ("model.global.layers=2", "model.local.decoder_layers=1"),
+                ("model.global.d_model=192", "model.global.heads=3", "model.global.mlp_dim=512"),
             ],
             *_BATCH,
             *_SCHEDULE,
@@ -174,19 +174,19 @@ ROUND_TWO_PINS: dict[str, tuple[str, ...]] = {
     "byte": (*_OPTIM_PINS, "model.document_mask=false"),
     "megabyte": (
         *_OPTIM_PINS,
-        "model.global_layers=4",
+        "model.global.layers=4",
         "model.embed_dim=64",
-        "model.global_d_model=256",
-        "model.global_heads=4",
-        "model.global_mlp_dim=704",
+        "model.global.d_model=256",
+        "model.global.heads=4",
+        "model.global.mlp_dim=704",
     ),
     "blt": (
         *_OPTIM_PINS,
-        "model.global_layers=3",
-        "model.decoder_layers=2",
-        "model.global_d_model=256",
-        "model.global_heads=4",
-        "model.global_mlp_dim=704",
+        "model.global.layers=3",
+        "model.local.decoder_layers=2",
+        "model.global.d_model=256",
+        "model.global.heads=4",
+        "model.global.mlp_dim=704",
     ),
     "bpe": (*_OPTIM_PINS, "model.d_model=256", "model.n_layers=4", "model.n_heads=4", "model.mlp_dim=704"),
 }

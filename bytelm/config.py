@@ -26,7 +26,7 @@ from typing import Any, Literal
 
 from bytelm.errors import UserError
 from bytelm.families import config_class
-from bytelm.models.configs import ModelConfig
+from bytelm.models.configs import ModelConfig, field_name, key_name, replace_fields
 
 
 @dataclasses.dataclass(frozen=True)
@@ -446,23 +446,59 @@ def _unknown_key(key: str, valid: list[str]) -> UserError:
     return UserError(f"unknown key '{key}'{hint}")
 
 
-def build_section(section: str, cls: type, raw: Any) -> Any:
+def _moved_key(cls: type, section: str, key: str) -> UserError | None:
+    """The error for a key that a table of ``cls`` no longer has because it moved into a nested table
+    (``model.global_d_model`` is ``model.global.d_model``): the class's own ``moved_keys``, or a
+    ``<table>_<key>`` whose table is a nested dataclass field with that key."""
+    new = getattr(cls, "moved_keys", {}).get(key)
+    if new is None:
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            table = key_name(f.name)
+            if dataclasses.is_dataclass(hints[f.name]) and key.startswith(table + "_"):
+                leaf = key[len(table) + 1 :]
+                if field_name(hints[f.name], leaf) is not None:
+                    new = f"{table}.{leaf}"
+    if new is None:
+        return None
+    table, _, leaf = new.rpartition(".")
+    return UserError(
+        f"{section}.{key} is now {section}.{new}: write {leaf} = ... in a [{section}.{table}] table, or "
+        f"--set {section}.{new}=..."
+    )
+
+
+def build_section(section: str, cls: type, raw: Any, base: Any = None) -> Any:
     """The frozen dataclass ``cls`` from a TOML table ``raw`` (or ``--set`` strings in it): every key
-    checked (an unknown one names the closest valid key), every value typed by the field's annotation
-    (a field typed ``Any`` takes the value as it is), required fields (no default) demanded, and the
-    class's own invariants (``__post_init__``'s ``ValueError``) reported as :class:`UserError`. Config
-    files, compare presets and ablation grids are all read through it."""
+    checked (an unknown one names the closest valid key; a key that moved into a nested table names
+    its new place), every value typed by the field's annotation (a field typed ``Any`` takes the value
+    as it is; a field typed by a dataclass is a nested table, ``[model.global]``, whose keys go over
+    the field's default), required fields (no default, and no ``base`` instance to take them from)
+    demanded, and the class's own invariants (``__post_init__``'s ``ValueError``) reported as
+    :class:`UserError`. Config files, compare presets and ablation grids are all read through it."""
     if not isinstance(raw, dict):
         raise UserError(f"'{section}' must be a table ([{section}]), got {raw!r}")
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls)}
     kwargs = {}
     for key, value in raw.items():
-        if key not in fields:
-            raise _unknown_key(f"{section}.{key}", list(fields))
-        kwargs[key] = value if hints[key] is Any else _convert(f"{section}.{key}", value, hints[key])
+        name = field_name(cls, key)
+        if name is None:
+            raise _moved_key(cls, section, key) or _unknown_key(
+                f"{section}.{key}", [key_name(f) for f in fields]
+            )
+        tp = hints[name]
+        if isinstance(tp, type) and dataclasses.is_dataclass(tp):
+            default = getattr(base, name) if base is not None else fields[name].default
+            kwargs[name] = build_section(
+                f"{section}.{key}", tp, value, None if default is dataclasses.MISSING else default
+            )
+        else:
+            kwargs[name] = value if tp is Any else _convert(f"{section}.{key}", value, tp)
+    if base is not None:
+        kwargs = {f: getattr(base, f) for f in fields} | kwargs
     missing = [
-        name
+        key_name(name)
         for name, f in fields.items()
         if name not in kwargs
         and f.default is dataclasses.MISSING
@@ -501,7 +537,7 @@ def with_values(cfg: Config, values: dict) -> Config:
             section=section,
         )
         try:
-            changes[section] = dataclasses.replace(current, **typed)
+            changes[section] = replace_fields(current, typed)
         except ValueError as e:
             raise UserError(f"invalid [{section}] config: {e}") from None
     return dataclasses.replace(cfg, **changes)
@@ -513,17 +549,31 @@ def with_overrides(cfg: Config, overrides: list[str] | tuple[str, ...]) -> Confi
 
 
 def typed_fields(cls: type, values: dict, *, section: str = "model") -> dict:
-    """``values`` (field -> a TOML value or a ``--set`` string) converted to the types of ``cls``'s
-    fields, with the loader's errors (an unknown field names the closest; a bad value names its type)."""
+    """``values`` (key -> a TOML value or a ``--set`` string; a dotted key reaches into a nested
+    table, ``global.d_model``) converted to the types of ``cls``'s fields, with the loader's errors (an
+    unknown key names the closest, or its new place; a bad value names its type). The keys come back
+    as given, for :func:`bytelm.models.configs.replace_fields`."""
     hints = typing.get_type_hints(cls)
-    fields = [f.name for f in dataclasses.fields(cls)]
     out = {}
     for key, value in values.items():
-        if key not in fields:
-            raise _unknown_key(f"{section}.{key}", fields)
-        out[key] = _convert(
-            f"{section}.{key}", _Override(value) if isinstance(value, str) else value, hints[key]
-        )
+        head, dot, rest = key.partition(".")
+        name = field_name(cls, head)
+        if name is None:
+            raise _moved_key(cls, section, head) or _unknown_key(
+                f"{section}.{head}", [key_name(f.name) for f in dataclasses.fields(cls)]
+            )
+        tp = hints[name]
+        if isinstance(tp, type) and dataclasses.is_dataclass(tp):
+            if not dot:
+                raise UserError(
+                    f"{section}.{head} is a table: set its keys ({section}.{head}.<key>), one of "
+                    f"{', '.join(key_name(f.name) for f in dataclasses.fields(tp))}"
+                )
+            (out[key],) = typed_fields(tp, {rest: value}, section=f"{section}.{head}").values()
+        elif dot:
+            raise _unknown_key(f"{section}.{key}", [key_name(f.name) for f in dataclasses.fields(cls)])
+        else:
+            out[key] = _convert(f"{section}.{key}", _Override(value) if isinstance(value, str) else value, tp)
     return out
 
 
@@ -541,13 +591,20 @@ def override_text(value: Any) -> str:
 
 
 def section_overrides(section: str, new: Any, base: Any) -> list[str]:
-    """``--set`` strings turning the dataclass ``base`` into ``new`` (same class): one per changed field,
-    for a command a person or a scheduler runs (inside the library configs stay typed)."""
-    return [
-        f"{section}.{f.name}={override_text(getattr(new, f.name))}"
-        for f in dataclasses.fields(new)
-        if getattr(new, f.name) != getattr(base, f.name)
-    ]
+    """``--set`` strings turning the dataclass ``base`` into ``new`` (same class): one per changed field
+    (``model.global.d_model=...`` for a nested table's), for a command a person or a scheduler runs
+    (inside the library configs stay typed)."""
+    out = []
+    for f in dataclasses.fields(new):
+        value, before = getattr(new, f.name), getattr(base, f.name)
+        if value == before:
+            continue
+        key = f"{section}.{key_name(f.name)}"
+        if dataclasses.is_dataclass(value) and type(value) is type(before):
+            out.extend(section_overrides(key, value, before))
+        else:
+            out.append(f"{key}={override_text(value)}")
+    return out
 
 
 def build_config(raw: dict) -> Config:
@@ -605,20 +662,37 @@ def _toml_value(value: Any) -> str:
     raise TypeError(f"cannot write {value!r} to TOML")
 
 
-def config_to_dict(cfg: Config) -> dict:
-    out = {}
-    for name in ("data", "model", "train", "eval"):
-        section = getattr(cfg, name)
-        if section is not None:
-            out[name] = {k: v for k, v in dataclasses.asdict(section).items() if v is not None}
+def _table(obj: Any) -> dict:
+    """A dataclass as a TOML table: keys as written (:func:`key_name`), None fields left out, nested
+    dataclasses as nested tables."""
+    out: dict = {}
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        if value is not None:
+            out[key_name(f.name)] = _table(value) if dataclasses.is_dataclass(value) else value
     return out
+
+
+def config_to_dict(cfg: Config) -> dict:
+    return {
+        name: _table(section)
+        for name in ("data", "model", "train", "eval")
+        if (section := getattr(cfg, name)) is not None
+    }
 
 
 def dump_config(cfg: Config) -> str:
     """The resolved config as TOML (``load_config`` of it gives back an equal config)."""
-    lines = []
-    for name, table in config_to_dict(cfg).items():
+    lines: list[str] = []
+
+    def write(name: str, table: dict) -> None:
         lines.append(f"[{name}]")
-        lines.extend(f"{k} = {_toml_value(v)}" for k, v in table.items())
+        lines.extend(f"{k} = {_toml_value(v)}" for k, v in table.items() if not isinstance(v, dict))
         lines.append("")
+        for k, v in table.items():
+            if isinstance(v, dict):
+                write(f"{name}.{k}", v)
+
+    for name, table in config_to_dict(cfg).items():
+        write(name, table)
     return "\n".join(lines)

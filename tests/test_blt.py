@@ -40,7 +40,7 @@ def entropy_patcher():
     "kw, slots",
     [
         ({"cross_attention": True}, 16),
-        ({"cross_attention": True, "encoder_cross_all_layers": True, "encoder_layers": 2}, 16),
+        ({"cross_attention": True, "encoder_cross_all_layers": True, "local.encoder_layers": 2}, 16),
         ({"cross_attention": True, "decoder_cross_all_layers": False}, 16),
         ({"cross_attention": False}, 16),
         ({"cross_attention": True, "max_patch_len": 3}, 5),  # a window that runs out of slots
@@ -120,12 +120,14 @@ def test_one_byte_per_patch_reduces_to_flat_byte_transformer():
     )
     cfg = blt_cfg(
         cross_attention=False,
-        encoder_layers=0,
-        decoder_layers=0,
-        global_layers=2,
-        global_d_model=d,
-        local_d_model=d,
-        global_mlp_dim=64,
+        **{
+            "local.encoder_layers": 0,
+            "local.decoder_layers": 0,
+            "global.layers": 2,
+            "global.d_model": d,
+            "local.d_model": d,
+            "global.mlp_dim": 64,
+        },
         queries_per_patch=1,
         ngram_sizes="",
     )
@@ -212,9 +214,9 @@ def test_gathered_cross_attention_equals_dense_masks(side):
 
 
 def test_embeddings_start_at_the_reference_scale():
-    """Byte and hash n-gram tables: a normal of std local_d_model ** -0.5 cut at 3 std (the
+    """Byte and hash n-gram tables: a normal of std local.d_model ** -0.5 cut at 3 std (the
     reference's init_weights), not N(0, 1) tables that would drown the byte embedding."""
-    model = BLT(blt_cfg(local_d_model=64, hash_table_size=4093), rngs=nnx.Rngs(0))
+    model = BLT(blt_cfg(**{"local.d_model": 64}, hash_table_size=4093), rngs=nnx.Rngs(0))
     for table in [model.encoder.byte_embed.table, *(e.table for e in model.encoder.ngram_embeds)]:
         t = np.asarray(table[...])
         assert abs(t.std() / 64**-0.5 - 0.986) < 0.02 and np.abs(t).max() <= 3 * 64**-0.5 + 1e-6
@@ -265,14 +267,14 @@ def blt_train_cfg(corpus_dir, entropy_run, **extra):  # noqa: F811
         "model.family": "blt",
         "model.entropy_run": str(entropy_run),
         "model.target_patch_len": 3.0,
-        "model.local_d_model": 32,
-        "model.local_heads": 2,
-        "model.local_mlp_dim": 64,
-        "model.local_window": 16,
-        "model.global_d_model": 64,
-        "model.global_heads": 2,
-        "model.global_mlp_dim": 128,
-        "model.global_layers": 1,
+        "model.local.d_model": 32,
+        "model.local.heads": 2,
+        "model.local.mlp_dim": 64,
+        "model.local.window": 16,
+        "model.global.d_model": 64,
+        "model.global.heads": 2,
+        "model.global.mlp_dim": 128,
+        "model.global.layers": 1,
         "model.hash_table_size": 512,
         "train.steps": 2,
         "eval.every": 0,

@@ -267,3 +267,54 @@ def test_closed_sets_are_literal_types_checked_at_load(tmp_path):
     with pytest.raises(UserError, match=r"model.dtype = 16 is not one of"):
         load_config(path)
     assert load_config(None, ["model.family=byte", "model.dtype=bfloat16"]).model.dtype == "bfloat16"
+
+
+def test_stacks_are_nested_tables_and_old_flat_keys_name_their_new_place(tmp_path):
+    """A family's stacks are ``[model.<stack>]`` tables typed by their own dataclasses: a table's keys
+    go over the family's defaults (a partial table keeps the rest), ``--set`` reaches in by a dotted
+    key, the dump writes them back as tables, and the flat keys they replaced fail naming the new key."""
+    from bytelm.config import section_overrides, with_values
+    from bytelm.models.configs import EncoderDecoderConfig, StackConfig
+
+    path = tmp_path / "h.toml"
+    path.write_text(
+        '[model]\nfamily = "hnet"\nstages = 2\n\n[model.global]\nd_model = 256\n\n'
+        "[model.middle]\nwindow = 8\nencoder_layers = 3\n"
+    )
+    cfg = load_config(path, ["model.local.heads=4"])
+    m = cfg.model
+    assert m.global_ == StackConfig(d_model=256, layers=3, heads=2, mlp_dim=512)  # the rest: defaults
+    assert m.middle == EncoderDecoderConfig(128, 2, 352, 3, 1, 8)
+    assert (m.local.heads, m.local.d_model) == (4, 128)
+    assert [(s.d_model, s.heads, s.window) for s in m.stage_specs()] == [(128, 4, 64), (128, 2, 8)]
+    text = dump_config(cfg)
+    assert "[model.global]\nd_model = 256\n" in text and "global_" not in text
+    (tmp_path / "dumped.toml").write_text(text)
+    assert load_config(tmp_path / "dumped.toml") == cfg
+    base = load_config(None, ["model.family=hnet"])
+    assert set(section_overrides("model", m, base.model)) == {
+        "model.stages=2",
+        "model.global.d_model=256",
+        "model.middle.window=8",
+        "model.middle.encoder_layers=3",
+        "model.local.heads=4",
+    }
+    for old, new in [
+        ("model.global_d_model=64", "model.global.d_model"),
+        ("model.local_window=8", "model.local.window"),
+        ("model.middle_encoder_layers=1", "model.middle.encoder_layers"),
+        ("model.encoder_layers=1", "model.local.encoder_layers"),
+    ]:
+        with pytest.raises(UserError, match=f"is now {new.replace('.', '[.]')}: write"):
+            load_config(None, ["model.family=hnet", old])
+    path.write_text('[model]\nfamily = "megabyte"\nlocal_layers = 3\n')
+    with pytest.raises(UserError, match=r"model.local_layers is now model.local.layers.*\[model.local\]"):
+        load_config(path)
+    with pytest.raises(UserError, match=r"model.global is a table: set its keys"):
+        with_values(load_config(None, ["model.family=megabyte"]), {"model.global": 3})
+    with pytest.raises(
+        UserError, match=r"unknown key 'model.global.layer'; did you mean 'model.global.layers'"
+    ):
+        load_config(None, ["model.family=megabyte", "model.global.layer=2"])
+    with pytest.raises(UserError, match=r"invalid \[model.global\] config: .*divisible"):
+        load_config(None, ["model.family=megabyte", "model.global.heads=3"])

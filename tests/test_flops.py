@@ -27,19 +27,19 @@ from bytelm.models import flops
 
 B, T = 2, 64
 IDS = jnp.asarray(np.random.default_rng(0).integers(4, 260, size=(B, T + 1)), jnp.int32)
-LOCAL = ["model.attention=xla", "model.local_d_model=64", "model.local_heads=2", "model.local_mlp_dim=176"]
+LOCAL = ["model.attention=xla", "model.local.d_model=64", "model.local.heads=2", "model.local.mlp_dim=176"]
 BLT_BASE = [
     "model.family=blt",
     *LOCAL,
-    "model.local_window=16",
-    "model.global_d_model=96",
-    "model.global_heads=2",
-    "model.global_mlp_dim=256",
-    "model.global_layers=2",
+    "model.local.window=16",
+    "model.global.d_model=96",
+    "model.global.heads=2",
+    "model.global.mlp_dim=256",
+    "model.global.layers=2",
     "model.hash_table_size=257",
     "model.max_patch_len=6",
     "model.max_patches=20",
-    "model.decoder_layers=2",
+    "model.local.decoder_layers=2",
 ]
 
 
@@ -102,14 +102,14 @@ CASES = {
             "model.family=megabyte",
             "model.patch_size=4",
             "model.embed_dim=16",
-            "model.global_d_model=64",
-            "model.global_layers=2",
-            "model.global_heads=2",
-            "model.global_mlp_dim=176",
-            "model.local_d_model=64",
-            "model.local_layers=2",
-            "model.local_heads=2",
-            "model.local_mlp_dim=176",
+            "model.global.d_model=64",
+            "model.global.layers=2",
+            "model.global.heads=2",
+            "model.global.mlp_dim=176",
+            "model.local.d_model=64",
+            "model.local.layers=2",
+            "model.local.heads=2",
+            "model.local.mlp_dim=176",
         ),
         MegaByte(c, rngs=nnx.Rngs(0)),
         {"ids": IDS},
@@ -127,7 +127,10 @@ CASES = {
         for name, extra in {
             "default": [],
             "decoder_cross_first_only": ["model.decoder_cross_all_layers=false"],
-            "encoder_cross_all_layers": ["model.encoder_layers=2", "model.encoder_cross_all_layers=true"],
+            "encoder_cross_all_layers": [
+                "model.local.encoder_layers=2",
+                "model.encoder_cross_all_layers=true",
+            ],
             "no_cross_attention": ["model.cross_attention=false"],
         }.items()
     },

@@ -20,6 +20,7 @@ from bytelm.families.hnet.model import (
     ratio_loss,
     router_probs,
 )
+from bytelm.models.configs import replace_fields
 from bytelm.training.optim import make_optimizer, schedule_plan
 from bytelm.training.programs import StepSpec
 
@@ -29,27 +30,29 @@ RNG = np.random.default_rng(7)
 def tiny(stages=1, **kw):
     base = dict(
         stages=stages,
-        local_d_model=32,
-        local_heads=2,
-        local_mlp_dim=64,
-        encoder_layers=1,
-        decoder_layers=1,
-        local_window=8,
-        middle_d_model=40,
-        middle_heads=2,
-        middle_mlp_dim=64,
-        middle_encoder_layers=1,
-        middle_decoder_layers=1,
-        middle_window=4,
-        global_d_model=48,
-        global_layers=1,
-        global_heads=2,
-        global_mlp_dim=64,
+        **{
+            "local.d_model": 32,
+            "local.heads": 2,
+            "local.mlp_dim": 64,
+            "local.encoder_layers": 1,
+            "local.decoder_layers": 1,
+            "local.window": 8,
+            "middle.d_model": 40,
+            "middle.heads": 2,
+            "middle.mlp_dim": 64,
+            "middle.encoder_layers": 1,
+            "middle.decoder_layers": 1,
+            "middle.window": 4,
+            "global.d_model": 48,
+            "global.layers": 1,
+            "global.heads": 2,
+            "global.mlp_dim": 64,
+        },
         target_chunk_len=3.0,
         inner_target_chunk_len=2.0,
         chunk_slots=1.0,  # few slots: windows overflow
     )
-    return HNetConfig(**{**base, **kw})
+    return replace_fields(HNetConfig(), {**base, **kw})
 
 
 def scrambled(cfg, seed=0):
@@ -143,17 +146,19 @@ def test_a_stage_with_empty_stacks_equals_its_numpy_transcription():
     stage's own parts: padding, router, slot rule, gather, EMA, plug-back, straight-through factor,
     residual, slice. The whole forward pass in numpy, position by position."""
     cfg = tiny(
-        encoder_layers=0,
-        decoder_layers=0,
-        global_layers=0,
-        local_window=0,
+        **{
+            "local.encoder_layers": 0,
+            "local.decoder_layers": 0,
+            "global.layers": 0,
+            "local.window": 0,
+        },
         chunk_slots=1.5,
         document_mask=True,
     )
     m = scrambled(cfg, seed=3)
     stage, main = m.stage, m.stage.inner
     B, T = 2, 24
-    x = RNG.normal(size=(B, T, cfg.local_d_model)).astype(np.float32)
+    x = RNG.normal(size=(B, T, cfg.local.d_model)).astype(np.float32)
     starts = np.zeros((B, T), bool)
     starts[:, 0] = True
     starts[1, 9] = True
@@ -165,12 +170,12 @@ def test_a_stage_with_empty_stacks_equals_its_numpy_transcription():
     h = np_rms(x.astype(np.float64), np.asarray(stage.encoder_norm.scale[...]), eps)
     p = np_router(h @ wq, h @ wk, starts)
     slots = cfg.slots_for(T, cfg.target_chunk_len)
-    want = np.zeros((B, T, cfg.local_d_model))
+    want = np.zeros((B, T, cfg.local.d_model))
     for b in range(B):
         kept = np_chunks(p[b : b + 1] > 0.5, slots)[0]
         chunk = h[b, kept]
         widened = np.concatenate([chunk, np.broadcast_to(pad, (len(kept), pad.size))], axis=1)
-        zhat = np_rms(widened, gscale, eps)[:, : cfg.local_d_model]
+        zhat = np_rms(widened, gscale, eps)[:, : cfg.local.d_model]
         z = np_ema(zhat[None], p[b, kept][None], starts[b, kept][None])[0]
         for t in range(T):
             j = sum(1 for s in kept if s <= t) - 1
@@ -270,8 +275,8 @@ def test_per_stage_learning_rates_scale_each_stage_s_adam_step():
 def test_bad_configs_are_refused_naming_the_field():
     with pytest.raises(ValueError, match="model.stages"):
         tiny(stages=3)
-    with pytest.raises(ValueError, match="model.global_d_model"):
-        tiny(global_d_model=16, global_heads=2)
+    with pytest.raises(ValueError, match="model.global.d_model"):
+        tiny(**{"global.d_model": 16}, **{"global.heads": 2})
     with pytest.raises(ValueError, match="model.lr_scales"):
         tiny(lr_scales=(1.0,))
     with pytest.raises(ValueError, match="target_chunk_len"):
@@ -281,16 +286,16 @@ def test_bad_configs_are_refused_naming_the_field():
 # -- the family end to end: train, evaluate, chunks, sample, size rule ---------------------------
 TINY_RUN = {
     "model.family": "hnet",
-    "model.local_d_model": 32,
-    "model.local_heads": 2,
-    "model.local_mlp_dim": 64,
-    "model.encoder_layers": 1,
-    "model.decoder_layers": 1,
-    "model.local_window": 16,
-    "model.global_d_model": 48,
-    "model.global_layers": 1,
-    "model.global_heads": 2,
-    "model.global_mlp_dim": 64,
+    "model.local.d_model": 32,
+    "model.local.heads": 2,
+    "model.local.mlp_dim": 64,
+    "model.local.encoder_layers": 1,
+    "model.local.decoder_layers": 1,
+    "model.local.window": 16,
+    "model.global.d_model": 48,
+    "model.global.layers": 1,
+    "model.global.heads": 2,
+    "model.global.mlp_dim": 64,
     "model.target_chunk_len": 4.0,
     "data.segment_bytes": 48,
     "data.max_eval_bytes": 2400,
@@ -381,5 +386,5 @@ def test_the_size_rule_builds_valid_configs_at_every_budget(stages):
     for budget in (5e11, 2e12, 1e15, 1e20):
         trunk = rule.sizes(budget)
         cfg = HNetTask.sized(tiny(stages), trunk, {"target_chunk_len": 8.0})
-        assert cfg.global_d_model == trunk.main.d_model and cfg.local_d_model == trunk.local.d_model
-        assert cfg.target_chunk_len == 8.0 and cfg.encoder_layers == 1  # depths stay
+        assert cfg.global_.d_model == trunk.main.d_model and cfg.local.d_model == trunk.local.d_model
+        assert cfg.target_chunk_len == 8.0 and cfg.local.encoder_layers == 1  # depths stay

@@ -21,14 +21,14 @@ def mb_cfg(P, **kw):
         "model.family": "megabyte",
         "model.patch_size": P,
         "model.embed_dim": d_g,
-        "model.global_d_model": P * d_g,
-        "model.global_heads": 2,
-        "model.global_mlp_dim": 32,
-        "model.global_layers": 1,
-        "model.local_d_model": 16,
-        "model.local_heads": 2,
-        "model.local_mlp_dim": 32,
-        "model.local_layers": 1,
+        "model.global.d_model": P * d_g,
+        "model.global.heads": 2,
+        "model.global.mlp_dim": 32,
+        "model.global.layers": 1,
+        "model.local.d_model": 16,
+        "model.local.heads": 2,
+        "model.local.mlp_dim": 32,
+        "model.local.layers": 1,
     }
     base.update({f"model.{k}": v for k, v in kw.items()})
     return load_config(None, [f"{k}={v}" for k, v in base.items()]).model
@@ -77,7 +77,13 @@ def test_p1_reduces_to_plain_byte_transformer():
     ).model
     lm = ByteLM(lm_cfg, rngs=nnx.Rngs(0))
     cfg = mb_cfg(
-        1, embed_dim=d, global_d_model=d, global_layers=2, global_mlp_dim=32, local_d_model=d, local_layers=0
+        1,
+        embed_dim=d,
+        **{"global.d_model": d},
+        **{"global.layers": 2},
+        **{"global.mlp_dim": 32},
+        **{"local.d_model": d},
+        **{"local.layers": 0},
     )
     mb = MegaByte(cfg, rngs=nnx.Rngs(1))
     mb.global_embed = lm.embed
@@ -144,11 +150,11 @@ def test_no_padding_mode_requires_divisible_length():
 
 def test_bad_configs_are_clear():
     with pytest.raises(
-        UserError, match=r"global_d_model 100 must equal model.patch_size 4 x model.embed_dim 8 = 32"
+        UserError, match=r"global.d_model 100 must equal model.patch_size 4 x model.embed_dim 8 = 32"
     ):
-        mb_cfg(4, global_d_model=100)
+        mb_cfg(4, **{"global.d_model": 100})
     with pytest.raises(UserError, match="patch_size must be >= 1"):
-        mb_cfg(0, global_d_model=0)
+        mb_cfg(0, **{"global.d_model": 16})
 
 
 def test_task_rejects_indivisible_context_without_padding(tmp_path):
@@ -168,8 +174,8 @@ def test_task_rejects_indivisible_context_without_padding(tmp_path):
                     "model.family": "megabyte",
                     "model.patch_size": 4,
                     "model.embed_dim": 8,
-                    "model.global_d_model": 32,
-                    "model.global_heads": 2,
+                    "model.global.d_model": 32,
+                    "model.global.heads": 2,
                     "model.pad_to_patch": "false",
                 }.items()
             ),
@@ -197,14 +203,14 @@ def test_golden_one_step_loss(tmp_path):
         "model.family": "megabyte",
         "model.patch_size": 4,
         "model.embed_dim": 8,
-        "model.global_d_model": 32,
-        "model.global_heads": 2,
-        "model.global_mlp_dim": 64,
-        "model.global_layers": 1,
-        "model.local_d_model": 16,
-        "model.local_heads": 2,
-        "model.local_mlp_dim": 32,
-        "model.local_layers": 1,
+        "model.global.d_model": 32,
+        "model.global.heads": 2,
+        "model.global.mlp_dim": 64,
+        "model.global.layers": 1,
+        "model.local.d_model": 16,
+        "model.local.heads": 2,
+        "model.local.mlp_dim": 32,
+        "model.local.layers": 1,
         "train.steps": 2,
         "eval.every": 0,
     }

@@ -115,14 +115,16 @@ def test_megabyte_cache_equals_full_pass_across_patches(patch_size):
         family="megabyte",
         patch_size=patch_size,
         embed_dim=8,
-        global_d_model=8 * patch_size,
-        global_layers=2,
-        global_heads=2,
-        global_mlp_dim=64,
-        local_d_model=16,
-        local_layers=2,
-        local_heads=2,
-        local_mlp_dim=32,
+        **{
+            "global.d_model": 8 * patch_size,
+            "global.layers": 2,
+            "global.heads": 2,
+            "global.mlp_dim": 64,
+            "local.d_model": 16,
+            "local.layers": 2,
+            "local.heads": 2,
+            "local.mlp_dim": 32,
+        },
     )
     dec = MegaByteDecoder(MegaByte(cfg, rngs=nnx.Rngs(2)), CONTEXT)
     for i, prompt in enumerate([b"", b"abc", b"abcdefg"]):  # prompts ending at several points of a patch
@@ -136,17 +138,19 @@ def test_megabyte_cache_equals_full_pass_across_patches(patch_size):
 
 BLT_KW = dict(
     family="blt",
-    local_d_model=32,
-    local_heads=2,
-    local_mlp_dim=64,
-    local_window=8,
-    global_d_model=48,
-    global_heads=2,
-    global_mlp_dim=96,
-    global_layers=2,
+    **{
+        "local.d_model": 32,
+        "local.heads": 2,
+        "local.mlp_dim": 64,
+        "local.window": 8,
+        "global.d_model": 48,
+        "global.heads": 2,
+        "global.mlp_dim": 96,
+        "global.layers": 2,
+    },
     hash_table_size=101,
     ngram_sizes="3,4,5",
-    decoder_layers=2,
+    **{"local.decoder_layers": 2},
 )
 
 
@@ -170,7 +174,7 @@ def batch_starts(entropy_lm, ids, settings, max_patches):
         ({}, {"threshold": "median", "max_patch_len": 5}, 30),
         ({"cross_attention": False}, {"threshold": "median", "max_patch_len": 5}, 30),
         (
-            {"encoder_layers": 2, "encoder_cross_all_layers": True},
+            {"local.encoder_layers": 2, "encoder_cross_all_layers": True},
             {"monotonic_threshold": 0.0, "max_patch_len": 4},
             30,
         ),

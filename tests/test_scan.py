@@ -127,7 +127,9 @@ def test_scanned_megabyte_and_blt_are_the_unrolled_ones():
     _stacked_equals_unrolled(unrolled, scanned, ["global_stack", "local_stack"])
     _same_scores(unrolled, scanned, _byte_batch(T=23))  # (gradients through the scan: the byte LM's test)
 
-    unrolled, scanned = _pair(BLT, lambda scan: blt_cfg(global_layers=3, scan_layers=str(scan).lower()))
+    unrolled, scanned = _pair(
+        BLT, lambda scan: blt_cfg(**{"global.layers": 3}, scan_layers=str(scan).lower())
+    )
     _stacked_equals_unrolled(unrolled, scanned, ["latent.stack"])
     rng = np.random.default_rng(3)
     batch = _byte_batch(T=15)

@@ -145,7 +145,7 @@ def export_entries(
             if not np.array_equal(w, np.eye(w.shape[0], dtype=w.dtype)):
                 raise UserError(
                     f"{'.'.join(map(str, e.path))} is not the identity, but the reference has no such "
-                    "projection at these widths (queries_per_patch x local_d_model = global_d_model): the "
+                    "projection at these widths (queries_per_patch x local.d_model = global.d_model): the "
                     "model cannot be written in its format"
                 )
         elif e.kind == "rows_slice":

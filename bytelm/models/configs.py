@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from typing import Literal, get_args
+from typing import Any, Literal, get_args
 
 Dtype = Literal["float32", "bfloat16", "float16"]  # compute dtypes; parameters stay float32
 AttentionKernel = Literal["auto", "xla", "cudnn", "halving"]  # bytelm.models.kernels chooses "auto"
@@ -106,10 +106,9 @@ class ModelConfig:
 
 @dataclasses.dataclass(frozen=True)
 class StackConfig:
-    """One transformer stack's sizes: what a size rule gives (``bytelm ablate``) and what a converter
-    reads (``bytelm import hf``). A family config exposes each of its stacks under a prefix
-    (``""`` for a flat LM's, ``"global_"`` and ``"local_"`` for MegaByte's and BLT's) and is built from
-    them with :func:`with_stacks`: typed, no ``--set`` strings."""
+    """One transformer stack: a ``[model.<stack>]`` table (MegaByte's ``global`` and ``local``, BLT's
+    and H-Net's ``global``), what a size rule gives (``bytelm ablate``) and what a converter reads
+    (``bytelm import hf``)."""
 
     d_model: int
     layers: int
@@ -120,31 +119,85 @@ class StackConfig:
         check_transformer("stack ", self.d_model, self.heads, self.layers, self.mlp_dim)
 
 
-# the config fields of a stack under a prefix: flat LMs name their depth n_layers and heads n_heads
-_STACK_FIELDS = {"": ("d_model", "n_layers", "n_heads", "mlp_dim")}
+@dataclasses.dataclass(frozen=True)
+class EncoderDecoderConfig:
+    """The byte-level stacks around a global one (BLT's ``[model.local]``, H-Net's ``[model.local]``
+    and ``[model.middle]``): an encoder and a decoder of the same width, heads and MLP width, their
+    own depths, sliding-window attention over ``window`` positions (0 = full causal attention)."""
+
+    d_model: int
+    heads: int
+    mlp_dim: int
+    encoder_layers: int
+    decoder_layers: int
+    window: int
+
+    def __post_init__(self) -> None:
+        check_transformer(
+            "stack ", self.d_model, self.heads, max(self.encoder_layers, self.decoder_layers), self.mlp_dim
+        )
+        if self.window < 0:
+            raise ValueError(f"stack window must be >= 0 (0 = full attention), got {self.window}")
 
 
-def stack_fields(prefix: str) -> tuple[str, str, str, str]:
-    """The field names of the stack under ``prefix``: ``(d_model, layers, heads, mlp_dim)``."""
-    return _STACK_FIELDS.get(
-        prefix, (f"{prefix}d_model", f"{prefix}layers", f"{prefix}heads", f"{prefix}mlp_dim")
-    )
+def field_name(cls: type, key: str) -> str | None:
+    """The attribute of dataclass ``cls`` that the config key ``key`` names: the key itself, or the
+    key with a trailing underscore for a Python keyword (``[model.global]`` is ``global_``); None when
+    there is none."""
+    names = {f.name for f in dataclasses.fields(cls)}
+    return key if key in names else key + "_" if key + "_" in names else None
 
 
-def get_stack(cfg: ModelConfig, prefix: str = "") -> StackConfig:
-    """The stack of ``cfg`` under ``prefix`` (``""``: a flat LM's; ``"global_"``, ``"local_"``)."""
-    return StackConfig(*(getattr(cfg, f) for f in stack_fields(prefix)))
+def key_name(field: str) -> str:
+    """The config key of a dataclass field (the inverse of :func:`field_name`)."""
+    return field[:-1] if field.endswith("_") else field
+
+
+def replace_fields(obj, changes: Mapping[str, Any]):
+    """``obj`` (a frozen dataclass) with ``changes`` set, keys dotted into nested tables
+    (``{"global.d_model": 64, "dropout": 0.1}``), each table rebuilt with ``dataclasses.replace`` so
+    its invariants are checked on the result."""
+    own: dict[str, Any] = {}
+    nested: dict[str, dict[str, Any]] = {}
+    for key, value in changes.items():
+        head, dot, rest = key.partition(".")
+        name = field_name(type(obj), head)
+        if name is None:
+            raise ValueError(f"{type(obj).__name__} has no field {head!r}")
+        if dot:
+            nested.setdefault(name, {})[rest] = value
+        else:
+            own[name] = value
+    for name, sub in nested.items():
+        own[name] = replace_fields(own.get(name, getattr(obj, name)), sub)
+    return dataclasses.replace(obj, **own)
+
+
+def get_stack(cfg: ModelConfig, name: str = "") -> StackConfig:
+    """The stack ``name`` of ``cfg`` (``""``: a flat LM's ``d_model``, ``n_layers``, ...; else a nested
+    table; an encoder-decoder table gives its deeper side's depth)."""
+    if not name:
+        return StackConfig(cfg.d_model, cfg.n_layers, cfg.n_heads, cfg.mlp_dim)  # type: ignore[attr-defined]
+    stack = getattr(cfg, field_name(type(cfg), name) or name)
+    if isinstance(stack, EncoderDecoderConfig):
+        layers = max(stack.encoder_layers, stack.decoder_layers)
+        return StackConfig(stack.d_model, layers, stack.heads, stack.mlp_dim)
+    return stack
 
 
 def with_stacks(cfg: ModelConfig, stacks: Mapping[str, StackConfig], **changes) -> ModelConfig:
-    """``cfg`` with each stack under a prefix of ``stacks`` replaced (the fields a config has: BLT's
-    local stacks keep their own depths) and any other ``changes`` on top, as one
-    ``dataclasses.replace``, so the config's invariants are checked once, on the result."""
-    values: dict = {}
-    for prefix, stack in stacks.items():
-        for name, value in zip(
-            stack_fields(prefix), (stack.d_model, stack.layers, stack.heads, stack.mlp_dim)
-        ):
-            if hasattr(cfg, name):
-                values[name] = value
-    return dataclasses.replace(cfg, **{**values, **changes})
+    """``cfg`` with each stack named in ``stacks`` resized (``""``: a flat LM's fields; an
+    encoder-decoder table keeps its own depths and window) and any other ``changes`` on top (dotted
+    keys reach into tables), as one replacement, so the config's invariants are checked once, on the
+    result."""
+    values: dict[str, Any] = {}
+    for name, stack in stacks.items():
+        if not name:
+            values.update(d_model=stack.d_model, n_layers=stack.layers, n_heads=stack.heads)
+            values["mlp_dim"] = stack.mlp_dim
+        elif isinstance(getattr(cfg, field_name(type(cfg), name) or name), EncoderDecoderConfig):
+            values.update({f"{name}.d_model": stack.d_model, f"{name}.heads": stack.heads})
+            values[f"{name}.mlp_dim"] = stack.mlp_dim
+        else:
+            values[name] = stack
+    return replace_fields(cfg, {**values, **changes})

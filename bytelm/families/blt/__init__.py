@@ -40,9 +40,8 @@ class BLTTask(Task):
 
     @classmethod
     def sized(cls, model_cfg, trunk: Trunk, changes):
-        # the local stacks' widths and heads from the trunk; their depths (encoder_layers, decoder_layers)
-        # stay
-        return with_stacks(model_cfg, {"global_": trunk.main, "local_": trunk.local}, **changes)
+        # the local stacks' widths and heads from the trunk; their depths and window stay
+        return with_stacks(model_cfg, {"global": trunk.main, "local": trunk.local}, **changes)
 
     hf_model_type = hf.MODEL_TYPE
 

@@ -4,9 +4,15 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Literal, get_args
+from typing import ClassVar, Literal, get_args
 
-from bytelm.models.configs import ModelConfig, check_ngram_dropout, check_ngrams, check_transformer
+from bytelm.models.configs import (
+    EncoderDecoderConfig,
+    ModelConfig,
+    StackConfig,
+    check_ngram_dropout,
+    check_ngrams,
+)
 
 Variant = Literal["bytelm", "reference"]  # BLTConfig.variant
 VARIANTS: tuple[str, ...] = get_args(Variant)
@@ -32,16 +38,11 @@ class BLTConfig(ModelConfig):
     # window that needs more gets the causal slot rule. 2: on the tiny compare's stdlib held-out windows,
     # 0.96% overflow (1.5: 12.6%; held-out patches run shorter than the training mean)
     patch_slots: float = 2.0
-    local_d_model: int = 128
-    encoder_layers: int = 1
-    decoder_layers: int = 2
-    local_heads: int = 2
-    local_mlp_dim: int = 352
-    local_window: int = 64  # sliding-window attention span of the local layers
-    global_d_model: int = 256
-    global_layers: int = 4
-    global_heads: int = 4
-    global_mlp_dim: int = 704
+    # the local encoder and decoder ([model.local]; window: their sliding-window attention span)
+    local: EncoderDecoderConfig = EncoderDecoderConfig(
+        d_model=128, heads=2, mlp_dim=352, encoder_layers=1, decoder_layers=2, window=64
+    )
+    global_: StackConfig = StackConfig(d_model=256, layers=4, heads=4, mlp_dim=704)  # [model.global]
     ngram_sizes: tuple[int, ...] = (3, 4, 5, 6, 7, 8)  # hashed n-grams ending at each byte
     # rows per n-gram hash table (one per n): a prime near the reference's default of 30000 (its 1B model:
     # 500002)
@@ -64,6 +65,10 @@ class BLTConfig(ModelConfig):
     # training only: the probability of dropping each position's row of each n-gram table (as the
     # byte LM's model.ngram_dropout); 0 = none
     ngram_dropout: float = 0.0
+    moved_keys: ClassVar[dict[str, str]] = {
+        "encoder_layers": "local.encoder_layers",
+        "decoder_layers": "local.decoder_layers",
+    }
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -80,26 +85,14 @@ class BLTConfig(ModelConfig):
             raise ValueError(
                 "model.threshold and model.monotonic_threshold must be >= 0 (0 = off / calibrate)"
             )
-        check_transformer(
-            "model.local_",
-            self.local_d_model,
-            self.local_heads,
-            max(self.encoder_layers, self.decoder_layers),
-            self.local_mlp_dim,
-        )
-        check_transformer(
-            "model.global_", self.global_d_model, self.global_heads, self.global_layers, self.global_mlp_dim
-        )
-        if self.local_d_model % self.cross_heads or (self.local_d_model // self.cross_heads) % 2:
+        if self.local.d_model % self.cross_heads or (self.local.d_model // self.cross_heads) % 2:
             raise ValueError(
-                f"model.local_d_model {self.local_d_model} must split into model.cross_heads "
+                f"model.local.d_model {self.local.d_model} must split into model.cross_heads "
                 f"{self.cross_heads} even-sized heads"
             )
         check_ngrams(self.ngram_sizes, self.hash_table_size)
         if self.queries_per_patch < 1:
             raise ValueError(f"model.queries_per_patch must be >= 1, got {self.queries_per_patch}")
-        if self.local_window < 0:
-            raise ValueError(f"model.local_window must be >= 0 (0 = full), got {self.local_window}")
         check_ngram_dropout(self.ngram_dropout, self.ngram_sizes)
         if self.variant not in VARIANTS:
             raise ValueError(f"model.variant must be one of {VARIANTS}, got {self.variant!r}")
@@ -121,8 +114,8 @@ class BLTConfig(ModelConfig):
         decoder's before its first layer, or before each of them; none without cross-attention."""
         if not self.cross_attention:
             return 0, 0
-        enc = max(self.encoder_layers, 1) if self.encoder_cross_all_layers else 1
-        dec = max(self.decoder_layers, 1) if self.decoder_cross_all_layers else 1
+        enc = max(self.local.encoder_layers, 1) if self.encoder_cross_all_layers else 1
+        dec = max(self.local.decoder_layers, 1) if self.decoder_cross_all_layers else 1
         return enc, dec
 
     def patches_for(self, seq_len: int) -> int:

@@ -51,7 +51,7 @@ class BLTDecoder(Decoder):
                 "trained without them"
             )
         self._entropy_model = entropy_model
-        V, J, k, dl = NUM_BYTE_IDS, cfg.max_patch_len, cfg.queries_per_patch, cfg.local_d_model
+        V, J, k, dl = NUM_BYTE_IDS, cfg.max_patch_len, cfg.queries_per_patch, cfg.local.d_model
 
         def prefill(m, ent, ids_1xN, context_1xC, encoder_cache, entropy_cache):
             logits_e, entropy_cache = ent(ids_1xN, cache=entropy_cache, pos0=0)

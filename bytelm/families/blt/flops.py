@@ -27,13 +27,13 @@ def forward_flops_per_byte(mcfg, seq_len: int, mean_patch_len: float, *, dense: 
     ``mcfg.patches_for(seq_len)`` slots, and every one of a patch query's ``max_patch_len``
     gathered rows.
     """
-    d, G, k = mcfg.local_d_model, mcfg.global_d_model, mcfg.queries_per_patch
+    d, G, k = mcfg.local.d_model, mcfg.global_.d_model, mcfg.queries_per_patch
     T = seq_len
     n_enc, n_dec = mcfg.cross_layers()
-    local_att = mean_attended(T, mcfg.local_window, dense=dense)
+    local_att = mean_attended(T, mcfg.local.window, dense=dense)
     per_byte = (
-        stack_forward_flops_per_position(d, mcfg.encoder_layers, mcfg.local_mlp_dim, local_att)
-        + stack_forward_flops_per_position(d, mcfg.decoder_layers, mcfg.local_mlp_dim, local_att)
+        stack_forward_flops_per_position(d, mcfg.local.encoder_layers, mcfg.local.mlp_dim, local_att)
+        + stack_forward_flops_per_position(d, mcfg.local.decoder_layers, mcfg.local.mlp_dim, local_att)
         + head_flops(d, mcfg.vocab_multiple)
         + n_enc * 4.0 * d * d
         + n_dec * (4.0 * d * d + 4.0 * d * k)
@@ -45,7 +45,7 @@ def forward_flops_per_byte(mcfg, seq_len: int, mean_patch_len: float, *, dense: 
         + n_enc * (4.0 * k * d * d + 4.0 * d * enc_keys)
         + 2.0 * 2.0 * k * d * G
         + stack_forward_flops_per_position(
-            G, mcfg.global_layers, mcfg.global_mlp_dim, mean_attended(round(patches), dense=dense)
+            G, mcfg.global_.layers, mcfg.global_.mlp_dim, mean_attended(round(patches), dense=dense)
         )
         + n_dec * 4.0 * k * d * d
     )

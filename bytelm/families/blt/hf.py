@@ -13,7 +13,7 @@ from bytelm.constants import NUM_BYTE_IDS
 from bytelm.errors import UserError
 from bytelm.families.blt.config import BLTConfig
 from bytelm.families.byte.config import ByteLMConfig
-from bytelm.models.configs import ModelConfig, StackConfig, with_stacks
+from bytelm.models.configs import EncoderDecoderConfig, ModelConfig, StackConfig, with_stacks
 from bytelm.models.hf_layout import (
     Entry,
     HFExport,
@@ -55,11 +55,11 @@ def blt_entries(cfg) -> list[Entry]:
                 rows=(t * n, (t + 1) * n),
             )
         )
-    for i in range(cfg.encoder_layers):
+    for i in range(cfg.local.encoder_layers):
         out += block_entries(("encoder", "stack", "blocks", i), f"{e}.layers.{i}", True)
     out.append(Entry(("encoder", "to_queries"), f"{e}.patch_embedding_projection.weight", "linear"))
     out += cross_entries(("encoder", "cross", 0), f"{e}.cross_attn_layers.0")
-    if cfg.queries_per_patch * cfg.local_d_model != cfg.global_d_model:
+    if cfg.queries_per_patch * cfg.local.d_model != cfg.global_.d_model:
         out.append(
             Entry(
                 ("encoder", "to_global"),
@@ -69,12 +69,12 @@ def blt_entries(cfg) -> list[Entry]:
         )
     else:  # the reference has no projection at these widths (nn.Identity)
         out.append(Entry(("encoder", "to_global"), "", "identity"))
-    for i in range(cfg.global_layers):
+    for i in range(cfg.global_.layers):
         out += block_entries(("latent", "stack", "blocks", i), f"model.global_transformer.layers.{i}", True)
     out.append(Entry(("latent", "from_global"), f"{d}.patch_embedding_projection.weight", "linear"))
-    for j in range(max(cfg.decoder_layers, 1) if cfg.decoder_cross_all_layers else 1):
+    for j in range(max(cfg.local.decoder_layers, 1) if cfg.decoder_cross_all_layers else 1):
         out += cross_entries(("decoder", "cross", j), f"{d}.cross_attn_layers.{j}")
-    for i in range(cfg.decoder_layers):
+    for i in range(cfg.local.decoder_layers):
         out += block_entries(("decoder", "stack", "blocks", i), f"{d}.layers.{i}", True)
     out += [
         Entry(("decoder", "norm", "scale"), f"{d}.norm.weight", "copy"),
@@ -229,32 +229,27 @@ def hf_import(
     if int(pat_raw.get("vocab_size", NUM_BYTE_IDS)) != NUM_BYTE_IDS:
         raise UserError(f"{where}: patcher_config.vocab_size {pat_raw['vocab_size']} is not {NUM_BYTE_IDS}")
     try:
-        blt = with_stacks(
-            BLTConfig(
-                variant="reference",
-                patching="entropy",
-                entropy_run=artefact_runs["entropy_run"],
-                threshold=float(threshold),
-                monotonic_threshold=0.0,
-                max_patch_len=patch_len,
-                max_patches=int(max_patches or seq_len + 1),
-                encoder_layers=enc["layers"],
-                decoder_layers=dec["layers"],
-                local_window=int(window or 0),
-                ngram_sizes=tuple(int(n) for n in sizes),
-                hash_table_size=vocab,
-                hash_functions=int(config.get("encoder_hash_byte_group_nb_functions", 1)),
-                queries_per_patch=k,
-                cross_heads=enc["heads"],
-                encoder_cross_all_layers=False,
-                decoder_cross_all_layers=bool(dec_raw["cross_attn_all_layers"]),
-                rope_base=thetas.pop(),
-                norm_eps=eps.pop(),
+        blt = BLTConfig(
+            variant="reference",
+            patching="entropy",
+            entropy_run=artefact_runs["entropy_run"],
+            threshold=float(threshold),
+            monotonic_threshold=0.0,
+            max_patch_len=patch_len,
+            max_patches=int(max_patches or seq_len + 1),
+            local=EncoderDecoderConfig(
+                enc["d"], enc["heads"], enc["mlp"], enc["layers"], dec["layers"], int(window or 0)
             ),
-            {
-                "local_": StackConfig(enc["d"], enc["layers"], enc["heads"], enc["mlp"]),
-                "global_": StackConfig(glo["d"], glo["layers"], glo["heads"], glo["mlp"]),
-            },
+            global_=StackConfig(glo["d"], glo["layers"], glo["heads"], glo["mlp"]),
+            ngram_sizes=tuple(int(n) for n in sizes),
+            hash_table_size=vocab,
+            hash_functions=int(config.get("encoder_hash_byte_group_nb_functions", 1)),
+            queries_per_patch=k,
+            cross_heads=enc["heads"],
+            encoder_cross_all_layers=False,
+            decoder_cross_all_layers=bool(dec_raw["cross_attn_all_layers"]),
+            rope_base=thetas.pop(),
+            norm_eps=eps.pop(),
         )
         entropy = with_stacks(
             ByteLMConfig(
@@ -272,7 +267,7 @@ def hf_import(
         entries = blt_entries(model)
         ignored: tuple[str, ...] = ()
         if cross_all:  # the reference re-pools at every layer: only the last cross-attention counts
-            last = f"model.local_encoder.cross_attn_layers.{getattr(model, 'encoder_layers') - 1}."
+            last = f"model.local_encoder.cross_attn_layers.{getattr(model, 'local').encoder_layers - 1}."
             entries = [
                 dataclasses.replace(e, hf=e.hf.replace("model.local_encoder.cross_attn_layers.0.", last))
                 for e in entries
@@ -296,20 +291,20 @@ def blt_config_json(cfg, entropy_cfg, threshold: float) -> dict:
     m, e = cfg, entropy_cfg
     rope = {"rope_type": "default", "rope_theta": float(m.rope_base)}
     local = {
-        "hidden_size": m.local_d_model,
-        "num_attention_heads": m.local_heads,
-        "num_key_value_heads": m.local_heads,
-        "intermediate_size": m.local_mlp_dim,
+        "hidden_size": m.local.d_model,
+        "num_attention_heads": m.local.heads,
+        "num_key_value_heads": m.local.heads,
+        "intermediate_size": m.local.mlp_dim,
         "rms_norm_eps": m.norm_eps,
         "hidden_act": "silu",
         "vocab_size": NUM_BYTE_IDS,
         "cross_attn_k": m.queries_per_patch,
-        "hidden_size_global": m.global_d_model,
+        "hidden_size_global": m.global_.d_model,
         "rope_parameters": rope,
         "max_position_embeddings": 24576,
         "dropout": 0.0,
     }
-    window = m.local_window or None
+    window = m.local.window or None
     return {
         "model_type": "blt",
         "architectures": ["BltForCausalLM"],
@@ -335,21 +330,21 @@ def blt_config_json(cfg, entropy_cfg, threshold: float) -> dict:
         "max_position_embeddings": 4096,
         "encoder_config": {
             **local,
-            "num_hidden_layers": m.encoder_layers,
+            "num_hidden_layers": m.local.encoder_layers,
             "cross_attn_all_layers": False,
             "sliding_window": window,
         },
         "decoder_config": {
             **local,
-            "num_hidden_layers": m.decoder_layers,
+            "num_hidden_layers": m.local.decoder_layers,
             "cross_attn_all_layers": bool(m.decoder_cross_all_layers),
         },
         "global_config": {
-            "hidden_size": m.global_d_model,
-            "num_attention_heads": m.global_heads,
-            "num_key_value_heads": m.global_heads,
-            "num_hidden_layers": m.global_layers,
-            "intermediate_size": m.global_mlp_dim,
+            "hidden_size": m.global_.d_model,
+            "num_attention_heads": m.global_.heads,
+            "num_key_value_heads": m.global_.heads,
+            "num_hidden_layers": m.global_.layers,
+            "intermediate_size": m.global_.mlp_dim,
             "rms_norm_eps": m.norm_eps,
             "hidden_act": "silu",
             "rope_parameters": rope,
@@ -387,10 +382,10 @@ def hf_export(m: ModelConfig, artefacts: Mapping[str, ModelConfig], run_info: Ma
             "the reference patches by a global entropy threshold only (model.patching = 'entropy', no "
             "monotonic_threshold)"
         )
-    if m.cross_heads != m.local_heads or not m.cross_attention or not m.global_path:
+    if m.cross_heads != m.local.heads or not m.cross_attention or not m.global_path:
         problems.append(
             "the reference's cross-attentions have the local head count (model.cross_heads = "
-            "model.local_heads) and are on"
+            "model.local.heads) and are on"
         )
     if problems:
         raise UserError("it cannot be written as BltForCausalLM: " + "; ".join(problems))

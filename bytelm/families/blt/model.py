@@ -11,9 +11,9 @@ are the inputs; position ``i`` predicts id ``i + 1``.
    ``ngram_sizes`` the n-gram of ids *ending* at position ``i`` is hashed into its own table of
    ``hash_table_size`` rows, and the rows are summed with the byte embedding (the reference's
    ``compute_hash_embeddings``). Every table, and the byte embedding, starts from a normal of
-   std ``local_d_model ** -0.5`` truncated at 3 std (the reference's ``init_weights``): with
+   std ``local.d_model ** -0.5`` truncated at 3 std (the reference's ``init_weights``): with
    N(0, 1) tables the six n-gram rows drown the byte's own embedding in noise. Then
-   ``encoder_layers`` causal sliding-window blocks.
+   ``local.encoder_layers`` causal sliding-window blocks.
 2. **Patch queries.** Each patch's bytes are max-pooled (``cross_attn_init_by_pooling`` with
    ``downsampling_by_pooling = "max"``) and projected to ``k = queries_per_patch`` queries, which
    cross-attend to the bytes of their own patch only, after the last encoder layer (or after
@@ -328,7 +328,7 @@ class LocalEncoder(nnx.Module):
     ) -> jax.Array:
         """``k`` queries per patch from the max over its own bytes (zero for a patch without bytes)."""
         B, P, J = own_BxPxJ.shape
-        k, dl, dt = self.cfg.queries_per_patch, self.cfg.local_d_model, self.dtype
+        k, dl, dt = self.cfg.queries_per_patch, self.cfg.local.d_model, self.dtype
         rows_BxPxJxD = jnp.take_along_axis(h_BxMxD, own_BxPxJ.reshape(B, P * J)[:, :, None], axis=1).reshape(
             B, P, J, dl
         )
@@ -358,7 +358,7 @@ class LocalEncoder(nnx.Module):
                 queries = self.variant.residual(
                     queries, self.cross[i](queries, layer_states, own_BxPxJ, own_valid_BxPxJ)
                 )
-        patches_BxPxG = queries.reshape(B, P, cfg.queries_per_patch * cfg.local_d_model) @ self.to_global[
+        patches_BxPxG = queries.reshape(B, P, cfg.queries_per_patch * cfg.local.d_model) @ self.to_global[
             ...
         ].astype(dt)
         return jnp.where(((lengths_BxP > 0) & own_valid_BxPxJ[:, :, 0])[..., None], patches_BxPxG, 0.0)
@@ -390,7 +390,7 @@ class GlobalModel(nnx.Module):
         if self.norm is not None:  # (the reference has none)
             out_BxPxG = self.norm(out_BxPxG)
         slots = out_BxPxG @ self.from_global[...].astype(self.dtype)
-        return slots.reshape(B, P, self.cfg.queries_per_patch, self.cfg.local_d_model), new
+        return slots.reshape(B, P, self.cfg.queries_per_patch, self.cfg.local.d_model), new
 
 
 class LocalDecoder(nnx.Module):
@@ -478,7 +478,7 @@ class BLT(nnx.Module):
         kernels = resolve_kernels(cfg.attention, cfg.mlp, dtype=cfg.dtype, remat=cfg.remat)
         self.dtype = dt
         self.variant = Variant.of(cfg)
-        dl, dg, k = cfg.local_d_model, cfg.global_d_model, cfg.queries_per_patch
+        dl, dg, k = cfg.local.d_model, cfg.global_.d_model, cfg.queries_per_patch
         # the parameters in one fixed order (it decides the initialisation), then the three modules
         std = dl**-0.5  # the reference's init of the byte and hash embeddings (truncated at 3 std)
         byte_embed = Embed(self.vocab_rows, dl, rngs=rngs, std=std, truncated=True)
@@ -492,19 +492,19 @@ class BLT(nnx.Module):
         local = dict(
             rngs=rngs,
             kernels=kernels,
-            window=cfg.local_window,
+            window=cfg.local.window,
             rope_base=cfg.rope_base,
             dtype=dt,
             norm_eps=cfg.norm_eps,
         )
-        encoder_stack = Transformer(dl, cfg.encoder_layers, cfg.local_heads, cfg.local_mlp_dim, **local)
+        encoder_stack = Transformer(dl, cfg.local.encoder_layers, cfg.local.heads, cfg.local.mlp_dim, **local)
         to_queries = param(rngs, (dl, k * dl), ("embed", "mlp"))
         to_global = param(rngs, (k * dl, dg), ("mlp", "embed"))
         global_stack = Transformer(
             dg,
-            cfg.global_layers,
-            cfg.global_heads,
-            cfg.global_mlp_dim,
+            cfg.global_.layers,
+            cfg.global_.heads,
+            cfg.global_.mlp_dim,
             rngs=rngs,
             kernels=kernels,
             rope_base=cfg.rope_base,
@@ -518,7 +518,7 @@ class BLT(nnx.Module):
         n_enc, n_dec = cfg.cross_layers()
         encoder_cross = nnx.List([PatchCrossAttention(dl, cfg.cross_heads, **cross) for _ in range(n_enc)])
         decoder_cross = nnx.List([PatchCrossAttention(dl, cfg.cross_heads, **cross) for _ in range(n_dec)])
-        decoder_stack = Transformer(dl, cfg.decoder_layers, cfg.local_heads, cfg.local_mlp_dim, **local)
+        decoder_stack = Transformer(dl, cfg.local.decoder_layers, cfg.local.heads, cfg.local.mlp_dim, **local)
         decoder_norm = RMSNorm(dl, eps=cfg.norm_eps)
         head = head_param(rngs, dl, NUM_BYTE_IDS, cfg.vocab_multiple)
         self.encoder = LocalEncoder(

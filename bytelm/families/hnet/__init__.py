@@ -34,12 +34,8 @@ class HNetTask(Task):
     def sized(cls, model_cfg, trunk: Trunk, changes):
         """The main network from the trunk's main stack; stage 1 (and stage 2) at the trunk's local
         width, heads and MLP width; the encoder and decoder depths stay."""
-        middle = {
-            "middle_d_model": trunk.local.d_model,
-            "middle_heads": trunk.local.heads,
-            "middle_mlp_dim": trunk.local.mlp_dim,
-        }
-        return with_stacks(model_cfg, {"global_": trunk.main, "local_": trunk.local}, **{**middle, **changes})
+        stacks = {"global": trunk.main, "local": trunk.local, "middle": trunk.local}
+        return with_stacks(model_cfg, stacks, **changes)
 
     def build_model(self, rngs: nnx.Rngs) -> nnx.Module:
         return HNet(self.cfg.model, rngs=rngs)

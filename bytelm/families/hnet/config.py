@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import ClassVar
 
-from bytelm.models.configs import ModelConfig, check_transformer
+from bytelm.models.configs import EncoderDecoderConfig, ModelConfig, StackConfig
 
 
 @dataclasses.dataclass(frozen=True)
@@ -28,31 +29,22 @@ class HNetConfig(ModelConfig):
     stage runs an encoder over its positions, a router that marks chunk boundaries, the main network
     over the chunks (for two stages, itself a stage), an exponential moving average that spreads the
     chunks' outputs back over the positions, a residual from the encoder and a decoder. Stage 1 works
-    on bytes at ``local_d_model``; stage 2 (``stages = 2``) on stage 1's chunks at ``middle_d_model``;
-    the main network (``global_*``) on the innermost chunks. Widths grow inwards (each stage pads its
+    on bytes (``[model.local]``); stage 2 (``stages = 2``) on stage 1's chunks (``[model.middle]``);
+    the main network (``[model.global]``) on the innermost chunks. Widths grow inwards (each stage pads its
     input with a learned vector and slices its output back)."""
 
     family: str = "hnet"
     stages: int = 1  # 1 or 2
     # stage 1 (bytes): its encoder and decoder, sliding-window attention blocks of the shared core
-    local_d_model: int = 128
-    local_heads: int = 2
-    local_mlp_dim: int = 352
-    encoder_layers: int = 2
-    decoder_layers: int = 2
-    local_window: int = 64
+    local: EncoderDecoderConfig = EncoderDecoderConfig(
+        d_model=128, heads=2, mlp_dim=352, encoder_layers=2, decoder_layers=2, window=64
+    )
     # stage 2 (stages = 2 only): the same over stage 1's chunks
-    middle_d_model: int = 128
-    middle_heads: int = 2
-    middle_mlp_dim: int = 352
-    middle_encoder_layers: int = 1
-    middle_decoder_layers: int = 1
-    middle_window: int = 32
+    middle: EncoderDecoderConfig = EncoderDecoderConfig(
+        d_model=128, heads=2, mlp_dim=352, encoder_layers=1, decoder_layers=1, window=32
+    )
     # the main network over the innermost chunks (full causal attention)
-    global_d_model: int = 192
-    global_layers: int = 3
-    global_heads: int = 2
-    global_mlp_dim: int = 512
+    global_: StackConfig = StackConfig(d_model=192, layers=3, heads=2, mlp_dim=512)
     # N per stage: the ratio loss pulls stage 1's mean chunk length (bytes per chunk) towards
     # target_chunk_len, and stage 2's (stage-1 chunks per chunk) towards inner_target_chunk_len (the
     # paper: N = 6 for one stage, 3 and 3 for two)
@@ -70,33 +62,20 @@ class HNetConfig(ModelConfig):
     # moving average restarts there; false (as the byte LM's default) = the window is one sequence.
     # The router marks a boundary at every BOS either way
     document_mask: bool = False
+    moved_keys: ClassVar[dict[str, str]] = {
+        "encoder_layers": "local.encoder_layers",
+        "decoder_layers": "local.decoder_layers",
+    }
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.stages not in (1, 2):
             raise ValueError(f"model.stages must be 1 or 2, got {self.stages}")
-        check_transformer(
-            "model.local_",
-            self.local_d_model,
-            self.local_heads,
-            max(self.encoder_layers, self.decoder_layers),
-            self.local_mlp_dim,
-        )
-        check_transformer(
-            "model.global_", self.global_d_model, self.global_heads, self.global_layers, self.global_mlp_dim
-        )
-        widths = [self.local_d_model, self.global_d_model]
-        names = ["model.local_d_model", "model.global_d_model"]
+        widths = [self.local.d_model, self.global_.d_model]
+        names = ["model.local.d_model", "model.global.d_model"]
         if self.stages == 2:
-            check_transformer(
-                "model.middle_",
-                self.middle_d_model,
-                self.middle_heads,
-                max(self.middle_encoder_layers, self.middle_decoder_layers),
-                self.middle_mlp_dim,
-            )
-            widths.insert(1, self.middle_d_model)
-            names.insert(1, "model.middle_d_model")
+            widths.insert(1, self.middle.d_model)
+            names.insert(1, "model.middle.d_model")
         for (a, na), (b, nb) in zip(zip(widths, names), zip(widths[1:], names[1:])):
             if b < a:
                 raise ValueError(
@@ -110,8 +89,6 @@ class HNetConfig(ModelConfig):
             raise ValueError(f"model.ratio_loss_weight must be >= 0, got {self.ratio_loss_weight}")
         if not self.chunk_slots >= 1.0:
             raise ValueError(f"model.chunk_slots must be >= 1, got {self.chunk_slots}")
-        if self.local_window < 0 or self.middle_window < 0:
-            raise ValueError("model.local_window and model.middle_window must be >= 0 (0 = full attention)")
         if self.lr_scales and (
             len(self.lr_scales) != self.stages + 1 or not all(s > 0 for s in self.lr_scales)
         ):
@@ -123,31 +100,15 @@ class HNetConfig(ModelConfig):
     def stage_specs(self) -> list[StageSpec]:
         """The stages from the outside in."""
         scales = self.lr_scales or (1.0,) * (self.stages + 1)
+        tables = [(self.local, self.target_chunk_len)]
+        if self.stages == 2:
+            tables.append((self.middle, self.inner_target_chunk_len))
         specs = [
             StageSpec(
-                self.local_d_model,
-                self.local_heads,
-                self.local_mlp_dim,
-                self.encoder_layers,
-                self.decoder_layers,
-                self.local_window,
-                self.target_chunk_len,
-                scales[0],
+                t.d_model, t.heads, t.mlp_dim, t.encoder_layers, t.decoder_layers, t.window, target, scale
             )
+            for (t, target), scale in zip(tables, scales)
         ]
-        if self.stages == 2:
-            specs.append(
-                StageSpec(
-                    self.middle_d_model,
-                    self.middle_heads,
-                    self.middle_mlp_dim,
-                    self.middle_encoder_layers,
-                    self.middle_decoder_layers,
-                    self.middle_window,
-                    self.inner_target_chunk_len,
-                    scales[1],
-                )
-            )
         return specs
 
     def main_lr_scale(self) -> float:

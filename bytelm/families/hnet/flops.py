@@ -27,7 +27,7 @@ def forward_flops_per_byte(mcfg, seq_len: int, chunk_lens: Sequence[float]) -> f
     multiply-adds), the learned padding of the widths, the straight-through factor and the norms.
     """
     T = float(seq_len)
-    total = head_flops(mcfg.local_d_model, mcfg.vocab_multiple) * T
+    total = head_flops(mcfg.local.d_model, mcfg.vocab_multiple) * T
     positions = T
     for spec, length in zip(mcfg.stage_specs(), chunk_lens):
         d = spec.d_model
@@ -42,6 +42,9 @@ def forward_flops_per_byte(mcfg, seq_len: int, chunk_lens: Sequence[float]) -> f
         total += per_position * positions + 4.0 * d * chunks
         positions = chunks
     main = stack_forward_flops_per_position(
-        mcfg.global_d_model, mcfg.global_layers, mcfg.global_mlp_dim, mean_attended(max(round(positions), 1))
+        mcfg.global_.d_model,
+        mcfg.global_.layers,
+        mcfg.global_.mlp_dim,
+        mean_attended(max(round(positions), 1)),
     )
     return (total + main * positions) / T

@@ -13,7 +13,7 @@ A **stage** maps ``T`` positions of width ``d_in`` to ``T`` outputs of the same 
    (:meth:`HNetConfig.slots_for`). A window whose router marks more boundaries than there are slots
    keeps the first ones (a causal rule: whether position ``t`` is kept depends on ``b_{<=t}``
    only); the overflow is counted in the stage's statistics.
-5. **Main network** over the chunks: for one stage, pad to ``global_d_model``, the causal
+5. **Main network** over the chunks: for one stage, pad to ``global.d_model``, the causal
    transformer, an RMSNorm, slice back; for two, another stage.
 6. **Dechunk**: an exponential moving average over the chunks,
    ``z_j = P_j zhat_j + (1 - P_j) z_{j-1}`` with ``P_j`` the chunk's ``p`` clamped to
@@ -162,17 +162,17 @@ def _matrix(value: jax.Array) -> nnx.Param:
 
 
 class Main(nnx.Module):
-    """The innermost network: pad to ``global_d_model``, the causal stack, an RMSNorm, slice back."""
+    """The innermost network: pad to ``global.d_model``, the causal stack, an RMSNorm, slice back."""
 
     def __init__(self, cfg, d_in: int, *, rngs: nnx.Rngs, kernels, dtype):
-        G = cfg.global_d_model
+        G = cfg.global_.d_model
         self.d_in, self.dtype = d_in, dtype
         self.pad = _pad_param(d_in, G)
         self.stack = Transformer(
             G,
-            cfg.global_layers,
-            cfg.global_heads,
-            cfg.global_mlp_dim,
+            cfg.global_.layers,
+            cfg.global_.heads,
+            cfg.global_.mlp_dim,
             rngs=rngs,
             kernels=kernels,
             rope_base=cfg.rope_base,
@@ -307,7 +307,7 @@ class HNet(nnx.Module):
         self.dtype = dtype
         kernels = resolve_kernels(cfg.attention, cfg.mlp, dtype=cfg.dtype, remat=cfg.remat)
         self.vocab_rows = pad_vocab(NUM_BYTE_IDS, cfg.vocab_multiple)
-        d0 = cfg.local_d_model
+        d0 = cfg.local.d_model
         self.embed = Embed(self.vocab_rows, d0, rngs=rngs)
         self.stage = Stage(cfg, 0, d0, rngs=rngs, kernels=kernels, dtype=dtype)
         self.head = head_param(rngs, d0, NUM_BYTE_IDS, cfg.vocab_multiple)

@@ -35,7 +35,7 @@ class MegaByteTask(Task):
             )
         return with_stacks(
             model_cfg,
-            {"global_": trunk.main, "local_": trunk.local},
+            {"global": trunk.main, "local": trunk.local},
             **{"embed_dim": trunk.main.d_model // P, **changes},
         )
 

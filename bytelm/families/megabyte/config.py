@@ -5,43 +5,33 @@ from __future__ import annotations
 import dataclasses
 
 from bytelm.errors import UserError
-from bytelm.models.configs import ModelConfig, check_transformer
+from bytelm.models.configs import ModelConfig, StackConfig
 
 
 @dataclasses.dataclass(frozen=True)
 class MegaByteConfig(ModelConfig):
     """MegaByte (Yu et al. 2023): a global transformer over patches of ``patch_size`` bytes and a
-    local transformer within each patch. ``global_d_model`` must equal ``patch_size * embed_dim``."""
+    local transformer within each patch (the ``[model.global]`` and ``[model.local]`` tables).
+    ``global.d_model`` must equal ``patch_size * embed_dim``."""
 
     family: str = "megabyte"
     patch_size: int = 8  # bytes per patch
     embed_dim: int = 32  # per-byte global embedding width
-    global_d_model: int = 256  # patch_size * embed_dim
-    global_layers: int = 4
-    global_heads: int = 4
-    global_mlp_dim: int = 704
-    local_d_model: int = 128
-    local_layers: int = 2
-    local_heads: int = 2
-    local_mlp_dim: int = 352
+    # d_model = patch_size x embed_dim
+    global_: StackConfig = StackConfig(d_model=256, layers=4, heads=4, mlp_dim=704)
+    local: StackConfig = StackConfig(d_model=128, layers=2, heads=2, mlp_dim=352)
     pad_to_patch: bool = True  # pad sequences to a multiple of patch_size (masked); False = require it
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.patch_size < 1:
             raise ValueError(f"model.patch_size must be >= 1, got {self.patch_size}")
-        if self.embed_dim * self.patch_size != self.global_d_model:
+        if self.embed_dim * self.patch_size != self.global_.d_model:
             raise ValueError(
-                f"model.global_d_model {self.global_d_model} must equal model.patch_size {self.patch_size} x "
-                f"model.embed_dim {self.embed_dim} = {self.patch_size * self.embed_dim} (the concatenated "
-                "patch width)"
+                f"model.global.d_model {self.global_.d_model} must equal model.patch_size "
+                f"{self.patch_size} x model.embed_dim {self.embed_dim} = {self.patch_size * self.embed_dim} "
+                "(the concatenated patch width)"
             )
-        check_transformer(
-            "model.global_", self.global_d_model, self.global_heads, self.global_layers, self.global_mlp_dim
-        )
-        check_transformer(
-            "model.local_", self.local_d_model, self.local_heads, self.local_layers, self.local_mlp_dim
-        )
 
     def padded_length(self, length: int, *, what: str = "sequence length") -> int:
         """``length`` rounded up to whole patches; raises :class:`UserError` when it is not a

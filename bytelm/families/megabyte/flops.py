@@ -15,13 +15,13 @@ def forward_flops_per_byte(mcfg, seq_len: int, *, dense: bool = False) -> float:
     n, T = seq_len + 1, seq_len
     P = -(-n // C)
     global_per_patch = stack_forward_flops_per_position(
-        mcfg.global_d_model, mcfg.global_layers, mcfg.global_mlp_dim, mean_attended(P, dense=dense)
+        mcfg.global_.d_model, mcfg.global_.layers, mcfg.global_.mlp_dim, mean_attended(P, dense=dense)
     )
     local = stack_forward_flops_per_position(
-        mcfg.local_d_model, mcfg.local_layers, mcfg.local_mlp_dim, mean_attended(C, dense=dense)
+        mcfg.local.d_model, mcfg.local.layers, mcfg.local.mlp_dim, mean_attended(C, dense=dense)
     )
-    projection = 2.0 * mcfg.embed_dim * mcfg.local_d_model
-    head = head_flops(mcfg.local_d_model, mcfg.vocab_multiple)
+    projection = 2.0 * mcfg.embed_dim * mcfg.local.d_model
+    head = head_flops(mcfg.local.d_model, mcfg.vocab_multiple)
     if dense:
         return (global_per_patch * P + (projection + local + head) * P * C) / T
     return (global_per_patch * P + (projection + local) * n + head * T) / T

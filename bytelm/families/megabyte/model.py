@@ -59,12 +59,12 @@ class MegaByte(nnx.Module):
         kernels = resolve_kernels(cfg.attention, cfg.mlp, dtype=cfg.dtype, remat=cfg.remat)
         self.vocab_rows = pad_vocab(NUM_BYTE_IDS, cfg.vocab_multiple)
         self.global_embed = Embed(self.vocab_rows, cfg.embed_dim, rngs=rngs)
-        self.global_pad = param(rngs, (cfg.global_d_model,), ("embed",), std=1.0)
+        self.global_pad = param(rngs, (cfg.global_.d_model,), ("embed",), std=1.0)
         self.global_stack = Transformer(
-            cfg.global_d_model,
-            cfg.global_layers,
-            cfg.global_heads,
-            cfg.global_mlp_dim,
+            cfg.global_.d_model,
+            cfg.global_.layers,
+            cfg.global_.heads,
+            cfg.global_.mlp_dim,
             rngs=rngs,
             kernels=kernels,
             rope_base=cfg.rope_base,
@@ -72,15 +72,15 @@ class MegaByte(nnx.Module):
             scan=cfg.scan_layers,
             norm_eps=cfg.norm_eps,
         )
-        self.global_norm = RMSNorm(cfg.global_d_model, eps=cfg.norm_eps)
-        self.to_local = param(rngs, (cfg.embed_dim, cfg.local_d_model), (None, "embed"))
-        self.local_embed = Embed(self.vocab_rows, cfg.local_d_model, rngs=rngs)
-        self.local_pad = param(rngs, (cfg.local_d_model,), ("embed",), std=1.0)
+        self.global_norm = RMSNorm(cfg.global_.d_model, eps=cfg.norm_eps)
+        self.to_local = param(rngs, (cfg.embed_dim, cfg.local.d_model), (None, "embed"))
+        self.local_embed = Embed(self.vocab_rows, cfg.local.d_model, rngs=rngs)
+        self.local_pad = param(rngs, (cfg.local.d_model,), ("embed",), std=1.0)
         self.local_stack = Transformer(
-            cfg.local_d_model,
-            cfg.local_layers,
-            cfg.local_heads,
-            cfg.local_mlp_dim,
+            cfg.local.d_model,
+            cfg.local.layers,
+            cfg.local.heads,
+            cfg.local.mlp_dim,
             rngs=rngs,
             kernels=kernels,
             rope_base=cfg.rope_base,
@@ -88,8 +88,8 @@ class MegaByte(nnx.Module):
             scan=cfg.scan_layers,
             norm_eps=cfg.norm_eps,
         )
-        self.local_norm = RMSNorm(cfg.local_d_model, eps=cfg.norm_eps)
-        self.head = head_param(rngs, cfg.local_d_model, NUM_BYTE_IDS, cfg.vocab_multiple)
+        self.local_norm = RMSNorm(cfg.local.d_model, eps=cfg.norm_eps)
+        self.head = head_param(rngs, cfg.local.d_model, NUM_BYTE_IDS, cfg.vocab_multiple)
 
     def __call__(self, x_BxT: jax.Array, *, drop: Dropout | None = None) -> jax.Array:
         """Logits for every byte of ``x`` (ids, or one-hot floats ``(B, T, V)``); ``T`` must be a
@@ -105,15 +105,15 @@ class MegaByte(nnx.Module):
         P = T // C
         # 1-2: concatenated byte embeddings per patch, shifted right by one patch
         patches_BxPxG = self.global_embed(x_BxT).reshape(B, P, C * cfg.embed_dim).astype(dt)
-        pad_Bx1xG = jnp.broadcast_to(self.global_pad[...].astype(dt), (B, 1, cfg.global_d_model))
+        pad_Bx1xG = jnp.broadcast_to(self.global_pad[...].astype(dt), (B, 1, cfg.global_.d_model))
         global_in_BxPxG = jnp.concatenate([pad_Bx1xG, patches_BxPxG[:, :-1]], axis=1)
         # 3-4: the global transformer over patches, its slices projected to the local width
         from_global_BxPxCxD, _ = self.global_model(global_in_BxPxG, drop=drop)
         # 5: local input = projection + embedding of the previous byte in the patch (pad first)
-        local_emb_BxPxCxD = self.local_embed(x_BxT).reshape(B, P, C, cfg.local_d_model).astype(dt)
-        pad_BxPx1xD = jnp.broadcast_to(self.local_pad[...].astype(dt), (B, P, 1, cfg.local_d_model))
+        local_emb_BxPxCxD = self.local_embed(x_BxT).reshape(B, P, C, cfg.local.d_model).astype(dt)
+        pad_BxPx1xD = jnp.broadcast_to(self.local_pad[...].astype(dt), (B, P, 1, cfg.local.d_model))
         prev_BxPxCxD = jnp.concatenate([pad_BxPx1xD, local_emb_BxPxCxD[:, :, :-1]], axis=2)
-        local_in_NxCxD = (from_global_BxPxCxD + prev_BxPxCxD).reshape(B * P, C, cfg.local_d_model)
+        local_in_NxCxD = (from_global_BxPxCxD + prev_BxPxCxD).reshape(B * P, C, cfg.local.d_model)
         # 6: local transformer within each patch, then byte logits
         logits_NxCxV, _ = self.local_model(local_in_NxCxD, drop=drop)
         return logits_NxCxV.reshape(B, T, self.vocab_rows)
