@@ -6,15 +6,17 @@ import io
 import json
 import math
 import types
+from pathlib import Path
 
 import numpy as np
 import pytest
 from conftest import word_corpus
 
 from bytelm import cli
+from bytelm.config import shipped_configs
 from bytelm.errors import UserError
 from bytelm.evaluation.report import REPORT_SCHEMA, schema_errors
-from bytelm.experiments.compare import load_preset
+from bytelm.experiments.compare import find_preset, load_preset
 from bytelm.experiments.runner import StageStopped
 
 
@@ -350,10 +352,21 @@ def test_compare_seeds_give_each_model_a_mean_and_a_spread(corpus_dir, tmp_path,
 TWO_PROCESSES = """
 import sys
 from bytelm import cli
-port, pid, data, out = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
+port, pid, preset, data, out = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5]
 layout = ["--coordinator", f"127.0.0.1:{port}", "--num-processes", "2", "--process-id", pid]
-raise SystemExit(cli.main(["compare", "--preset", "test", "--data", data, "--out", out, *layout]))
+raise SystemExit(cli.main(["compare", "--preset", preset, "--data", data, "--out", out, *layout]))
 """
+
+
+def preset_with(tmp_path, names: set[str]) -> Path:
+    """The shipped test preset with only the ``[[model]]`` tables named in ``names`` (config paths
+    made absolute), written into ``tmp_path``."""
+    text = find_preset("test").read_text().replace('"../tiny/', f'"{shipped_configs() / "tiny"}/')
+    head, *tables = text.split("[[model]]")
+    kept = [t for t in tables if t.split('name = "')[1].split('"')[0] in names]
+    path = tmp_path / "preset.toml"
+    path.write_text(head + "".join(f"[[model]]{t}" for t in kept))
+    return path
 
 
 def test_compare_into_an_out_made_with_other_data_is_refused_in_one_short_line(one_process, tmp_path, capsys):
@@ -367,19 +380,23 @@ def test_compare_into_an_out_made_with_other_data_is_refused_in_one_short_line(o
 
 @pytest.mark.slow
 def test_two_process_compare_writes_the_one_process_report(corpus_dir, one_process, tmp_path):
-    """`bytelm compare --preset test` as a job of two processes (Gloo, 2 CPU devices each) sharing --out:
-    process 0 prepares the corpus, trains the tokenizer and writes the report, every run trains and is
-    scored on all 4 devices. Each model's steps, FLOPs and bytes equal one process's, and its BPB too, to
-    the float32 reassociation of a data-parallel program (measured: 3e-8)."""
+    """`bytelm compare` of the test preset's BLT (its entropy model) and subword LM as a job of two
+    processes (Gloo, 2 CPU devices each) sharing --out: process 0 prepares the corpus, trains the
+    tokenizer and writes the report, every run trains and is scored on all 4 devices. Each model's
+    steps, FLOPs and bytes equal one process's, and its BPB too, to the float32 reassociation of a
+    data-parallel program (measured: 3e-8)."""
     from conftest import finished, spawn_two
 
-    outs = finished(spawn_two(TWO_PROCESSES, f"files:{corpus_dir}", tmp_path / "two", devices=2), timeout=600)
+    preset = preset_with(tmp_path, {"entropy", "blt", "bpe"})  # the artefacts and a tokenizer
+    job = spawn_two(TWO_PROCESSES, preset, f"files:{corpus_dir}", tmp_path / "two", devices=2)
+    outs = finished(job, timeout=600)
     assert "| blt" in outs[0][0] and "| blt" not in outs[1][0]  # one table, from process 0
     one = json.loads((one_process[0] / "report.json").read_text())
     two = json.loads((tmp_path / "two" / "report.json").read_text())
-    rows = {m["name"]: m for m in two["models"]}
-    assert two["fingerprint"] == one["fingerprint"] and set(rows) == {m["name"] for m in one["models"]}
-    for m in one["models"]:
+    rows = {m["name"]: m for m in one["models"]}
+    assert two["fingerprint"] == one["fingerprint"]
+    assert {m["name"] for m in two["models"]} == {"entropy", "blt", "bpe"}
+    for m in two["models"]:
         other = rows[m["name"]]
         for key in ("step", "bytes", "flops", "flops_total", "params"):
             assert other.get(key) == m.get(key), (m["name"], key)
