@@ -100,7 +100,7 @@ def check_bits_per_byte(lm, runs, family):
     results = lm_eval.simple_evaluate(
         model=lm,
         tasks=["bytelm_heldout", "bytelm_docs"],
-        task_manager=TaskManager(include_path=str(tasks)),
+        task_manager=TaskManager(include_path=str(tasks), include_defaults=False),  # not its 26k task files
         log_samples=False,
     )["results"]
     assert results["bytelm_heldout"]["bits_per_byte,none"] == pytest.approx(bpb, abs=1e-4)
