@@ -21,6 +21,8 @@ from bytelm.families.blt import flops as blt_flops
 from bytelm.families.blt.model import BLT
 from bytelm.families.bpe.model import TokenLM
 from bytelm.families.byte.model import ByteLM
+from bytelm.families.mambabyte import flops as mambabyte_flops
+from bytelm.families.mambabyte.model import MambaByte
 from bytelm.families.megabyte import flops as megabyte_flops
 from bytelm.families.megabyte.model import MegaByte
 from bytelm.models import flops
@@ -114,6 +116,19 @@ CASES = {
         MegaByte(c, rngs=nnx.Rngs(0)),
         {"ids": IDS},
         megabyte_flops.forward_flops_per_byte(c, T, dense=True),
+    ),
+    "mambabyte": lambda: (
+        c := cfg(
+            "model.family=mambabyte",  # width 256: the elementwise work (gates, decays) is 16% at 64
+            "model.d_model=256",
+            "model.n_layers=2",
+            "model.d_state=16",
+            "model.head_dim=32",
+            "model.chunk=16",
+        ),
+        MambaByte(c, rngs=nnx.Rngs(0)),
+        {"ids": IDS},
+        mambabyte_flops.forward_flops_per_byte(c, T, dense=True),
     ),
     **{
         f"blt_{name}": (

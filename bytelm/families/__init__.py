@@ -8,7 +8,7 @@ A family outside the package registers the same way (see :mod:`bytelm.families.r
 docs/architecture.md, "Adding a model family").
 """
 
-from bytelm.families import blt, bpe, byte, hnet, megabyte
+from bytelm.families import blt, bpe, byte, hnet, mambabyte, megabyte
 from bytelm.families.base import ARTEFACT_KINDS, STATS_KEY, ArtefactKind, Task, Trunk
 from bytelm.families.registry import FAMILIES, config_class, names, register, task_class
 
@@ -18,6 +18,7 @@ register(bpe.TokenTask)
 register(megabyte.MegaByteTask)
 register(blt.BLTTask)
 register(hnet.HNetTask)
+register(mambabyte.MambaByteTask)
 
 __all__ = [
     "ARTEFACT_KINDS",

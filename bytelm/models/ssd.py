@@ -1,0 +1,227 @@
+"""The Mamba-2 layer (Dao & Gu 2024, arXiv 2405.21060): a selective state-space model computed by
+the chunked SSD algorithm in training and scoring, and by the same function one position at a time
+in decoding (a chunk of one is the recurrent step).
+
+Per head ``h`` (``H`` heads of ``P`` channels, state size ``N``, ``G`` groups of heads sharing
+``B`` and ``C``), with ``A_h < 0`` a scalar and ``dt_t > 0`` a step size per position and head:
+
+    s_t = exp(dt_t A) s_{t-1} + dt_t x_t B_t^T      (state ``P x N``)
+    y_t = s_t C_t + D x_t
+
+The chunked algorithm (the paper's section 6; ``ssd_minimal.py`` of state-spaces/mamba) splits the
+sequence into chunks of ``Q`` positions: within a chunk, the quadratic form (``C_l . B_s`` times the
+decay between ``s`` and ``l``, for ``s <= l``); each chunk's final state from its inputs; a scan
+over the chunks carries the state between them; and each position reads the state that entered its
+chunk, decayed to it. Decays and cumulative sums stay in float32. A sequence that is not a multiple
+of ``Q`` is padded with ``dt = 0`` and ``x = 0`` positions, which neither decay nor add to the state.
+
+The layer around it (``mamba_ssm/modules/mamba2.py``): one input projection to ``z, x, B, C, dt``;
+a depthwise causal convolution of width ``d_conv`` with bias over ``x, B, C``, then SiLU;
+``dt = softplus(dt + dt_bias)``; ``A = -exp(A_log)``; the SSD; ``y + D x``; a gated RMSNorm
+(``rmsnorm(y * silu(z)) * w``, per group); the output projection. The decoding state
+(:class:`SSMCache`) is the last ``d_conv - 1`` inputs of the convolution and the SSM state of
+every head, which a call of any length continues.
+
+Initialisation follows the reference: ``A`` uniform in [1, 16], ``dt`` log-uniform in
+[1e-3, 0.1] (floored at 1e-4) through ``dt_bias`` = its inverse softplus, ``D = 1``, the norm's
+gain 1. The projections are normal with std ``1/sqrt(fan_in)`` (this package's convention; the
+reference keeps PyTorch's uniform of the same bound's order) and the output projection's std is
+further divided by ``sqrt(n_layers)`` (the reference's ``rescale_prenorm_residual``), the
+convolution's weight and bias uniform in ``+-1/sqrt(d_conv)`` (PyTorch's default for a depthwise
+convolution, as the reference leaves it).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from bytelm.models.core import param
+from bytelm.models.partitioning import constrain, gathered
+
+
+class SSMCache(NamedTuple):
+    """One Mamba-2 layer's decoding state (the module docstring)."""
+
+    conv_BxKxC: jax.Array  # the last d_conv - 1 inputs of the convolution (zeros before the start)
+    ssm_BxHxPxN: jax.Array  # float32
+
+
+def segment_decay(a_BxCxQxH: jax.Array) -> jax.Array:
+    """``B x C x H x Q x Q``: ``exp(sum of a over (s, l])`` for ``s <= l`` within each chunk, else 0
+    (the decay from position ``s`` to ``l``), from differences of float32 cumulative sums."""
+    cs = jnp.cumsum(a_BxCxQxH.astype(jnp.float32), axis=2)
+    cs_BxCxHxQ = jnp.moveaxis(cs, 2, 3)
+    diff = cs_BxCxHxQ[..., :, None] - cs_BxCxHxQ[..., None, :]
+    Q = a_BxCxQxH.shape[2]
+    causal = jnp.tril(jnp.ones((Q, Q), bool))
+    causal = causal[None, None, None]
+    return jnp.where(causal, jnp.exp(jnp.where(causal, diff, 0.0)), 0.0)
+
+
+def ssd_chunked(
+    x_BxTxHxP: jax.Array,
+    dt_BxTxH: jax.Array,
+    A_H: jax.Array,
+    B_BxTxGxN: jax.Array,
+    C_BxTxGxN: jax.Array,
+    chunk: int,
+    state_BxHxPxN: jax.Array | None = None,
+) -> tuple[jax.Array, jax.Array]:
+    """``(y_BxTxHxP, final state_BxHxPxN)`` of the recurrence in the module docstring (without the
+    ``D`` skip), from ``state`` (zeros when None), by chunks of ``min(chunk, T)`` positions."""
+    Bsz, T, H, P = x_BxTxHxP.shape
+    G, N = B_BxTxGxN.shape[2:]
+    Q = max(1, min(chunk, T))
+    pad = -T % Q
+    f32 = jnp.float32
+    if pad:
+        widths = ((0, 0), (0, pad))
+        x_BxTxHxP = jnp.pad(x_BxTxHxP, (*widths, (0, 0), (0, 0)))
+        dt_BxTxH = jnp.pad(dt_BxTxH, (*widths, (0, 0)))
+        B_BxTxGxN = jnp.pad(B_BxTxGxN, (*widths, (0, 0), (0, 0)))
+        C_BxTxGxN = jnp.pad(C_BxTxGxN, (*widths, (0, 0), (0, 0)))
+    nC = (T + pad) // Q
+    dt = dt_BxTxH.astype(f32).reshape(Bsz, nC, Q, H)
+    xbar = (x_BxTxHxP.astype(f32) * dt.reshape(Bsz, nC * Q, H)[..., None]).reshape(Bsz, nC, Q, H, P)
+    # B and C of each head's group
+    heads_per_group = H // G
+    Bh = jnp.repeat(B_BxTxGxN.astype(f32), heads_per_group, axis=2).reshape(Bsz, nC, Q, H, N)
+    Ch = jnp.repeat(C_BxTxGxN.astype(f32), heads_per_group, axis=2).reshape(Bsz, nC, Q, H, N)
+    a = dt * A_H.astype(f32)[None, None, None, :]  # B x C x Q x H: log decay per position
+    cs = jnp.cumsum(a, axis=2)
+    # 1. within a chunk: y_l = sum_{s <= l} (C_l . B_s) decay(s -> l) xbar_s
+    L = segment_decay(a)  # B x C x H x Q x Q
+    scores = jnp.einsum("bclhn,bcshn->bchls", Ch, Bh) * L
+    y_diag = jnp.einsum("bchls,bcshp->bclhp", scores, xbar)
+    # 2. each chunk's own final state: sum_s decay(s -> end) xbar_s B_s^T
+    to_end = jnp.exp(cs[:, :, -1:, :] - cs)  # B x C x Q x H
+    chunk_states = jnp.einsum("bcshn,bcsh,bcshp->bchpn", Bh, to_end, xbar)
+    # 3. the state entering each chunk, carried across the chunks
+    chunk_decay = jnp.exp(cs[:, :, -1, :])  # B x C x H
+
+    def carry(state, inputs):
+        decay_BxH, own_BxHxPxN = inputs
+        return state * decay_BxH[..., None, None] + own_BxHxPxN, state
+
+    start = jnp.zeros((Bsz, H, P, N), f32) if state_BxHxPxN is None else state_BxHxPxN.astype(f32)
+    final, entering = jax.lax.scan(
+        carry, start, (jnp.moveaxis(chunk_decay, 1, 0), jnp.moveaxis(chunk_states, 1, 0))
+    )
+    entering_BxCxHxPxN = jnp.moveaxis(entering, 0, 1)
+    # 4. what the entering state gives each position: C_l . state, decayed from the chunk's start
+    y_off = jnp.einsum("bclhn,bchpn,bclh->bclhp", Ch, entering_BxCxHxPxN, jnp.exp(cs))
+    y = (y_diag + y_off).reshape(Bsz, nC * Q, H, P)[:, :T]
+    return y, final
+
+
+def ssd_flops_per_position(d_inner: int, heads: int, d_state: int, chunk: float) -> float:
+    """Forward FLOPs per position of :func:`ssd_chunked` as it computes them (dense within a chunk of
+    ``chunk`` positions): the ``C . B`` scores and their product with the inputs over every pair of
+    a chunk, each chunk's state, and each position's read of the entering state."""
+    return 2.0 * chunk * heads * d_state + 2.0 * chunk * d_inner + 4.0 * d_inner * d_state
+
+
+class Mamba2(nnx.Module):
+    """One Mamba-2 mixer ``x_BxTxD -> y_BxTxD`` (the module docstring); ``cache=`` continues from a
+    decoding state and returns the new one."""
+
+    def __init__(
+        self,
+        d_model: int,
+        *,
+        d_state: int,
+        d_conv: int,
+        expand: int,
+        head_dim: int,
+        groups: int,
+        chunk: int,
+        n_layers: int,
+        rngs: nnx.Rngs,
+        dtype=jnp.float32,
+    ):
+        d_inner = expand * d_model
+        if d_inner % head_dim:
+            raise ValueError(f"expand x d_model = {d_inner} is not divisible by head_dim {head_dim}")
+        self.d_inner, self.head_dim, self.heads = d_inner, head_dim, d_inner // head_dim
+        if self.heads % groups:
+            raise ValueError(f"{self.heads} heads do not split into {groups} groups")
+        self.groups, self.d_state, self.d_conv, self.chunk, self.dtype = groups, d_state, d_conv, chunk, dtype
+        self.conv_dim = d_inner + 2 * groups * d_state
+        proj = 2 * d_inner + 2 * groups * d_state + self.heads
+        self.in_proj = param(rngs, (d_model, proj), ("embed", "mlp"))
+        bound = 1.0 / math.sqrt(d_conv)
+        self.conv_w = nnx.Param(
+            jax.random.uniform(rngs.params(), (d_conv, self.conv_dim), jnp.float32, -bound, bound),
+            logical_axes=(None, "mlp"),
+        )
+        self.conv_b = nnx.Param(
+            jax.random.uniform(rngs.params(), (self.conv_dim,), jnp.float32, -bound, bound),
+            logical_axes=("mlp",),
+        )
+        H = self.heads
+        dt = jnp.exp(jax.random.uniform(rngs.params(), (H,), jnp.float32, math.log(1e-3), math.log(0.1)))
+        dt = jnp.maximum(dt, 1e-4)
+        self.dt_bias = nnx.Param(dt + jnp.log(-jnp.expm1(-dt)), logical_axes=("heads",))
+        A = jax.random.uniform(rngs.params(), (H,), jnp.float32, 1.0, 16.0)
+        self.A_log = nnx.Param(jnp.log(A), logical_axes=("heads",))
+        self.D = nnx.Param(jnp.ones((H,), jnp.float32), logical_axes=("heads",))
+        self.norm_w = nnx.Param(jnp.ones((d_inner,), jnp.float32), logical_axes=("mlp",))
+        self.out_proj = param(
+            rngs, (d_inner, d_model), ("mlp", "embed"), std=(d_inner**-0.5) / math.sqrt(n_layers)
+        )
+
+    def init_cache(self, batch: int) -> SSMCache:
+        return SSMCache(
+            jnp.zeros((batch, self.d_conv - 1, self.conv_dim), self.dtype),
+            jnp.zeros((batch, self.heads, self.head_dim, self.d_state), jnp.float32),
+        )
+
+    def __call__(
+        self, x_BxTxD: jax.Array, *, cache: SSMCache | None = None
+    ) -> tuple[jax.Array, SSMCache | None]:
+        dt_, Bsz, T = self.dtype, *x_BxTxD.shape[:2]
+        E, G, N, H, P, K = self.d_inner, self.groups, self.d_state, self.heads, self.head_dim, self.d_conv
+        zxbcdt = x_BxTxD.astype(dt_) @ gathered(self.in_proj).astype(dt_)
+        zxbcdt = constrain(zxbcdt, ("batch", "length", "mlp"))
+        z, xbc, dt_raw = jnp.split(zxbcdt, [E, E + self.conv_dim], axis=-1)
+        # the depthwise causal convolution, continuing from the cached inputs (zeros at the start)
+        history = (
+            jnp.zeros((Bsz, K - 1, self.conv_dim), xbc.dtype)
+            if cache is None
+            else cache.conv_BxKxC.astype(xbc.dtype)
+        )
+        padded = jnp.concatenate([history, xbc], axis=1)  # B x (K-1+T) x C
+        w = self.conv_w[...].astype(dt_)
+        conv = sum(padded[:, k : k + T] * w[k][None, None, :] for k in range(K))
+        conv = conv + self.conv_b[...].astype(dt_)[None, None, :]
+        xbc_act = jax.nn.silu(conv)
+        x, Bm, Cm = jnp.split(xbc_act, [E, E + G * N], axis=-1)
+        dt = jax.nn.softplus(dt_raw.astype(jnp.float32) + self.dt_bias[...][None, None, :])
+        A = -jnp.exp(self.A_log[...])
+        y, state = ssd_chunked(
+            x.reshape(Bsz, T, H, P),
+            dt,
+            A,
+            Bm.reshape(Bsz, T, G, N),
+            Cm.reshape(Bsz, T, G, N),
+            self.chunk,
+            None if cache is None else cache.ssm_BxHxPxN,
+        )
+        y = y + x.reshape(Bsz, T, H, P).astype(jnp.float32) * self.D[...][None, None, :, None]
+        # the gated RMSNorm, per group of channels (eps 1e-5)
+        g = y.reshape(Bsz, T, E) * jax.nn.silu(z.astype(jnp.float32))
+        g = g.reshape(Bsz, T, G, E // G)
+        g = g * jax.lax.rsqrt(jnp.mean(g * g, axis=-1, keepdims=True) + 1e-5)
+        g = (g.reshape(Bsz, T, E) * self.norm_w[...][None, None, :]).astype(dt_)
+        out = g @ gathered(self.out_proj).astype(dt_)
+        new = (
+            None
+            if cache is None
+            else SSMCache(padded[:, -(K - 1) :].astype(self.dtype) if K > 1 else history, state)
+        )
+        return out, new
