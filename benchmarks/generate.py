@@ -1,7 +1,7 @@
 """Generation speed of every family: cached decoding against full recomputation, in the same run.
 
 The models are the shipped tiny configs (``tiny/byte``, ``tiny/bpe``, ``tiny/megabyte``,
-``tiny/blt`` with ``tiny/entropy``: 3-4M non-embedding parameters each) at a context of
+``tiny/blt`` with ``tiny/entropy``, ``tiny/mambabyte``: 1.7-4M non-embedding parameters each) at a context of
 ``--context`` positions (default 1024), freshly initialised: decoding speed does not depend on the
 weights, only BLT's patch lengths do, and those come from a threshold calibrated on stdlib windows
 to the config's target mean patch length (4), as a BLT run calibrates it. The subword LM uses a
@@ -45,12 +45,15 @@ from bytelm.families.bpe import token_decoder
 from bytelm.families.bpe.model import TokenLM
 from bytelm.families.byte import byte_decoder
 from bytelm.families.byte.model import ByteLM
+from bytelm.families.mambabyte.model import MambaByte
 from bytelm.families.megabyte.decoder import MegaByteDecoder
 from bytelm.families.megabyte.model import MegaByte
 from bytelm.generate import generate
 from bytelm.patching import EntropyModel, EntropyPatcher
 from bytelm.sampling.sampler import SamplingOptions, choose
 from bytelm.training.scorer import count_params
+
+FAMILIES = ("byte", "bpe", "megabyte", "blt", "mambabyte")
 
 
 def config(name: str, context: int):
@@ -59,9 +62,9 @@ def config(name: str, context: int):
 
 def build(context: int, corpus, only: list[str]) -> dict:
     """family -> (decoder, model), for the families in ``only``."""
-    unknown = set(only) - {"byte", "bpe", "megabyte", "blt"}
+    unknown = set(only) - set(FAMILIES)
     if unknown:
-        raise SystemExit(f"--only: unknown families {sorted(unknown)} (known: byte, bpe, megabyte, blt)")
+        raise SystemExit(f"--only: unknown families {sorted(unknown)} (known: {', '.join(FAMILIES)})")
     rngs = nnx.Rngs(0)
     docs, total = [], 0
     for doc in corpus.documents("train"):
@@ -73,6 +76,7 @@ def build(context: int, corpus, only: list[str]) -> dict:
     byte = ByteLM(config("byte", context).model, rngs=rngs)
     bpe = TokenLM(config("bpe", context).model, tok.n_vocab, rngs=rngs)
     mega = MegaByte(config("megabyte", context).model, rngs=rngs)
+    mamba = MambaByte(config("mambabyte", context).model, rngs=rngs)
     blt_cfg = config("blt", context).model
     blt = BLT(blt_cfg, rngs=rngs)
     entropy_lm = ByteLM(config("entropy", context).model, rngs=rngs)
@@ -89,6 +93,7 @@ def build(context: int, corpus, only: list[str]) -> dict:
         "byte": (byte_decoder(byte, context), byte),
         "bpe": (token_decoder(bpe, tok, context), bpe),
         "megabyte": (MegaByteDecoder(mega, context), mega),
+        "mambabyte": (byte_decoder(mamba, context), mamba),
         "blt": (BLTDecoder(blt, entropy_lm, patcher.settings(), context, blt_cfg.patches_for(context)), blt),
     }
     return {f: decoders[f] for f in only}
@@ -115,8 +120,8 @@ def main() -> None:
     )
     p.add_argument(
         "--only",
-        default="byte,bpe,megabyte,blt",
-        help="comma-separated families to measure (default: all four)",
+        default=",".join(FAMILIES),
+        help=f"comma-separated families to measure (default: all of {', '.join(FAMILIES)})",
     )
     p.add_argument(
         "--record",
@@ -171,7 +176,7 @@ def main() -> None:
                 f"BLT: {calls} global calls for {fed} fed bytes; mean patch length "
                 f"{fed / max(sum(starts), 1):.3f}"
             )
-    if set(only) == {"byte", "bpe", "megabyte", "blt"}:  # the headline: over every family
+    if set(only) == set(FAMILIES):  # the headline: over every family
         out["cached_speedup_min"] = round(min(speedups), 2)
     print(json.dumps(out))
     if args.record:

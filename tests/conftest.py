@@ -242,6 +242,14 @@ TINY_COMMON = {
 
 
 TINY_FAMILIES = {
+    "mambabyte": {
+        "model.family": "mambabyte",
+        "model.d_model": 32,
+        "model.n_layers": 1,
+        "model.d_state": 8,
+        "model.head_dim": 16,
+        "model.chunk": 16,
+    },
     "byte": {
         "model.family": "byte",
         "model.d_model": 32,

@@ -23,6 +23,7 @@ from bytelm.experiments.ablate import GRID_DIR
 from bytelm.families.blt.model import BLT
 from bytelm.families.bpe.model import TokenLM
 from bytelm.families.byte.model import ByteLM
+from bytelm.families.mambabyte.model import MambaByte
 from bytelm.families.megabyte.model import MegaByte
 
 # -- from test_training.py --------------------
@@ -206,6 +207,10 @@ def micro_grid(tmp_path, *, broken: bool = False, families: set[str] | None = No
 
 FAMILIES = {
     "byte": (ByteLM, dict(family="byte", d_model=64, n_layers=2, n_heads=2, mlp_dim=128)),
+    "mambabyte": (
+        MambaByte,
+        dict(family="mambabyte", d_model=64, n_layers=2, d_state=16, head_dim=32, chunk=16),
+    ),
     "bpe": (
         lambda cfg, rngs: TokenLM(cfg, 500, rngs=rngs),
         dict(family="bpe", d_model=64, n_layers=2, n_heads=2, mlp_dim=128),

@@ -254,9 +254,9 @@ def test_shipped_grids_load_and_their_sizes_follow_the_rule():
         assert len(grid.budgets) >= (2 if name == "micro" else 4) and grid.budgets[-1] >= 4 * grid.budgets[0]
         ratios = np.diff(np.log(grid.budgets))
         assert np.allclose(ratios, ratios[0])
-        families = {"byte", "megabyte", "blt", "bpe"} | ({"hnet"} if name != "micro" else set())
+        families = {"byte", "megabyte", "blt", "bpe"} | ({"hnet", "mambabyte"} if name != "micro" else set())
         assert {load_config(f.config).model.family for f in grid.members} == families
-        if name != "tiny":  # (the CPU grid keeps to the five families its 45 minutes allow)
+        if name != "tiny":  # (the CPU grid keeps to the six families its 45 minutes allow)
             assert any(f.ngram_from == "blt" for f in grid.members)  # a byte LM with BLT's n-gram tables
         assert grid.entropy_budget <= 0.25 * grid.budgets[0]  # every BLT cell can pay for its entropy model
         d_prev = 0

@@ -185,7 +185,15 @@ def test_compare_resumes_an_interrupted_training(corpus_dir, tmp_path, monkeypat
 
 def test_presets_load_and_bad_presets_fail(tmp_path):
     tiny = load_preset("tiny")
-    assert {m.name for m in tiny.members} == {"bpe", "byte", "byte+ngram", "megabyte", "blt", "hnet"}
+    assert {m.name for m in tiny.members} == {
+        "bpe",
+        "byte",
+        "mambabyte",
+        "byte+ngram",
+        "megabyte",
+        "blt",
+        "hnet",
+    }
     variants = load_preset("hnet")  # the H-Net variants: the default's budget and held-out bytes
     assert len(variants.members) == 5 and variants.budgets == tiny.budgets
     assert {m.name for m in variants.members} >= {"hnet-n4", "hnet-n6", "hnet-n8", "hnet-2stage"}

@@ -168,6 +168,7 @@ def test_small_and_base_presets_have_the_sizes_they_promise():
     from bytelm.families.bpe.model import TokenLM
     from bytelm.families.byte.model import ByteLM
     from bytelm.families.hnet.model import HNet
+    from bytelm.families.mambabyte.model import MambaByte
     from bytelm.families.megabyte.model import MegaByte
     from bytelm.training.scorer import count_params
 
@@ -176,11 +177,12 @@ def test_small_and_base_presets_have_the_sizes_they_promise():
         "megabyte": MegaByte,
         "blt": BLT,
         "hnet": HNet,
+        "mambabyte": MambaByte,
         "bpe": lambda m, rngs: TokenLM(m, 32768, rngs=rngs),
     }
     expected = {"small": (80e6, 130e6), "base": (0.95e9, 1.2e9)}
     for size, (lo, hi) in expected.items():
-        for family in ("byte", "bpe", "megabyte", "blt", "hnet"):
+        for family in ("byte", "bpe", "megabyte", "blt", "hnet", "mambabyte"):
             cfg = load_config(f"{size}/{family}")
             model = nnx.eval_shape(lambda: builders[cfg.model.family](cfg.model, rngs=nnx.Rngs(0)))
             counts = count_params(nnx.state(model, nnx.Param))

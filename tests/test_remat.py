@@ -35,7 +35,7 @@ def primitives(jaxpr) -> set[str]:
     return names
 
 
-@pytest.mark.parametrize("family", ["byte", "blt"])  # through Transformer, and BLT's own block loops
+@pytest.mark.parametrize("family", ["byte", "blt", "mambabyte"])  # Transformer, BLT's loops, Mamba-2 layers
 @pytest.mark.slow
 def test_remat_changes_memory_not_results(family):
     batch = batch_for(family)

@@ -71,9 +71,12 @@ def ssd_chunked(
     C_BxTxGxN: jax.Array,
     chunk: int,
     state_BxHxPxN: jax.Array | None = None,
+    dtype=jnp.float32,
 ) -> tuple[jax.Array, jax.Array]:
     """``(y_BxTxHxP, final state_BxHxPxN)`` of the recurrence in the module docstring (without the
-    ``D`` skip), from ``state`` (zeros when None), by chunks of ``min(chunk, T)`` positions."""
+    ``D`` skip), from ``state`` (zeros when None), by chunks of ``min(chunk, T)`` positions. The four
+    products take their inputs in ``dtype`` (the compute dtype) and accumulate in float32, as the
+    reference's kernels do; the decays, the cumulative sums and the carried state stay float32."""
     Bsz, T, H, P = x_BxTxHxP.shape
     G, N = B_BxTxGxN.shape[2:]
     Q = max(1, min(chunk, T))
@@ -90,17 +93,20 @@ def ssd_chunked(
     xbar = (x_BxTxHxP.astype(f32) * dt.reshape(Bsz, nC * Q, H)[..., None]).reshape(Bsz, nC, Q, H, P)
     # B and C of each head's group
     heads_per_group = H // G
-    Bh = jnp.repeat(B_BxTxGxN.astype(f32), heads_per_group, axis=2).reshape(Bsz, nC, Q, H, N)
-    Ch = jnp.repeat(C_BxTxGxN.astype(f32), heads_per_group, axis=2).reshape(Bsz, nC, Q, H, N)
+    Bh = jnp.repeat(B_BxTxGxN.astype(dtype), heads_per_group, axis=2).reshape(Bsz, nC, Q, H, N)
+    Ch = jnp.repeat(C_BxTxGxN.astype(dtype), heads_per_group, axis=2).reshape(Bsz, nC, Q, H, N)
     a = dt * A_H.astype(f32)[None, None, None, :]  # B x C x Q x H: log decay per position
     cs = jnp.cumsum(a, axis=2)
+
+    def dot(spec, u, v):
+        return jnp.einsum(spec, u.astype(dtype), v.astype(dtype), preferred_element_type=f32)
+
     # 1. within a chunk: y_l = sum_{s <= l} (C_l . B_s) decay(s -> l) xbar_s
-    L = segment_decay(a)  # B x C x H x Q x Q
-    scores = jnp.einsum("bclhn,bcshn->bchls", Ch, Bh) * L
-    y_diag = jnp.einsum("bchls,bcshp->bclhp", scores, xbar)
+    scores = dot("bclhn,bcshn->bchls", Ch, Bh) * segment_decay(a)  # B x C x H x Q x Q
+    y_diag = dot("bchls,bcshp->bclhp", scores, xbar)
     # 2. each chunk's own final state: sum_s decay(s -> end) xbar_s B_s^T
     to_end = jnp.exp(cs[:, :, -1:, :] - cs)  # B x C x Q x H
-    chunk_states = jnp.einsum("bcshn,bcsh,bcshp->bchpn", Bh, to_end, xbar)
+    chunk_states = dot("bcshn,bcshp->bchpn", Bh, xbar * to_end[..., None])
     # 3. the state entering each chunk, carried across the chunks
     chunk_decay = jnp.exp(cs[:, :, -1, :])  # B x C x H
 
@@ -114,7 +120,7 @@ def ssd_chunked(
     )
     entering_BxCxHxPxN = jnp.moveaxis(entering, 0, 1)
     # 4. what the entering state gives each position: C_l . state, decayed from the chunk's start
-    y_off = jnp.einsum("bclhn,bchpn,bclh->bclhp", Ch, entering_BxCxHxPxN, jnp.exp(cs))
+    y_off = dot("bclhn,bchpn->bclhp", Ch, entering_BxCxHxPxN) * jnp.exp(cs)[..., None]
     y = (y_diag + y_off).reshape(Bsz, nC * Q, H, P)[:, :T]
     return y, final
 
@@ -211,6 +217,7 @@ class Mamba2(nnx.Module):
             Cm.reshape(Bsz, T, G, N),
             self.chunk,
             None if cache is None else cache.ssm_BxHxPxN,
+            dtype=dt_,
         )
         y = y + x.reshape(Bsz, T, H, P).astype(jnp.float32) * self.D[...][None, None, :, None]
         # the gated RMSNorm, per group of channels (eps 1e-5)

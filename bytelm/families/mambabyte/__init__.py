@@ -8,14 +8,24 @@ from __future__ import annotations
 
 from flax import nnx
 
-from bytelm.families.base import Task
+from bytelm.families.base import Task, Trunk
 from bytelm.families.mambabyte.config import MambaByteConfig
 from bytelm.families.mambabyte.flops import forward_flops_per_byte
 from bytelm.families.mambabyte.model import MambaByte
+from bytelm.models.configs import replace_fields
 
 
 class MambaByteTask(Task):
     config_class = MambaByteConfig
+
+    @classmethod
+    def sized(cls, model_cfg, trunk: Trunk, changes):
+        """The trunk's main stack as Mamba-2 layers: its width, two layers per transformer layer (a
+        Mamba-2 layer at expand 2 holds about half a transformer layer's weights, the Mamba LMs'
+        convention), heads as wide as the trunk's attention heads."""
+        main = trunk.main
+        sizes = {"d_model": main.d_model, "n_layers": 2 * main.layers, "head_dim": main.d_model // main.heads}
+        return replace_fields(model_cfg, {**sizes, **changes})
 
     def build_model(self, rngs: nnx.Rngs) -> nnx.Module:
         return MambaByte(self.cfg.model, rngs=rngs)

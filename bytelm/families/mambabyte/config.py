@@ -35,8 +35,8 @@ class MambaByteConfig(ModelConfig):
                 f"model.expand x model.d_model = {d_inner} must split into heads of model.head_dim "
                 f"{self.head_dim}, and the heads into model.groups {self.groups}"
             )
-        if self.scan_layers or self.remat != "none":
+        if self.scan_layers:
             raise ValueError(
-                "model.scan_layers and model.remat are settings of the transformer stack; a mambabyte "
-                "model has neither: leave them at false and 'none'"
+                "model.scan_layers is a setting of the transformer stack; a mambabyte model's layers "
+                "are not scanned: leave it false (model.remat = block or dots recomputes its layers)"
             )

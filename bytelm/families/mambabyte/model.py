@@ -21,8 +21,13 @@ from bytelm.models.core import (
     make_dropout,
     pad_vocab,
 )
+from bytelm.models.kernels import REMAT_POLICIES
 from bytelm.models.scoring import Scores, next_id_scores
 from bytelm.models.ssd import Mamba2, SSMCache
+
+
+def _layer(norm: RMSNorm, mixer: Mamba2, h_BxTxD: jax.Array) -> jax.Array:
+    return mixer(norm(h_BxTxD))[0]
 
 
 class MambaByte(nnx.Module):
@@ -73,7 +78,13 @@ class MambaByte(nnx.Module):
         h_BxTxD = apply_dropout(self.embed(ids_BxT).astype(self.dtype), drop_at(drop, 0))
         new = []
         for i, (norm, mixer) in enumerate(zip(self.norms, self.mixers)):
-            y_BxTxD, layer_cache = mixer(norm(h_BxTxD), cache=None if cache is None else cache[i])
+            if cache is None and self.cfg.remat != "none":  # training: recomputed in the backward pass
+                y_BxTxD, layer_cache = (
+                    nnx.remat(_layer, policy=REMAT_POLICIES[self.cfg.remat])(norm, mixer, h_BxTxD),
+                    None,
+                )
+            else:
+                y_BxTxD, layer_cache = mixer(norm(h_BxTxD), cache=None if cache is None else cache[i])
             h_BxTxD = h_BxTxD + apply_dropout(y_BxTxD, drop_at(drop, 1 + i))
             new.append(layer_cache)
         logits_BxTxV = head_logits(self.norm(h_BxTxD), self.head[...], self.n_valid, self.dtype)
