@@ -21,6 +21,8 @@ from bytelm.families.blt import flops as blt_flops
 from bytelm.families.blt.model import BLT
 from bytelm.families.bpe.model import TokenLM
 from bytelm.families.byte.model import ByteLM
+from bytelm.families.hnet import flops as hnet_flops
+from bytelm.families.hnet.model import HNet
 from bytelm.families.mambabyte import flops as mambabyte_flops
 from bytelm.families.mambabyte.model import MambaByte
 from bytelm.families.megabyte import flops as megabyte_flops
@@ -117,6 +119,30 @@ CASES = {
         {"ids": IDS},
         megabyte_flops.forward_flops_per_byte(c, T, dense=True),
     ),
+    **{
+        f"hnet_{stages}stage": (
+            lambda stages=stages: (
+                c := cfg(
+                    "model.family=hnet",
+                    f"model.stages={stages}",
+                    *LOCAL,
+                    "model.local.window=16",
+                    "model.middle.d_model=64",
+                    "model.middle.heads=2",
+                    "model.middle.mlp_dim=176",
+                    "model.middle.window=8",
+                    "model.global.d_model=96",
+                    "model.global.heads=2",
+                    "model.global.mlp_dim=256",
+                    "model.global.layers=2",
+                ),
+                HNet(c, rngs=nnx.Rngs(0)),
+                {"ids": IDS},
+                hnet_flops.forward_flops_per_byte(c, T, c.targets(), dense=True),
+            )
+        )
+        for stages in (1, 2)
+    },
     "mambabyte": lambda: (
         c := cfg(
             "model.family=mambabyte",  # width 256: the elementwise work (gates, decays) is 16% at 64

@@ -13,7 +13,7 @@ def router_flops(d: int) -> float:
     return 4.0 * d * d + 6.0 * d
 
 
-def forward_flops_per_byte(mcfg, seq_len: int, chunk_lens: Sequence[float]) -> float:
+def forward_flops_per_byte(mcfg, seq_len: int, chunk_lens: Sequence[float], *, dense: bool = False) -> float:
     """An H-Net over windows of ``seq_len`` input positions, each stage chunking at the mean length
     ``chunk_lens[s]`` (positions of its level per chunk: the target N before training, the measured
     rate after it).
@@ -25,26 +25,29 @@ def forward_flops_per_byte(mcfg, seq_len: int, chunk_lens: Sequence[float]) -> f
     innermost chunk rate, causal over a window's chunks; the head at every byte. Zero by the
     convention: the chunk gather and the scatter back to positions (they move values, no
     multiply-adds), the learned padding of the widths, the straight-through factor and the norms.
+
+    ``dense``: what the compiled program computes instead: every attention over its whole context,
+    and each level over all of its chunk slots (:meth:`HNetConfig.slots_for`), whatever the chunks.
     """
     T = float(seq_len)
     total = head_flops(mcfg.local.d_model, mcfg.vocab_multiple) * T
     positions = T
     for spec, length in zip(mcfg.stage_specs(), chunk_lens):
         d = spec.d_model
-        attended = mean_attended(max(round(positions), 1), spec.window)
+        attended = mean_attended(max(round(positions), 1), spec.window, dense=dense)
         per_position = (
             stack_forward_flops_per_position(d, spec.encoder_layers, spec.mlp_dim, attended)
             + stack_forward_flops_per_position(d, spec.decoder_layers, spec.mlp_dim, attended)
             + router_flops(d)
             + 2.0 * d * d
         )
-        chunks = positions / float(length)
+        chunks = float(mcfg.slots_for(round(positions), spec.target)) if dense else positions / float(length)
         total += per_position * positions + 4.0 * d * chunks
         positions = chunks
     main = stack_forward_flops_per_position(
         mcfg.global_.d_model,
         mcfg.global_.layers,
         mcfg.global_.mlp_dim,
-        mean_attended(max(round(positions), 1)),
+        mean_attended(max(round(positions), 1), dense=dense),
     )
     return (total + main * positions) / T
