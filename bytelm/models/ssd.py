@@ -91,22 +91,24 @@ def ssd_chunked(
     nC = (T + pad) // Q
     dt = dt_BxTxH.astype(f32).reshape(Bsz, nC, Q, H)
     xbar = (x_BxTxHxP.astype(f32) * dt.reshape(Bsz, nC * Q, H)[..., None]).reshape(Bsz, nC, Q, H, P)
-    # B and C of each head's group
-    heads_per_group = H // G
-    Bh = jnp.repeat(B_BxTxGxN.astype(dtype), heads_per_group, axis=2).reshape(Bsz, nC, Q, H, N)
-    Ch = jnp.repeat(C_BxTxGxN.astype(dtype), heads_per_group, axis=2).reshape(Bsz, nC, Q, H, N)
+    # heads in groups of R consecutive heads, each group sharing its B and C
+    R = H // G
+    Bg = B_BxTxGxN.reshape(Bsz, nC, Q, G, N)
+    Cg = C_BxTxGxN.reshape(Bsz, nC, Q, G, N)
+    xbar_g = xbar.reshape(Bsz, nC, Q, G, R, P)
     a = dt * A_H.astype(f32)[None, None, None, :]  # B x C x Q x H: log decay per position
     cs = jnp.cumsum(a, axis=2)
 
     def dot(spec, u, v):
         return jnp.einsum(spec, u.astype(dtype), v.astype(dtype), preferred_element_type=f32)
 
-    # 1. within a chunk: y_l = sum_{s <= l} (C_l . B_s) decay(s -> l) xbar_s
-    scores = dot("bclhn,bcshn->bchls", Ch, Bh) * segment_decay(a)  # B x C x H x Q x Q
-    y_diag = dot("bchls,bcshp->bclhp", scores, xbar)
+    # 1. within a chunk: y_l = sum_{s <= l} (C_l . B_s) decay(s -> l) xbar_s, the scores once per group
+    decay = segment_decay(a).reshape(Bsz, nC, G, R, Q, Q)
+    scores = dot("bclgn,bcsgn->bcgls", Cg, Bg)[:, :, :, None] * decay  # B x C x G x R x Q x Q
+    y_diag = dot("bcgrls,bcsgrp->bclgrp", scores, xbar_g).reshape(Bsz, nC, Q, H, P)
     # 2. each chunk's own final state: sum_s decay(s -> end) xbar_s B_s^T
-    to_end = jnp.exp(cs[:, :, -1:, :] - cs)  # B x C x Q x H
-    chunk_states = dot("bcshn,bcshp->bchpn", Bh, xbar * to_end[..., None])
+    to_end = jnp.exp(cs[:, :, -1:, :] - cs).reshape(Bsz, nC, Q, G, R)  # B x C x Q x G x R
+    chunk_states = dot("bcsgn,bcsgrp->bcgrpn", Bg, xbar_g * to_end[..., None]).reshape(Bsz, nC, H, P, N)
     # 3. the state entering each chunk, carried across the chunks
     chunk_decay = jnp.exp(cs[:, :, -1, :])  # B x C x H
 
@@ -120,16 +122,17 @@ def ssd_chunked(
     )
     entering_BxCxHxPxN = jnp.moveaxis(entering, 0, 1)
     # 4. what the entering state gives each position: C_l . state, decayed from the chunk's start
-    y_off = dot("bclhn,bchpn->bclhp", Ch, entering_BxCxHxPxN) * jnp.exp(cs)[..., None]
+    entering_g = entering_BxCxHxPxN.reshape(Bsz, nC, G, R, P, N)
+    y_off = dot("bclgn,bcgrpn->bclgrp", Cg, entering_g).reshape(Bsz, nC, Q, H, P) * jnp.exp(cs)[..., None]
     y = (y_diag + y_off).reshape(Bsz, nC * Q, H, P)[:, :T]
     return y, final
 
 
-def ssd_flops_per_position(d_inner: int, heads: int, d_state: int, chunk: float) -> float:
-    """Forward FLOPs per position of :func:`ssd_chunked` as it computes them (dense within a chunk of
-    ``chunk`` positions): the ``C . B`` scores and their product with the inputs over every pair of
-    a chunk, each chunk's state, and each position's read of the entering state."""
-    return 2.0 * chunk * heads * d_state + 2.0 * chunk * d_inner + 4.0 * d_inner * d_state
+def ssd_flops_per_position(d_inner: int, groups: int, d_state: int, chunk: float) -> float:
+    """Forward FLOPs per position of :func:`ssd_chunked` as it computes them, over ``chunk`` pairs
+    per position within a chunk: the ``C . B`` scores (once per group) and their product with the
+    inputs, each chunk's state, and each position's read of the entering state."""
+    return 2.0 * chunk * groups * d_state + 2.0 * chunk * d_inner + 4.0 * d_inner * d_state
 
 
 class Mamba2(nnx.Module):
