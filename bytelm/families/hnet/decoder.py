@@ -55,6 +55,7 @@ def init_state(model: HNet, batch: int, context: int) -> dict:
                 "chunks": jnp.zeros((batch,), jnp.int32),
                 "h_prev": jnp.zeros((batch, stage.d), jnp.float32),
                 "z": jnp.zeros((batch, stage.d), jnp.float32),
+                "zdoc": jnp.zeros((batch,), jnp.int32),  # the document of the chunk z belongs to
             }
         )
         positions = n_slots
@@ -117,8 +118,13 @@ def _stage_step(stages, level, x_Bx1xD, start_B, active_B, within_B, states, ms,
         return st["z"], *args
 
     z_B, inner_states, ms = jax.lax.cond(jnp.any(close_B), run, skip, (states[1:], ms))
+    zdoc_B = jnp.where(close_B, doc_B, st["zdoc"])
+    if documents:  # (as the full pass: a document whose start lost its slot reads no earlier chunk)
+        z_read = jnp.where((zdoc_B == doc_B)[:, None], z_B, 0.0)
+    else:
+        z_read = z_B
     c_B = jnp.where(b_B, p_B, 1.0 - p_B)
-    out = z_B * straight_through(c_B)[:, None] + h_B @ stage.residual[...]
+    out = z_read * straight_through(c_B)[:, None] + h_B @ stage.residual[...]
     y, dec = stack_step(stage.decoder, out[:, None].astype(stage.dtype), st["dec"], st["pos"], mask_doc)
     y = stage.decoder_norm(y)[..., : stage.d_in]
     new = {
@@ -129,6 +135,7 @@ def _stage_step(stages, level, x_Bx1xD, start_B, active_B, within_B, states, ms,
         "chunks": st["chunks"] + close_B.astype(jnp.int32),
         "h_prev": jnp.where(active_B[:, None], h_B, st["h_prev"]),
         "z": z_B,
+        "zdoc": zdoc_B,
     }
     return y, [new, *inner_states], ms
 
