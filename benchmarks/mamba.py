@@ -77,6 +77,7 @@ def train_section(steps: int, result: dict) -> None:
 
 def generate_section(max_bytes: int, context: int, result: dict) -> None:
     from flax import nnx
+    from generate import recompute_generate
 
     from bytelm.config import load_config, resolve_config_path
     from bytelm.constants import EOS_ID
@@ -84,7 +85,7 @@ def generate_section(max_bytes: int, context: int, result: dict) -> None:
     from bytelm.families.byte import byte_decoder
     from bytelm.families.mambabyte.model import MambaByte
     from bytelm.generate import generate
-    from bytelm.sampling.sampler import SamplingOptions, choose
+    from bytelm.sampling.sampler import SamplingOptions
 
     cfg = load_config(resolve_config_path("tiny/mambabyte"), [f"train.seq_len={context}"])
     decoder = byte_decoder(MambaByte(cfg.model, rngs=nnx.Rngs(0)), context)
@@ -92,20 +93,13 @@ def generate_section(max_bytes: int, context: int, result: dict) -> None:
     prompt = bytes(load_corpus("stdlib").train_stream[1000:1064].astype(np.uint8))
     options = SamplingOptions(seed=0, top_k=0)
 
-    def recompute(n: int) -> bytes:
-        rng = np.random.default_rng(options.seed)
-        units: list[int] = []
-        while len(units) < n:
-            units.append(choose(decoder.recompute(prompt, units), decoder.allowed_V, options, rng))
-        return b"".join(decoder.unit_bytes(u) for u in units)
-
     generate(decoder, prompt, max_bytes=32, options=options)  # compile the prefill and the step
-    recompute(2)  # compile the full pass
+    recompute_generate(decoder, prompt, 2, options)  # compile the full pass
     t0 = time.perf_counter()
     cached = generate(decoder, prompt, max_bytes=max_bytes, options=options)
     cached_s = time.perf_counter() - t0
     t0 = time.perf_counter()
-    full = recompute(max_bytes)
+    full = recompute_generate(decoder, prompt, max_bytes, options)
     full_s = time.perf_counter() - t0
     print(
         f"MambaByte (tiny) generation at context {context}: cached {max_bytes / cached_s:.1f} B/s, "
