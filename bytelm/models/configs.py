@@ -173,18 +173,6 @@ def replace_fields(obj, changes: Mapping[str, Any]):
     return dataclasses.replace(obj, **own)
 
 
-def get_stack(cfg: ModelConfig, name: str = "") -> StackConfig:
-    """The stack ``name`` of ``cfg`` (``""``: a flat LM's ``d_model``, ``n_layers``, ...; else a nested
-    table; an encoder-decoder table gives its deeper side's depth)."""
-    if not name:
-        return StackConfig(cfg.d_model, cfg.n_layers, cfg.n_heads, cfg.mlp_dim)  # type: ignore[attr-defined]
-    stack = getattr(cfg, field_name(type(cfg), name) or name)
-    if isinstance(stack, EncoderDecoderConfig):
-        layers = max(stack.encoder_layers, stack.decoder_layers)
-        return StackConfig(stack.d_model, layers, stack.heads, stack.mlp_dim)
-    return stack
-
-
 def with_stacks(cfg: ModelConfig, stacks: Mapping[str, StackConfig], **changes) -> ModelConfig:
     """``cfg`` with each stack named in ``stacks`` resized (``""``: a flat LM's fields; an
     encoder-decoder table keeps its own depths and window) and any other ``changes`` on top (dotted

@@ -86,10 +86,6 @@ def ratio_loss(b_BxT: jax.Array, p_BxT: jax.Array, valid_BxT: jax.Array, target:
     return N / (N - 1.0) * ((N - 1.0) * F * G + (1.0 - F) * (1.0 - G)), F, G
 
 
-def take_along(a_BxM: jax.Array, index_BxT: jax.Array) -> jax.Array:
-    return jnp.take_along_axis(a_BxM, index_BxT, axis=1)
-
-
 def keep_boundaries(b_BxT: jax.Array, slots: int) -> jax.Array:
     """The boundaries that get a slot: the first ``slots`` of each row (the causal slot rule)."""
     rank_BxT = jnp.cumsum(b_BxT.astype(jnp.int32), axis=1) - 1
@@ -274,7 +270,7 @@ class Stage(nnx.Module):
         index_BxT = jnp.cumsum(keep_BxT.astype(jnp.int32), axis=1) - 1
         spread_BxTxD = jnp.take_along_axis(z_BxMxD, index_BxT[..., None], axis=1)
         if segments_BxM is not None:  # a document whose start lost its slot reads no earlier document's chunk
-            same_BxT = take_along(segments_BxM, jnp.maximum(index_BxT, 0)) == segments_BxT
+            same_BxT = jnp.take_along_axis(segments_BxM, jnp.maximum(index_BxT, 0), axis=1) == segments_BxT
             spread_BxTxD = jnp.where(same_BxT[..., None], spread_BxTxD, 0.0)
         c_BxT = jnp.where(keep_BxT, p_BxT, 1.0 - p_BxT)
         out = spread_BxTxD * straight_through(c_BxT)[..., None] + h.astype(jnp.float32) @ self.residual[...]
