@@ -3,8 +3,10 @@
 ``train``     Training throughput at T = 2048 (batch 4) against the flat byte LM that MegaByte and BLT
               are measured against (``benchmarks/train_step.py``: 6 x 256, full attention). The
               H-Net's main network is that same 6 x 256 stack, over chunks of N = 6 bytes (slots for
-              twice the expected chunks, as the presets); its stage 1 is 128 wide (encoder 2 and
-              decoder 2 blocks, sliding window 64). A training step's cost does not depend on where
+              twice the expected chunks, as the presets); its stage 1 is 128 wide, encoder and decoder
+              4 Mamba-2 layers each (the released layout's ``m4``, as the presets; state 32, heads of
+              32 channels, chunks of 64). ``--outer attention``: 2 attention blocks each (sliding
+              window 64) instead, the attention-outer variant. A training step's cost does not depend on where
               the router puts boundaries (the chunk slots are static), so random bytes do. Paired,
               alternating timing in two worker processes (train_step.py's): ``hnet_vs_flat`` is the
               median per-round ratio of the flat model's step time to the H-Net's (the same bytes per
@@ -39,9 +41,10 @@ HNET = [
     "model.local.d_model=128",
     "model.local.heads=2",
     "model.local.mlp_dim=352",
-    "model.local.encoder_layers=2",
-    "model.local.decoder_layers=2",
     "model.local.window=64",
+    "model.ssm.d_state=32",
+    "model.ssm.head_dim=32",
+    "model.ssm.chunk=64",
     "model.global.d_model=256",
     "model.global.layers=6",
     "model.global.heads=4",
@@ -51,11 +54,17 @@ HNET = [
 ]
 
 
-def train_section(steps: int, result: dict) -> None:
+OUTER = {
+    "mamba": ["model.local.encoder=m4", "model.local.decoder=m4"],
+    "attention": ["model.local.encoder=T2", "model.local.decoder=T2"],
+}
+
+
+def train_section(steps: int, outer: str, result: dict) -> None:
     T, B = 2048, 4
     with (
         Worker("jax", model_overrides=FLAT, batch=B, seq_len=T) as flat,
-        Worker("jax", model_overrides=HNET, batch=B, seq_len=T) as hnet,
+        Worker("jax", model_overrides=HNET + OUTER[outer], batch=B, seq_len=T) as hnet,
     ):
         ft, ht = alternate(flat, hnet, steps)
         info_flat, info_hnet = flat.info, hnet.info
@@ -71,6 +80,7 @@ def train_section(steps: int, result: dict) -> None:
         f"{ratios['max']})"
     )
     result.update(
+        hnet_outer=outer,
         hnet_vs_flat=ratios["median"],
         hnet_vs_flat_min=ratios["min"],
         hnet_vs_flat_max=ratios["max"],
@@ -83,13 +93,14 @@ def train_section(steps: int, result: dict) -> None:
 
 def generate_section(train_steps: int, max_bytes: int, context: int, result: dict) -> None:
     from flax import nnx
+    from generate import recompute_generate
 
     from bytelm.config import load_config, resolve_config_path
     from bytelm.constants import EOS_ID
     from bytelm.data import load_corpus
     from bytelm.families.hnet.decoder import HNetDecoder
     from bytelm.generate import generate
-    from bytelm.sampling.sampler import SamplingOptions, choose
+    from bytelm.sampling.sampler import SamplingOptions
     from bytelm.training.loop import train
     from bytelm.training.restore import restore_scorer
 
@@ -113,22 +124,14 @@ def generate_section(train_steps: int, max_bytes: int, context: int, result: dic
     corpus = load_corpus("stdlib")
     prompt = bytes(corpus.train_stream[1000:1064].astype(np.uint8))
     options = SamplingOptions(seed=0, top_k=0)
-
-    def recompute(n: int) -> bytes:
-        rng = np.random.default_rng(options.seed)
-        units: list[int] = []
-        while len(units) < n:
-            units.append(choose(decoder.recompute(prompt, units), decoder.allowed_V, options, rng))
-        return b"".join(decoder.unit_bytes(u) for u in units)
-
     generate(decoder, prompt, max_bytes=32, options=options)  # compile
-    recompute(2)
+    recompute_generate(decoder, prompt, 2, options)
     t0 = time.perf_counter()
     cached = generate(decoder, prompt, max_bytes=max_bytes, options=options)
     cached_s = time.perf_counter() - t0
     chunks = decoder.stats()["chunks_per_stage"][0]
     t0 = time.perf_counter()
-    full = recompute(max_bytes)
+    full = recompute_generate(decoder, prompt, max_bytes, options)
     full_s = time.perf_counter() - t0
     mean_chunk = (1 + len(prompt) + max_bytes - 1) / max(chunks, 1)
     print(
@@ -150,6 +153,12 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--only", default="train,generate", help="comma-separated sections: train, generate")
     p.add_argument("--steps", type=int, default=6, help="alternating timing rounds (train)")
+    p.add_argument(
+        "--outer",
+        choices=sorted(OUTER),
+        default="mamba",
+        help="the H-Net's stage-1 layers in the train section: Mamba-2 (m4, the default) or attention (T2)",
+    )
     p.add_argument("--train-steps", type=int, default=120, help="training steps of the generating model")
     p.add_argument("--max-bytes", type=int, default=256, help="bytes generated per measurement")
     p.add_argument("--context", type=int, default=1024, help="the decoder's context (positions)")
@@ -162,7 +171,7 @@ def main() -> None:
     sections = set(args.only.split(","))
     result: dict = {"cpu": cpu_model()}
     if "train" in sections:
-        train_section(args.steps, result)
+        train_section(args.steps, args.outer, result)
     if "generate" in sections:
         generate_section(args.train_steps, args.max_bytes, args.context, result)
     print(json.dumps(result))

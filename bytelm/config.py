@@ -462,9 +462,9 @@ def _moved_key(cls: type, section: str, key: str) -> UserError | None:
     if new is None:
         return None
     table, _, leaf = new.rpartition(".")
+    where = f"a [{section}.{table}] table" if table else f"the [{section}] table"
     return UserError(
-        f"{section}.{key} is now {section}.{new}: write {leaf} = ... in a [{section}.{table}] table, or "
-        f"--set {section}.{new}=..."
+        f"{section}.{key} is now {section}.{new}: write {leaf} = ... in {where}, or --set {section}.{new}=..."
     )
 
 

@@ -195,8 +195,8 @@ def test_presets_load_and_bad_presets_fail(tmp_path):
         "hnet",
     }
     variants = load_preset("hnet")  # the H-Net variants: the default's budget and held-out bytes
-    assert len(variants.members) == 5 and variants.budgets == tiny.budgets
-    assert {m.name for m in variants.members} >= {"hnet-n4", "hnet-n6", "hnet-n8", "hnet-2stage"}
+    assert len(variants.members) == 6 and variants.budgets == tiny.budgets
+    assert {m.name for m in variants.members} >= {"hnet-n4", "hnet-n6", "hnet-n8", "hnet-2stage", "hnet-attn"}
     assert next(m for m in tiny.members if m.name == "byte+ngram").ngram_from == "blt"
     assert tiny.entropy_model.name == "entropy" and tiny.budgets[0] > 0 and tiny.budgets == (2.5e12,)
     assert (

@@ -276,17 +276,18 @@ def test_stacks_are_nested_tables_and_old_flat_keys_name_their_new_place(tmp_pat
     go over the family's defaults (a partial table keeps the rest), ``--set`` reaches in by a dotted
     key, the dump writes them back as tables, and the flat keys they replaced fail naming the new key."""
     from bytelm.config import section_overrides, with_values
-    from bytelm.models.configs import EncoderDecoderConfig, StackConfig
+    from bytelm.families.hnet.config import HNetStageConfig
+    from bytelm.models.configs import StackConfig
 
     path = tmp_path / "h.toml"
     path.write_text(
         '[model]\nfamily = "hnet"\nstages = 2\n\n[model.global]\nd_model = 256\n\n'
-        "[model.middle]\nwindow = 8\nencoder_layers = 3\n"
+        '[model.middle]\nwindow = 8\nencoder = "T3"\n'
     )
     cfg = load_config(path, ["model.local.heads=4"])
     m = cfg.model
     assert m.global_ == StackConfig(d_model=256, layers=3, heads=2, mlp_dim=512)  # the rest: defaults
-    assert m.middle == EncoderDecoderConfig(128, 2, 352, 3, 1, 8)
+    assert m.middle == HNetStageConfig(128, 2, 352, "T3", "m2T1", 8)
     assert (m.local.heads, m.local.d_model) == (4, 128)
     assert [(s.d_model, s.heads, s.window) for s in m.stage_specs()] == [(128, 4, 64), (128, 2, 8)]
     text = dump_config(cfg)
@@ -298,14 +299,15 @@ def test_stacks_are_nested_tables_and_old_flat_keys_name_their_new_place(tmp_pat
         "model.stages=2",
         "model.global.d_model=256",
         "model.middle.window=8",
-        "model.middle.encoder_layers=3",
+        "model.middle.encoder=T3",
         "model.local.heads=4",
     }
     for old, new in [
         ("model.global_d_model=64", "model.global.d_model"),
         ("model.local_window=8", "model.local.window"),
-        ("model.middle_encoder_layers=1", "model.middle.encoder_layers"),
-        ("model.encoder_layers=1", "model.local.encoder_layers"),
+        ("model.middle_encoder=m1", "model.middle.encoder"),
+        ("model.encoder_layers=1", "model.local.encoder"),
+        ("model.local.encoder_layers=1", "model.local.encoder"),  # (depths became layer patterns)
     ]:
         with pytest.raises(UserError, match=f"is now {new.replace('.', '[.]')}: write"):
             load_config(None, ["model.family=hnet", old])

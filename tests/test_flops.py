@@ -120,12 +120,15 @@ CASES = {
         megabyte_flops.forward_flops_per_byte(c, T, dense=True),
     ),
     **{
-        f"hnet_{stages}stage": (
-            lambda stages=stages: (
+        f"hnet_{stages}stage_{outer}": (
+            lambda stages=stages, layers=layers: (
                 c := cfg(
                     "model.family=hnet",
                     f"model.stages={stages}",
                     *LOCAL,
+                    "model.ssm.d_state=16",
+                    "model.ssm.head_dim=32",
+                    "model.ssm.chunk=16",
                     "model.local.window=16",
                     "model.middle.d_model=64",
                     "model.middle.heads=2",
@@ -135,6 +138,7 @@ CASES = {
                     "model.global.heads=2",
                     "model.global.mlp_dim=256",
                     "model.global.layers=2",
+                    *layers,
                 ),
                 HNet(c, rngs=nnx.Rngs(0)),
                 {"ids": IDS},
@@ -142,6 +146,25 @@ CASES = {
             )
         )
         for stages in (1, 2)
+        for outer, layers in {
+            # the released layouts' kinds (Mamba-2 outside; a second stage "T1m1" / "m1T1"), at width
+            # 256 (narrower, the Mamba-2 layers' elementwise work, uncounted, is over 8% of theirs)
+            "mamba": [
+                "model.local.d_model=256",
+                "model.local.mlp_dim=352",
+                "model.middle.d_model=256",
+                "model.middle.mlp_dim=352",
+                "model.middle.encoder=T1m1",
+                "model.middle.decoder=m1T1",
+                "model.global.d_model=256",
+            ],
+            "attention": [
+                "model.local.encoder=T2",
+                "model.local.decoder=T2",
+                "model.middle.encoder=T1",
+                "model.middle.decoder=T1",
+            ],
+        }.items()
     },
     "mambabyte": lambda: (
         c := cfg(

@@ -27,22 +27,28 @@ from bytelm.training.programs import StepSpec
 RNG = np.random.default_rng(7)
 
 
-def tiny(stages=1, **kw):
+def tiny(stages=1, outer="m", **kw):
+    """``outer``: the stages' layer kind, ``m`` (Mamba-2, the released layouts; a second stage
+    ``T1m1`` / ``m1T1``) or ``T`` (attention blocks)."""
+    mamba = outer == "m"
     base = dict(
         stages=stages,
         **{
             "local.d_model": 32,
             "local.heads": 2,
             "local.mlp_dim": 64,
-            "local.encoder_layers": 1,
-            "local.decoder_layers": 1,
+            "local.encoder": f"{outer}1",
+            "local.decoder": f"{outer}1",
             "local.window": 8,
             "middle.d_model": 40,
             "middle.heads": 2,
             "middle.mlp_dim": 64,
-            "middle.encoder_layers": 1,
-            "middle.decoder_layers": 1,
+            "middle.encoder": "T1m1" if mamba else "T1",
+            "middle.decoder": "m1T1" if mamba else "T1",
             "middle.window": 4,
+            "ssm.d_state": 8,
+            "ssm.head_dim": 8,
+            "ssm.chunk": 8,
             "global.d_model": 48,
             "global.layers": 1,
             "global.heads": 2,
@@ -147,8 +153,8 @@ def test_a_stage_with_empty_stacks_equals_its_numpy_transcription():
     residual, slice. The whole forward pass in numpy, position by position."""
     cfg = tiny(
         **{
-            "local.encoder_layers": 0,
-            "local.decoder_layers": 0,
+            "local.encoder": "",
+            "local.decoder": "",
             "global.layers": 0,
             "local.window": 0,
         },
@@ -187,10 +193,10 @@ def test_a_stage_with_empty_stacks_equals_its_numpy_transcription():
 
 
 # -- causality, the cache, batches ---------------------------------------------------------------
-@pytest.mark.parametrize("stages", [1, 2])
+@pytest.mark.parametrize("stages, outer", [(1, "m"), (2, "m"), (1, "T"), (2, "T")])
 @pytest.mark.slow
-def test_bytes_after_t_change_no_log_probability_up_to_t(stages):
-    m = scrambled(tiny(stages))
+def test_bytes_after_t_change_no_log_probability_up_to_t(stages, outer):
+    m = scrambled(tiny(stages, outer))
     B, T = 2, 32
     ids = random_ids(B, T, seed=stages)
     full = np.asarray(m(jnp.asarray(ids)))
@@ -209,7 +215,7 @@ def test_a_document_whose_start_lost_its_slot_reads_nothing_of_the_one_before(st
     """``model.document_mask`` in windows whose router marks more boundaries than there are slots:
     where the second document's start gets no slot, still no output of it depends on the first
     document's bytes (its positions read no chunk of the first document)."""
-    m = scrambled(tiny(stages, document_mask=True))
+    m = scrambled(tiny(stages, "T", document_mask=True))
     B, T, second = 2, 32, 22
     ids = random_ids(B, T, seed=9)
     ids[:, second] = BOS_ID
@@ -224,14 +230,17 @@ def test_a_document_whose_start_lost_its_slot_reads_nothing_of_the_one_before(st
     assert np.abs(got[:, :second] - full[:, :second]).max() > 1e-3  # (the first document's do move)
 
 
-@pytest.mark.parametrize("stages, documents", [(1, False), (2, False), (1, True), (2, True)])
+@pytest.mark.parametrize(
+    "stages, outer, documents",
+    [(1, "m", False), (2, "m", False), (1, "T", False), (1, "T", True), (2, "T", True)],
+)
 @pytest.mark.slow
-def test_the_batched_cache_equals_the_full_pass_at_every_step(stages, documents):
+def test_the_batched_cache_equals_the_full_pass_at_every_step(stages, outer, documents):
     """Rows with prompts of different lengths (a document start inside one: with
     ``model.document_mask`` attention and the moving average restart there), fed byte by byte after
     the prefill: every step's logits equal the full pass over the same prefix (1e-4), overflowing
     windows included, and the inner stages ran only at chunk ends."""
-    m = scrambled(tiny(stages, document_mask=documents), seed=1)
+    m = scrambled(tiny(stages, outer, document_mask=documents), seed=1)
     T = 28
     ids = random_ids(3, T, seed=5)
     ids[2, 6] = BOS_ID  # a second document in a row's prompt: the router and the average restart
@@ -292,6 +301,30 @@ def test_per_stage_learning_rates_scale_each_stage_s_adam_step():
     assert flat[("embed", "table")] == pytest.approx(outer, rel=1e-5)
 
 
+def test_the_paper_s_learning_rate_rule_gives_its_multipliers():
+    """Eq. 11 of the paper (App. C) by hand: 1stage_L (N = 6; widths 1024, 1536) and 2stage_L
+    (N = 3, 3; widths 1024, 1024, 1536), the main network's N_S = 1, N_GPT = 4.6."""
+    one = tiny(**{"local.d_model": 1024, "global.d_model": 1536, "global.heads": 16}, target_chunk_len=6.0)
+    assert one.lr_rule_scales() == pytest.approx([(4.6 * 1.5) ** 0.5, (4.6 / 6) ** 0.5])
+    assert one.lr_rule_scales() == pytest.approx([2.627, 0.8756], abs=1e-3)
+    two = tiny(
+        2,
+        **{"local.d_model": 1024, "middle.d_model": 1024, "global.d_model": 1536, "global.heads": 16},
+        target_chunk_len=3.0,
+        inner_target_chunk_len=3.0,
+    )
+    # stage 1: every position of its own (prod_{i>=0} N_i / prod N_i = 1); stage 2: 3 of 9; main: 1 of 9
+    assert two.lr_rule_scales() == pytest.approx(
+        [(4.6 * 1.5) ** 0.5, (4.6 * 1.5 / 3) ** 0.5, (4.6 / 9) ** 0.5]
+    )
+    assert [s.lr_scale for s in two.stage_specs()] == pytest.approx(two.lr_rule_scales()[:2])
+    assert two.main_lr_scale() == pytest.approx(two.lr_rule_scales()[2])
+    hand = tiny(lr_scales=(3.0, 1.0))  # set by hand, the rule is not used
+    assert [s.lr_scale for s in hand.stage_specs()] == [3.0] and hand.main_lr_scale() == 1.0
+    assert hand.layout() == ["m1", ["T1"], "m1"]
+    assert tiny(2).layout() == ["m1", ["T1m1", ["T1"], "m1T1"], "m1"]
+
+
 def test_bad_configs_are_refused_naming_the_field():
     with pytest.raises(ValueError, match="model.stages"):
         tiny(stages=3)
@@ -301,6 +334,12 @@ def test_bad_configs_are_refused_naming_the_field():
         tiny(lr_scales=(1.0,))
     with pytest.raises(ValueError, match="target_chunk_len"):
         tiny(target_chunk_len=1.0)
+    with pytest.raises(ValueError, match="layer pattern 'm4x'"):
+        tiny(**{"local.encoder": "m4x"})
+    with pytest.raises(ValueError, match="model.local: ssm.expand x d_model"):
+        tiny(**{"ssm.head_dim": 48})
+    with pytest.raises(ValueError, match="model.document_mask: the Mamba-2 layers of model.local"):
+        tiny(document_mask=True)
 
 
 # -- the family end to end: train, evaluate, chunks, sample, size rule ---------------------------
@@ -309,9 +348,12 @@ TINY_RUN = {
     "model.local.d_model": 32,
     "model.local.heads": 2,
     "model.local.mlp_dim": 64,
-    "model.local.encoder_layers": 1,
-    "model.local.decoder_layers": 1,
+    "model.local.encoder": "m1",
+    "model.local.decoder": "m1",
     "model.local.window": 16,
+    "model.ssm.d_state": 8,
+    "model.ssm.head_dim": 16,
+    "model.ssm.chunk": 16,
     "model.global.d_model": 48,
     "model.global.layers": 1,
     "model.global.heads": 2,

@@ -176,14 +176,15 @@ def replace_fields(obj, changes: Mapping[str, Any]):
 def with_stacks(cfg: ModelConfig, stacks: Mapping[str, StackConfig], **changes) -> ModelConfig:
     """``cfg`` with each stack named in ``stacks`` resized (``""``: a flat LM's fields; an
     encoder-decoder table keeps its own depths and window) and any other ``changes`` on top (dotted
-    keys reach into tables), as one replacement, so the config's invariants are checked once, on the
+    keys reach into tables; any table that is not a :class:`StackConfig` is resized in place: its width,
+    heads and MLP width), as one replacement, so the config's invariants are checked once, on the
     result."""
     values: dict[str, Any] = {}
     for name, stack in stacks.items():
         if not name:
             values.update(d_model=stack.d_model, n_layers=stack.layers, n_heads=stack.heads)
             values["mlp_dim"] = stack.mlp_dim
-        elif isinstance(getattr(cfg, field_name(type(cfg), name) or name), EncoderDecoderConfig):
+        elif not isinstance(getattr(cfg, field_name(type(cfg), name) or name), StackConfig):
             values.update({f"{name}.d_model": stack.d_model, f"{name}.heads": stack.heads})
             values[f"{name}.mlp_dim"] = stack.mlp_dim
         else:

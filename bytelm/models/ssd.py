@@ -135,6 +135,35 @@ def ssd_flops_per_position(d_inner: int, groups: int, d_state: int, chunk: float
     return 2.0 * chunk * groups * d_state + 2.0 * chunk * d_inner + 4.0 * d_inner * d_state
 
 
+def mamba2_layer_flops(
+    d_model: int,
+    *,
+    d_state: int,
+    d_conv: int,
+    expand: int,
+    head_dim: int,
+    groups: int,
+    chunk: int,
+    seq_len: int,
+    dense: bool = False,
+) -> float:
+    """Forward FLOPs per position of one :class:`Mamba2` layer over windows of ``seq_len`` positions:
+    the input projection (to ``z, x, B, C, dt``), the depthwise convolution over ``x, B, C``, the
+    chunked SSD (:func:`ssd_flops_per_position`; within a chunk the causal half of its pairs, or all
+    of them ``dense``, as the program computes) and the output projection. Norms, gates, the ``D``
+    skip: elementwise, 0 (the convention of :mod:`bytelm.models.flops`)."""
+    D, E, N, G = d_model, expand * d_model, d_state, groups
+    H = E // head_dim
+    Q = max(1, min(chunk, seq_len))
+    pairs = float(Q) if dense else (Q + 1) / 2  # keys per position within a chunk
+    return (
+        2.0 * D * (2 * E + 2 * G * N + H)
+        + 2.0 * d_conv * (E + 2 * G * N)
+        + ssd_flops_per_position(E, G, N, pairs)
+        + 2.0 * E * D
+    )
+
+
 class Mamba2(nnx.Module):
     """One Mamba-2 mixer ``x_BxTxD -> y_BxTxD`` (the module docstring); ``cache=`` continues from a
     decoding state and returns the new one."""

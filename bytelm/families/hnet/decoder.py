@@ -22,22 +22,26 @@ import numpy as np
 
 from bytelm.constants import BOS_ID, NUM_BYTE_IDS, PAD_ID
 from bytelm.families.hnet.model import P_CLAMP, HNet, straight_through
-from bytelm.models.cache import KVCache
 from bytelm.models.core import head_logits
+from bytelm.models.hybrid import HybridStack
 from bytelm.models.stack import Transformer
 from bytelm.sampling.decoders import Decoder, allowed_ids, byte_of_unit, byte_units, host_i32, jit_call
 
 
-def stack_step(stack: Transformer, x_Bx1xD, caches: list[KVCache], pos_B, doc_B=None):
+def stack_step(stack: Transformer | HybridStack, x_Bx1xD, caches: list, pos_B, doc_B=None, active_B=None):
     """One position per row (row ``b`` at its position ``pos_B[b]``) through ``stack`` with its
     caches; ``doc_B``: where each row's document starts (its document id: nothing before it is
-    attended), None: no document mask.
+    attended), None: no document mask; ``active_B``: the rows that step (a Mamba-2 layer keeps the
+    state of the others).
 
     Every row's keys and values are written, those of a row that is not stepping too (its output is
     not used): the slot it writes is its current position's, which its next real step overwrites
     before it attends, so what it left there is never read."""
     segments_Bx1 = None if doc_B is None else doc_B[:, None]
-    return stack(x_Bx1xD, positions_BxT=pos_B[:, None], segments_BxT=segments_Bx1, cache=caches)
+    kw = dict(positions_BxT=pos_B[:, None], segments_BxT=segments_Bx1, cache=caches)
+    if isinstance(stack, HybridStack):
+        return stack(x_Bx1xD, **kw, active_B=active_B)
+    return stack(x_Bx1xD, **kw)
 
 
 def init_state(model: HNet, batch: int, context: int) -> dict:
@@ -91,7 +95,7 @@ def _stage_step(stages, level, x_Bx1xD, start_B, active_B, within_B, states, ms,
     first_B = start_B | (st["pos"] == 0)
     doc_B = jnp.where(first_B & active_B, st["pos"], st["doc"])
     mask_doc = doc_B if documents else None
-    h, enc = stack_step(stage.encoder, stage.widen(x_Bx1xD), st["enc"], st["pos"], mask_doc)
+    h, enc = stack_step(stage.encoder, stage.widen(x_Bx1xD), st["enc"], st["pos"], mask_doc, active_B)
     h = stage.encoder_norm(h)
     h_B = h[:, 0].astype(jnp.float32)
     p_B = jnp.where(first_B, 1.0, stage.route(st["h_prev"], h_B))
@@ -125,7 +129,9 @@ def _stage_step(stages, level, x_Bx1xD, start_B, active_B, within_B, states, ms,
         z_read = z_B
     c_B = jnp.where(b_B, p_B, 1.0 - p_B)
     out = z_read * straight_through(c_B)[:, None] + h_B @ stage.residual[...]
-    y, dec = stack_step(stage.decoder, out[:, None].astype(stage.dtype), st["dec"], st["pos"], mask_doc)
+    y, dec = stack_step(
+        stage.decoder, out[:, None].astype(stage.dtype), st["dec"], st["pos"], mask_doc, active_B
+    )
     y = stage.decoder_norm(y)[..., : stage.d_in]
     new = {
         "enc": enc,

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from bytelm.models.flops import head_flops, mean_attended, stack_forward_flops_per_position
+from bytelm.models.hybrid import parse_pattern
+from bytelm.models.ssd import mamba2_layer_flops
 
 
 def router_flops(d: int) -> float:
@@ -13,31 +15,58 @@ def router_flops(d: int) -> float:
     return 4.0 * d * d + 6.0 * d
 
 
+def layers_flops_per_position(mcfg, spec, positions: int, *, dense: bool = False) -> float:
+    """Per position of a stage's encoder and decoder (their layer patterns, :mod:`bytelm.models.hybrid`)
+    over windows of ``positions`` positions: an attention layer ``8 d^2`` for its projections and ``4 d``
+    per attended key (its sliding window; ``dense``: the whole context), an MLP ``6 d f``, a Mamba-2
+    layer :func:`~bytelm.models.ssd.mamba2_layer_flops` (``dense``: every pair of its chunks)."""
+    d, total = spec.d_model, 0.0
+    attended = mean_attended(max(positions, 1), spec.window, dense=dense)
+    s = mcfg.ssm
+    for mixer, has_mlp in parse_pattern(spec.encoder) + parse_pattern(spec.decoder):
+        if mixer == "attention":
+            total += 8.0 * d * d + 4.0 * d * attended
+        else:
+            total += mamba2_layer_flops(
+                d,
+                d_state=s.d_state,
+                d_conv=s.d_conv,
+                expand=s.expand,
+                head_dim=s.head_dim,
+                groups=s.groups,
+                chunk=s.chunk,
+                seq_len=max(positions, 1),
+                dense=dense,
+            )
+        if has_mlp:
+            total += 6.0 * d * spec.mlp_dim
+    return total
+
+
 def forward_flops_per_byte(mcfg, seq_len: int, chunk_lens: Sequence[float], *, dense: bool = False) -> float:
     """An H-Net over windows of ``seq_len`` input positions, each stage chunking at the mean length
     ``chunk_lens[s]`` (positions of its level per chunk: the target N before training, the measured
     rate after it).
 
-    Per position of a stage of width ``d``: its encoder and decoder (sliding window over its
-    positions), the router (:func:`router_flops`), the float32 residual projection (``2 d^2``). Per
-    chunk: the dechunking average (``z = P zhat + (1 - P) z_prev``, two multiply-adds per value:
-    ``4 d``, elementwise but the model's own recurrence, so counted). The main network runs at the
-    innermost chunk rate, causal over a window's chunks; the head at every byte. Zero by the
-    convention: the chunk gather and the scatter back to positions (they move values, no
+    Per position of a stage of width ``d``: its encoder and decoder layers
+    (:func:`layers_flops_per_position`), the router (:func:`router_flops`), the float32 residual
+    projection (``2 d^2``). Per chunk: the dechunking average (``z = P zhat + (1 - P) z_prev``, two
+    multiply-adds per value: ``4 d``, elementwise but the model's own recurrence, so counted). The main
+    network runs at the innermost chunk rate, causal over a window's chunks; the head at every byte.
+    Zero by the convention: the chunk gather and the scatter back to positions (they move values, no
     multiply-adds), the learned padding of the widths, the straight-through factor and the norms.
 
     ``dense``: what the compiled program computes instead: every attention over its whole context,
-    and each level over all of its chunk slots (:meth:`HNetConfig.slots_for`), whatever the chunks.
+    every Mamba-2 chunk's pairs in full, and each level over all of its chunk slots
+    (:meth:`HNetConfig.slots_for`), whatever the chunks.
     """
     T = float(seq_len)
     total = head_flops(mcfg.local.d_model, mcfg.vocab_multiple) * T
     positions = T
     for spec, length in zip(mcfg.stage_specs(), chunk_lens):
         d = spec.d_model
-        attended = mean_attended(max(round(positions), 1), spec.window, dense=dense)
         per_position = (
-            stack_forward_flops_per_position(d, spec.encoder_layers, spec.mlp_dim, attended)
-            + stack_forward_flops_per_position(d, spec.decoder_layers, spec.mlp_dim, attended)
+            layers_flops_per_position(mcfg, spec, max(round(positions), 1), dense=dense)
             + router_flops(d)
             + 2.0 * d * d
         )

@@ -4,7 +4,9 @@ arXiv 2507.07955), written here on the shared transformer core.
 A **stage** maps ``T`` positions of width ``d_in`` to ``T`` outputs of the same width:
 
 1. **Pad** the input to the stage's width ``d`` with a learned vector (zero-initialised).
-2. **Encoder**: sliding-window attention blocks, then an RMSNorm: ``h``.
+2. **Encoder**: the stage's layers (:mod:`bytelm.models.hybrid`: Mamba-2 layers in the released
+   configs' outer stages, ``"m4"``; attention blocks with a sliding window, ``"T2"``), then an
+   RMSNorm: ``h``.
 3. **Router**: ``q = W_q h``, ``k = W_k h`` (bias-free, initialised to the identity),
    ``p_t = clamp((1 - cos(q_{t-1}, k_t)) / 2, 0, 1)``; ``p_t = 1`` at the first position and at
    every document start (a BOS) of a packed window. Boundary ``b_t = p_t > 0.5``; the confidence
@@ -23,7 +25,7 @@ A **stage** maps ``T`` positions of width ``d_in`` to ``T`` outputs of the same 
    times ``c_t + stop_gradient(1 - c_t)`` (1 in the forward pass; the router's gradient in the
    backward pass).
 7. **Residual**: plus the encoder output through a zero-initialised float32 linear map.
-8. **Decoder**: sliding-window blocks, an RMSNorm, and the output sliced to ``d_in``.
+8. **Decoder**: the stage's decoder layers, an RMSNorm, and the output sliced to ``d_in``.
 
 The **ratio loss** of a stage (the paper's eq. 10), ``N/(N-1) ((N-1) F G + (1-F)(1-G))`` with ``F``
 the fraction of positions the router marks and ``G`` the mean ``p`` over the real positions of the
@@ -52,6 +54,7 @@ from bytelm.models.core import (
     make_dropout,
     pad_vocab,
 )
+from bytelm.models.hybrid import HybridStack
 from bytelm.models.kernels import resolve_kernels
 from bytelm.models.scoring import Scores, next_id_scores
 from bytelm.models.stack import Transformer
@@ -201,12 +204,13 @@ class Stage(nnx.Module):
         self.cfg, self.target = cfg, spec.target
         self.pad = _pad_param(d_in, d)
 
-        def stack(layers: int) -> Transformer:
-            return Transformer(
+        def stack(pattern: str) -> HybridStack:
+            return HybridStack(
                 d,
-                layers,
-                spec.heads,
-                spec.mlp_dim,
+                pattern,
+                heads=spec.heads,
+                mlp_dim=spec.mlp_dim,
+                ssm=cfg.ssm,
                 rngs=rngs,
                 kernels=kernels,
                 window=spec.window,
@@ -215,12 +219,12 @@ class Stage(nnx.Module):
                 norm_eps=cfg.norm_eps,
             )
 
-        self.encoder = stack(spec.encoder_layers)
+        self.encoder = stack(spec.encoder)
         self.encoder_norm = RMSNorm(d, eps=cfg.norm_eps)
         self.wq = _matrix(jnp.eye(d))
         self.wk = _matrix(jnp.eye(d))
         self.residual = _matrix(jnp.zeros((d, d)))
-        self.decoder = stack(spec.decoder_layers)
+        self.decoder = stack(spec.decoder)
         self.decoder_norm = RMSNorm(d, eps=cfg.norm_eps)
         _tag_lr(self, spec.lr_scale)  # (before the inner network exists: it tags its own)
         self.inner: Stage | Main = (

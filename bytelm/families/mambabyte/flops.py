@@ -3,23 +3,22 @@
 from __future__ import annotations
 
 from bytelm.models.flops import head_flops
-from bytelm.models.ssd import ssd_flops_per_position
+from bytelm.models.ssd import mamba2_layer_flops
 
 
 def forward_flops_per_byte(mcfg, seq_len: int, *, dense: bool = False) -> float:
-    """Forward FLOPs per byte: per layer the input projection (to ``z, x, B, C, dt``), the depthwise
-    convolution over ``x, B, C``, the chunked SSD (:func:`~bytelm.models.ssd.ssd_flops_per_position`:
-    its ``C . B`` scores once per group of heads; within a chunk the causal half of its pairs, or all
-    of them ``dense``, as the program computes) and the output projection; then the head. Norms,
-    gates, the ``D`` skip: elementwise, 0."""
-    D, E, N, G = mcfg.d_model, mcfg.expand * mcfg.d_model, mcfg.d_state, mcfg.groups
-    H = E // mcfg.head_dim
-    Q = min(mcfg.chunk, seq_len)
-    pairs = float(Q) if dense else (Q + 1) / 2  # keys per position within a chunk
-    layer = (
-        2.0 * D * (2 * E + 2 * G * N + H)
-        + 2.0 * mcfg.d_conv * (E + 2 * G * N)
-        + ssd_flops_per_position(E, G, N, pairs)
-        + 2.0 * E * D
+    """Forward FLOPs per byte: ``n_layers`` Mamba-2 layers (:func:`~bytelm.models.ssd.mamba2_layer_flops`:
+    projections, convolution, the chunked SSD with its ``C . B`` scores once per group of heads), then
+    the head."""
+    layer = mamba2_layer_flops(
+        mcfg.d_model,
+        d_state=mcfg.d_state,
+        d_conv=mcfg.d_conv,
+        expand=mcfg.expand,
+        head_dim=mcfg.head_dim,
+        groups=mcfg.groups,
+        chunk=mcfg.chunk,
+        seq_len=seq_len,
+        dense=dense,
     )
-    return mcfg.n_layers * layer + head_flops(D, mcfg.vocab_multiple)
+    return mcfg.n_layers * layer + head_flops(mcfg.d_model, mcfg.vocab_multiple)
