@@ -110,6 +110,9 @@ class TrainConfig:
     # summed across resumes) instead of train.steps, which is then ignored; the schedule's horizon
     # is planned from the first steps' time (bytelm/training/clock.py)
     time_budget_s: float = 0.0
+    # > 0: for a family that measures what its steps spend (H-Net's chunk rate), train until the measured
+    # FLOPs (own + auxiliary) reach this, the horizon re-planned from them (bytelm/training/flop_budget.py)
+    flop_budget: float = 0.0
     # TensorBoard event files of every logged scalar in RUN_DIR/tensorboard (process 0; tensorboardX)
     tensorboard: bool = True
     # a Weights & Biases project to log the same scalars to (process 0; `pip install -e '.[wandb]'`;
@@ -133,15 +136,7 @@ class TrainConfig:
                     f"train.profile_steps must be A:B with 1 <= A <= B (steps numbered from 1), got "
                     f"{self.profile_steps!r}"
                 )
-        for name in (
-            "steps",
-            "batch_size",
-            "seq_len",
-            "grad_accum",
-            "log_every",
-            "checkpoint_every",
-            "keep_checkpoints",
-        ):
+        for name in "steps batch_size seq_len grad_accum log_every checkpoint_every keep_checkpoints".split():
             if getattr(self, name) < 1:
                 raise ValueError(f"train.{name} must be >= 1, got {getattr(self, name)}")
         if self.batch_size % self.grad_accum:
@@ -182,10 +177,9 @@ class TrainConfig:
                 "train.ema_decay must be in [0, 1) (0: no weight average; 0.99 averages over about 100 "
                 f"steps), got {self.ema_decay}"
             )
-        if not self.time_budget_s >= 0:
-            raise ValueError(
-                f"train.time_budget_s must be >= 0 (0: train for train.steps), got {self.time_budget_s}"
-            )
+        for name in ("time_budget_s", "flop_budget"):
+            if not (value := getattr(self, name)) >= 0:
+                raise ValueError(f"train.{name} must be >= 0 (0: train for train.steps), got {value}")
 
 
 @dataclasses.dataclass(frozen=True)

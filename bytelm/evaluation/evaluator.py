@@ -193,6 +193,9 @@ def evaluate_trained(
     bytes_per_position = info.get("bytes_per_position")
     ledger = Ledger.of_run(info)
     books = ledger.summary(step) if ledger is not None and not ledger.unknown else None
+    planned = per_position * positions * step if per_position is not None else None
+    # a family that measures what its steps spend (H-Net) is charged the measured figure of its steps
+    measured = info.get("flops_measured") if info.get("step") == step else None
     return ModelResult(
         name=name or run_dir.name,
         family=trainer.cfg.model.family,
@@ -203,7 +206,7 @@ def evaluate_trained(
         run_dir=str(run_dir),
         step=step,
         params=dict(trainer.param_counts),
-        flops=per_position * positions * step if per_position is not None else None,
+        flops=measured if measured is not None else planned,
         train_flops_per_byte=info.get("train_flops_per_byte"),
         bytes_seen=step * positions * bytes_per_position if bytes_per_position is not None else None,
         wall_s=info.get("wall_s"),
@@ -214,6 +217,7 @@ def evaluate_trained(
         flops_auxiliary=books["flops_auxiliary"] if books else None,
         auxiliary=books["auxiliary"] if books else None,
         partial=RunDir(run_dir).progress_note(step),
+        flops_planned=planned if measured is not None else None,
     )
 
 

@@ -15,7 +15,9 @@ every write. In short::
       "bpb", "nats", "bytes", "segments",
       "params": {["total"], ["embedding"], ["non_embedding"], ["ngram"]} | null (each key optional;
                  ngram: the hashed n-gram tables, part of embedding),
-      "flops": the model's own training FLOPs (analytic) | null, "train_flops_per_byte" | null,
+      "flops": the model's own training FLOPs (analytic; a family that measures what its steps spend,
+      H-Net: measured) | null, "flops_planned": a measured model's own FLOPs at its planned rates | null,
+      "train_flops_per_byte" | null,
       "flops_own" (= flops), "flops_auxiliary", "flops_total": the compute ledger (bytelm/ledger.py:
       auxiliary = what the model needs besides its own training, BLT's entropy model) | null,
       "auxiliary_flops": {what: FLOPs} | null,
@@ -109,6 +111,7 @@ _MODEL = {
         "params": _PARAMS,
         "flops": _NUM,
         "flops_own": _NUM,
+        "flops_planned": _NUM,
         "flops_auxiliary": _NUM,
         "flops_total": _NUM,
         "auxiliary_flops": {"type": ["object", "null"], "additionalProperties": _NUM},

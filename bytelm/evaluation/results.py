@@ -115,6 +115,9 @@ class ModelResult:
     seed_scores: list[SegmentScores] | None = None
     # a run scored before it finished: "step 211 of 4000, stopped" (None: finished, or not a run)
     partial: str | None = None
+    # a family that measures what its steps spend (H-Net): ``flops`` is the measured figure, this the
+    # planned one (at its target rates); None for every other row
+    flops_planned: float | None = None
 
     @property
     def flops_total(self) -> float | None:
@@ -166,6 +169,7 @@ class ModelResult:
             "params": self.params,
             "flops": self.flops,
             "flops_own": self.flops,
+            "flops_planned": self.flops_planned,
             "flops_auxiliary": self.flops_auxiliary,
             "flops_total": self.flops_total,
             "auxiliary_flops": self.auxiliary,

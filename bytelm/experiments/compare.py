@@ -199,6 +199,10 @@ class CompareRunner(Runner):
         timed = bool(self.exp.time_budget_s) and not run.artefact
         lr_member = member.lr_from or member.name
         cfg, ledger = run.planned
+        # a family that measures what its steps spend (H-Net): the budget it was charged over the
+        # measured total it spent (1 up to half a step: it trains until the measured total reaches it)
+        measured = info.get("flops_measured")
+        spent = None if measured is None else measured + ledger.auxiliary(int(info.get("step") or 0))
         return {
             "family": cfg.require_model().family,
             "role": member.role,
@@ -212,6 +216,9 @@ class CompareRunner(Runner):
             "auxiliary_flops_fixed": dict(ledger.auxiliary_fixed),
             "steps": info.get("step"),
             "train_s": info.get("train_s"),
+            "flops_measured": measured,
+            "flops_planned": info.get("flops_planned") if measured is not None else None,
+            "charged_over_measured": run.budget / spent if spent and not timed else None,
             "run_dir": str(run.run_dir),
             "learning_rate": cfg.train.learning_rate,
             "lr_sweep": self.searches.get(lr_member),

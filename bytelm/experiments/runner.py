@@ -221,8 +221,12 @@ class Runner(ArtefactStage):
             timed and not run.artefact
         ):  # the FLOP plan's warmup and eval spacing stay; the time decides the steps
             values["train.time_budget_s"] = self.exp.time_budget_s * run.fraction
+        elif task_class(cfg.require_model().family).measures_flops():
+            # a family that measures what its steps spend (H-Net) trains until that reaches its budget
+            # (its share of it); the steps are the first plan (bytelm/training/flop_budget.py)
+            values["train.flop_budget"] = run.budget * run.fraction
         run.cfg = with_values(cfg, values)
-        run.steps = None if timed and not run.artefact else steps
+        run.steps = None if (timed and not run.artefact) or run.cfg.train.flop_budget else steps
         extended_from = trainer.check_run_config(run.run_dir, run.cfg)
         if extended_from is not None:  # (an experiment's run is its budget's schedule, never an extension)
             raise UserError(
@@ -306,7 +310,12 @@ class Runner(ArtefactStage):
         for run in todo:
             cfg, ledger = run.planned
             steps = cfg.train.steps
-            if run.steps is None:
+            if cfg.train.flop_budget:
+                self.say(
+                    f"train {run.id} ({cfg.require_model().family}): until its measured FLOPs reach "
+                    f"{cfg.train.flop_budget:.3g} (planned: {steps} steps x {ledger.own_per_step:.3g} FLOPs)"
+                )
+            elif run.steps is None:
                 self.say(
                     f"train {run.id} ({cfg.require_model().family}): {cfg.train.time_budget_s:g}s of "
                     f"training at {ledger.own_per_step:.3g} FLOPs per step"

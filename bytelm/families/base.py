@@ -239,6 +239,19 @@ class Task:
         and what it needs besides (here nothing; BLT: its entropy model's training and forward passes)."""
         return Ledger(self.train_flops_per_position() * self.positions_per_step())
 
+    def measured_train_flops(self, stats: Mapping[str, float]) -> float | None:
+        """The training FLOPs (own, forward + backward, as :meth:`train_flops_per_position`) that one
+        step spent, from that step's model stats (``m["stats"]`` of the trainer's step, summed over
+        the batch): for a model whose work depends on what it learns (H-Net's chunk rate). None: the
+        planned figure (:meth:`ledger`) is exact, or this step's stats do not tell. A family that
+        measures trains to ``train.flop_budget`` on its measured total (bytelm/training/flop_budget.py)."""
+        return None
+
+    @classmethod
+    def measures_flops(cls) -> bool:
+        """The family measures what its steps spend (it overrides :meth:`measured_train_flops`)."""
+        return cls.measured_train_flops is not Task.measured_train_flops
+
     def stats_record(self, sums: Mapping[str, float]) -> dict:
         """Rates for logs and reports from the summed ``batch["stats"]`` counts of :meth:`decorate`
         (``{}`` for families whose pipeline keeps none)."""

@@ -32,6 +32,7 @@ from bytelm.training.check import metrics_line
 from bytelm.training.checkpoint import Checkpointer, CheckpointUnreadable
 from bytelm.training.clock import Clock
 from bytelm.training.distributed import agree, barrier, is_primary, load_job_corpus
+from bytelm.training.flop_budget import FlopBudget
 from bytelm.training.metrics import Metrics, Throughput
 from bytelm.training.peak import device_peak, measure_matmul_peak
 from bytelm.training.restore import ensure_run_record, make_task, run_record
@@ -85,9 +86,9 @@ def _finished_result(run_dir: Path, cfg: Config) -> TrainResult | None:
     if not run:
         return None
     if run.get("status") != "finished" or (
-        run.get("step") != cfg.train.steps and not cfg.train.time_budget_s
+        run.get("step") != cfg.train.steps and not (cfg.train.time_budget_s or cfg.train.flop_budget)
     ):
-        return None  # (a time-budgeted run's config matches the finished one: check_run_config)
+        return None  # (a budgeted run's config matches the finished one: check_run_config)
     return TrainResult(
         run_dir,
         run["step"],
@@ -108,7 +109,7 @@ class _Run:
         self.files = RunDir(run_dir)
         self.files.metrics()  # (read first: a damaged record stops the run before any file is touched)
         self.ckpt = Checkpointer(self.files.checkpoints_path, keep=cfg.train.keep_checkpoints)
-        self.wall0, self.train_s0, self.horizon0 = 0.0, 0.0, None
+        self.wall0, self.train_s0, self.horizon0, self.flop_mark0 = 0.0, 0.0, None, None
         # the batches' host-side counts over the whole run (kept in checkpoints)
         self.stats_run: dict[str, float] = {}
         self.last_good_step: int | None = None
@@ -121,17 +122,23 @@ class _Run:
                 barrier("bytelm: damaged checkpoints set aside")
                 self.ckpt.reload()
         self.budgeted = cfg.train.time_budget_s > 0
+        self.flops_per_step = self.task.train_flops_per_position() * self.task.positions_per_step()
+        self.ledger = self.task.ledger()  # own + auxiliary FLOPs (bytelm/ledger.py)
+        # a family that measures what its steps spend (H-Net): charged that, and with train.flop_budget
+        # trained until it reaches the budget (bytelm/training/flop_budget.py)
+        self.measures = self.task.measures_flops()
+        self.flops = self._flop_budget() if self.measures else None
+        self.flop_budgeted = self.flops is not None and self.flops.budget > 0
+        horizon = self.flops.horizon if self.flops is not None and self.flop_budgeted else cfg.train.steps
         self.clock = Clock(
             cfg.train.time_budget_s,
             self.train_s0,
-            self.horizon0 if self.budgeted else cfg.train.steps,
+            self.horizon0 if self.budgeted else horizon,
             cfg.train.warmup_steps,
         )
         trainer.horizon = self.clock.horizon if self.clock.horizon is not None else Clock.UNPLANNED
         self.peak_total = self._peak_flops()
-        self.flops_per_step = self.task.train_flops_per_position() * self.task.positions_per_step()
         self.throughput = Throughput(self.flops_per_step, self.peak_total, self.peak_source)
-        self.ledger = self.task.ledger()  # own + auxiliary FLOPs (bytelm/ledger.py)
         self.info = self._run_info(corpus)
         # an extended run: its schedule's segments (docs/architecture.md, "Extending a run")
         extensions = list(self.files.info_or_empty().get("extensions", [])) if trainer.step else []
@@ -184,8 +191,28 @@ class _Run:
         self.wall0 = float(meta.get("wall_s", 0.0))
         self.train_s0 = float(meta.get("train_s", self.wall0))
         self.horizon0 = meta.get("horizon")
+        self.flop_mark0 = meta.get("flop_mark")
         self.trainer.segment_start = int(meta.get("segment_start", 0))
         log.info("resumed %s at step %d", self.run_dir, self.trainer.step)
+
+    def _flop_budget(self) -> FlopBudget:
+        """The measured FLOPs so far (``stats_run["flops_measured"]``, kept in checkpoints; a run
+        checkpointed before they were measured: the planned figure of its steps) and the budget."""
+        t, step = self.cfg.train, self.trainer.step
+        if t.flop_budget and t.time_budget_s:
+            raise UserError("train.flop_budget and train.time_budget_s are two budgets: set one of them")
+        spent = float(self.stats_run.get("flops_measured", self.flops_per_step * step))
+        self.stats_run["flops_measured"] = spent
+        mark = self.flop_mark0
+        return FlopBudget(
+            t.flop_budget,
+            self.ledger,
+            int(self.horizon0) if t.flop_budget and self.horizon0 is not None else t.steps,
+            t.warmup_steps,
+            spent=spent,
+            step=step,
+            mark=(int(mark[0]), float(mark[1])) if mark else None,
+        )
 
     def _peak_flops(self) -> float | None:
         """The MFU denominator (:mod:`bytelm.training.peak`): the configured per-device peak, else
@@ -210,9 +237,12 @@ class _Run:
             **self.info,
             "status": status,
             "step": self.trainer.step,
-            # the steps the run is to make (a time budget's: the horizon planned from its first steps)
-            "planned_steps": self.clock.horizon if self.budgeted else self.cfg.train.steps,
+            # the steps the run is to make (a time or FLOP budget's: the horizon planned so far)
+            "planned_steps": self.clock.horizon
+            if self.budgeted or self.flop_budgeted
+            else self.cfg.train.steps,
             **self.task.stats_record(self.stats_run),
+            **self.flops_record(),
             **extra,
         }
         self.files.write_info(record)
@@ -226,6 +256,7 @@ class _Run:
             "data": {"step": step, "seed": self.cfg.train.seed},
             "stats": self.stats_run,
             "segment_start": self.trainer.segment_start,
+            **(self.flops.meta() if self.flops is not None else {}),
         }
         self.ckpt.save(step, self.trainer.state_tree(), meta)
         self.last_good_step = step
@@ -237,12 +268,32 @@ class _Run:
 
     def finished(self) -> bool:
         """The run has trained for ``train.steps``, or spent its time budget (or reached its planned
-        horizon)."""
-        return (
-            self.clock.exhausted(self.trainer.step)
-            if self.budgeted
-            else self.trainer.step >= self.cfg.train.steps
-        )
+        horizon), or its measured FLOPs reached its FLOP budget (:meth:`FlopBudget.reached`, on this
+        step's measurement: the loop reads it first when the step is :meth:`FlopBudget.near` the end)."""
+        if self.budgeted:
+            return self.clock.exhausted(self.trainer.step)
+        if self.flop_budgeted:
+            return self.flops.step == self.trainer.step and self.flops.reached()  # type: ignore[union-attr]
+        return self.trainer.step >= self.cfg.train.steps
+
+    def flops_record(self) -> dict:
+        """A measuring run's own training FLOPs through the last step read: ``flops_measured`` (what it
+        is charged) and ``flops_planned`` (at the family's planned rates); ``{}`` for any other run."""
+        if self.flops is None:
+            return {}
+        return {"flops_measured": self.flops.spent, "flops_planned": self.flops_per_step * self.flops.step}
+
+    def flops_fields(self) -> dict:
+        """The FLOP fields of a metrics record: ``flops`` and ``flops_total`` (the ledger's), measured
+        for a measuring run, with ``flops_planned`` beside them."""
+        step = self.trainer.step
+        if self.flops is None:
+            return {"flops": self.flops_per_step * step, "flops_total": self.ledger.total(step)}
+        return {
+            "flops": self.flops.spent,
+            "flops_total": self.flops.total(),
+            "flops_planned": self.flops_per_step * self.flops.step,
+        }
 
     def _profile_dir(self) -> Path:
         """Where jax.profiler writes its trace: the run's ``profile/``, or for a run in an object
@@ -285,8 +336,7 @@ class _Run:
             "mfu": mfu,  # (over the window; None: no peak, or achieved FLOP/s above it)
             **({"flops_over_peak": over} if over is not None else {}),
             "window_bytes_s": window_bytes_s,
-            "flops": self.flops_per_step * trainer.step,
-            "flops_total": self.ledger.total(trainer.step),
+            **self.flops_fields(),
             "bytes_seen": self.bytes_seen(),
             "train_s": self.clock.spent(),
             # the time a step waited for its batch (0 while the input pipeline keeps ahead)
@@ -304,6 +354,28 @@ class _Run:
                 + (f" mfu {mfu:.2f}" if mfu is not None else " mfu >1?" if over is not None else ""),
             )
 
+    def replanned_flops(self) -> None:
+        """The FLOP budget re-planned the horizon: the schedule follows, a ``plan`` record says so."""
+        flops = self.flops
+        assert flops is not None
+        self.clock.horizon = self.trainer.horizon = flops.horizon
+        self._write(
+            {
+                "kind": "plan",
+                "step": self.trainer.step,
+                "planned_steps": flops.horizon,
+                "flops_per_step": flops.pace,
+                "flops_total": flops.total(),
+                "flop_budget": flops.budget,
+            }
+        )
+        log.info(
+            "FLOP budget %.3g: %.3g measured FLOPs per step, horizon planned at step %d",
+            flops.budget,
+            flops.pace,
+            flops.horizon,
+        )
+
     def evaluate(self) -> None:
         with self.clock.paused():  # evaluations do not count as training time
             scores = self.trainer.evaluate(self.segments)
@@ -314,8 +386,7 @@ class _Run:
                 "bpb": scores.bpb,
                 "nats": scores.total_nats,
                 "bytes": scores.total_bytes,
-                "flops": self.flops_per_step * self.trainer.step,
-                "flops_total": self.ledger.total(self.trainer.step),
+                **self.flops_fields(),
                 "bytes_seen": self.bytes_seen(),
             }
         )
@@ -349,9 +420,14 @@ class _Run:
             step, m = pending
             pending = None
             loss = float(m["loss"])
-            for key, value in (m.get("stats") or {}).items():  # a family's counts from its model (H-Net)
-                self.stats_log[key] = self.stats_log.get(key, 0) + float(value)
-                self.stats_run[key] = self.stats_run.get(key, 0) + float(value)
+            stats = {key: float(value) for key, value in (m.get("stats") or {}).items()}
+            for key, value in stats.items():  # a family's counts from its model (H-Net)
+                self.stats_log[key] = self.stats_log.get(key, 0) + value
+                self.stats_run[key] = self.stats_run.get(key, 0) + value
+            if self.flops is not None:  # what the step spent (the planned figure if its stats do not tell)
+                measured = self.task.measured_train_flops(stats)
+                self.flops.add(step, self.flops_per_step if measured is None else measured)
+                self.stats_run["flops_measured"] = self.flops.spent
             if not math.isfinite(loss):
                 self.write_status("diverged", diverged_at_step=step, last_good_checkpoint=self.last_good_step)
                 raise TrainingDiverged(
@@ -405,6 +481,11 @@ class _Run:
                     clock.step_s,
                     clock.horizon,
                 )
+            if self.flop_budgeted:
+                if self.flops.near(trainer.step):  # type: ignore[union-attr]
+                    settle()  # (the stop is decided on this step's measured FLOPs)
+                if self.flops.plan(trainer.step):  # type: ignore[union-attr]
+                    self.replanned_flops()
             signalled, last, horizon = agree(flag.signum is not None, self.finished(), clock.horizon)
             if horizon != clock.horizon:  # (another process: process 0's plan is the job's)
                 clock.horizon = horizon
@@ -461,6 +542,8 @@ class _Run:
         budget = {}
         if self.budgeted:
             budget = {"time_budget_s": self.cfg.train.time_budget_s, "planned_steps": self.clock.horizon}
+        if self.flop_budgeted:
+            budget = {"flop_budget": self.cfg.train.flop_budget, "planned_steps": self.clock.horizon}
         self.write_status(
             "finished" if done else "stopped",
             wall_s=self.wall_s(),

@@ -131,7 +131,8 @@ def rebuild_run_record(run_dir: str | Path, why: str, *, corpus=None) -> dict:
         ckpt.close()
     peak, source = device_peak(jax.default_backend(), jax.devices()[0].device_kind, cfg.train.peak_flops)
     budgeted = cfg.train.time_budget_s > 0
-    planned = meta.get("horizon") if budgeted else cfg.train.steps
+    planned = meta.get("horizon") if budgeted or cfg.train.flop_budget else cfg.train.steps
+    measured = (meta.get("stats") or {}).get("flops_measured")  # (a family that measures its FLOPs)
     metrics = files.metrics()
     losses = [r["loss"] for r in metrics if r.get("kind") == "train" and r.get("step") == step]
     evals = [r["bpb"] for r in metrics if r.get("kind") == "eval" and r.get("step") == step]
@@ -145,6 +146,11 @@ def rebuild_run_record(run_dir: str | Path, why: str, *, corpus=None) -> dict:
         "wall_s": meta.get("wall_s"),
         "train_s": meta.get("train_s"),
         **({"time_budget_s": cfg.train.time_budget_s} if budgeted else {}),
+        **(
+            {"flops_measured": measured, "flops_planned": task.ledger().own(step)}
+            if measured is not None
+            else {}
+        ),
         "final_loss": losses[-1] if losses else None,
         "final_eval_bpb": evals[-1] if evals else None,
         "rebuilt": {

@@ -92,7 +92,7 @@ def check_run_config(run_dir: Path, cfg: Config) -> int | None:
                 continue
             if a.get(key) == b.get(key):
                 continue
-            budgeted = a.get("time_budget_s") or b.get("time_budget_s")
+            budgeted = any(x.get(k) for x in (a, b) for k in ("time_budget_s", "flop_budget"))
             if (section, key) == ("train", "steps") and not budgeted and b[key] > a[key]:
                 extended_from = int(a[key])  # an extension: more steps, the rest the same
                 continue

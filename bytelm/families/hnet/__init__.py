@@ -58,6 +58,19 @@ class HNetTask(Task):
     def forward_flops_per_position(self) -> float:
         return forward_flops_per_byte(self.cfg.model, self.cfg.train.seq_len, self.chunk_lens())
 
+    def measured_train_flops(self, stats: Mapping[str, float]) -> float | None:
+        """The step's training FLOPs at the chunk lengths its router produced (each stage's positions
+        per chunk, summed over the batch): the planned figure's formula at the measured lengths; None
+        for a step without a stage's counts (or without chunks)."""
+        measured = []
+        for s in range(1, self.cfg.model.stages + 1):
+            positions, chunks = stats.get(f"s{s}_positions", 0.0), stats.get(f"s{s}_chunks", 0.0)
+            if not positions or not chunks:
+                return None
+            measured.append(positions / chunks)
+        per_position = forward_flops_per_byte(self.cfg.model, self.cfg.train.seq_len, measured)
+        return 3.0 * per_position * self.positions_per_step()
+
     def stats_record(self, sums: Mapping[str, float]) -> dict:
         """Per stage ``s``: ``s{s}_mean_chunk_len`` (its positions per kept chunk), the overflow rates
         (windows that wanted more chunks than slots; boundaries dropped), the mean ratio loss and mean
@@ -95,7 +108,11 @@ class HNetTask(Task):
         note = f"train chunks {chunks} (per stage), overflow {100 * overflow:.1f}% of windows"
         ratio = run_info.get("flops_at_measured_rate")
         # (FLOPs are planned at the targets N; at the rates the router learned they would be this)
-        return note + (f", FLOPs at the learned rates {ratio:.2f}x planned" if ratio else "")
+        note += f", FLOPs at the learned rates {ratio:.2f}x planned" if ratio else ""
+        measured, planned = run_info.get("flops_measured"), run_info.get("flops_planned")
+        if measured and planned:  # (charged what every step measured: bytelm/training/flop_budget.py)
+            note += f"; own FLOPs {measured:.3g} measured (charged), {planned:.3g} planned at the targets"
+        return note
 
     @classmethod
     def add_commands(cls, subparsers) -> None:
