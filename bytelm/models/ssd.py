@@ -10,9 +10,12 @@ Per head ``h`` (``H`` heads of ``P`` channels, state size ``N``, ``G`` groups of
 
 The chunked algorithm (the paper's section 6; ``ssd_minimal.py`` of state-spaces/mamba) splits the
 sequence into chunks of ``Q`` positions: within a chunk, the quadratic form (``C_l . B_s`` times the
-decay between ``s`` and ``l``, for ``s <= l``); each chunk's final state from its inputs; a scan
-over the chunks carries the state between them; and each position reads the state that entered its
-chunk, decayed to it. Decays and cumulative sums stay in float32. A sequence that is not a multiple
+decay between ``s`` and ``l``, for ``s <= l``); each chunk's final state from its inputs; the
+state entering each chunk, every earlier chunk's state decayed to it (one ``(C+1) x (C+1)`` matrix
+of decays per head, the call's starting state as a chunk before the first: the reference's minimal
+form, no sequential scan); and each position reads the state that entered its chunk, decayed to it.
+Decays and cumulative sums stay in float32, the decays across chunks summed segment by segment
+(:func:`chunk_decay_matrix`). A sequence that is not a multiple
 of ``Q`` is padded with ``dt = 0`` and ``x = 0`` positions, which neither decay nor add to the state.
 
 The layer around it (``mamba_ssm/modules/mamba2.py``): one input projection to ``z, x, B, C, dt``;
@@ -63,6 +66,17 @@ def segment_decay(a_BxCxQxH: jax.Array) -> jax.Array:
     return jnp.where(causal, jnp.exp(jnp.where(causal, diff, 0.0)), 0.0)
 
 
+def chunk_decay_matrix(x_BxHxZ: jax.Array) -> jax.Array:
+    """``B x H x Z x Z``: ``exp(x_{c+1} + ... + x_z)`` at ``[z, c]`` for ``c <= z`` (1 on the diagonal),
+    0 above it. Each sum is accumulated over its own segment (a masked cumulative sum), not taken as a
+    difference of two long cumulative sums, so it keeps float32's precision however long the sequence."""
+    Z = x_BxHxZ.shape[-1]
+    i = jnp.arange(Z)
+    terms = jnp.where(i[:, None] > i[None, :], x_BxHxZ.astype(jnp.float32)[..., :, None], 0.0)  # [i, c]
+    sums = jnp.cumsum(terms, axis=-2)  # [z, c]: the sum over c < i <= z
+    return jnp.where(i[:, None] >= i[None, :], jnp.exp(sums), 0.0)
+
+
 def ssd_chunked(
     x_BxTxHxP: jax.Array,
     dt_BxTxH: jax.Array,
@@ -109,18 +123,14 @@ def ssd_chunked(
     # 2. each chunk's own final state: sum_s decay(s -> end) xbar_s B_s^T
     to_end = jnp.exp(cs[:, :, -1:, :] - cs).reshape(Bsz, nC, Q, G, R)  # B x C x Q x G x R
     chunk_states = dot("bcsgn,bcsgrp->bcgrpn", Bg, xbar_g * to_end[..., None]).reshape(Bsz, nC, H, P, N)
-    # 3. the state entering each chunk, carried across the chunks
-    chunk_decay = jnp.exp(cs[:, :, -1, :])  # B x C x H
-
-    def carry(state, inputs):
-        decay_BxH, own_BxHxPxN = inputs
-        return state * decay_BxH[..., None, None] + own_BxHxPxN, state
-
+    # 3. the state entering each chunk, from every earlier chunk's own state decayed to it (and the state
+    # the call started from, as a chunk before the first): one (C+1) x (C+1) decay matrix per head
     start = jnp.zeros((Bsz, H, P, N), f32) if state_BxHxPxN is None else state_BxHxPxN.astype(f32)
-    final, entering = jax.lax.scan(
-        carry, start, (jnp.moveaxis(chunk_decay, 1, 0), jnp.moveaxis(chunk_states, 1, 0))
-    )
-    entering_BxCxHxPxN = jnp.moveaxis(entering, 0, 1)
+    states = jnp.concatenate([start[:, None], chunk_states.astype(f32)], axis=1)  # B x (C+1) x H x P x N
+    log_chunk = jnp.pad(cs[:, :, -1, :], ((0, 0), (1, 0), (0, 0)))  # B x (C+1) x H: 0, then each chunk's
+    across = chunk_decay_matrix(jnp.moveaxis(log_chunk, 1, 2))  # B x H x (C+1) x (C+1)
+    carried = jnp.einsum("bhzc,bchpn->bzhpn", across, states, preferred_element_type=f32)
+    entering_BxCxHxPxN, final = carried[:, :-1], carried[:, -1]
     # 4. what the entering state gives each position: C_l . state, decayed from the chunk's start
     entering_g = entering_BxCxHxPxN.reshape(Bsz, nC, G, R, P, N)
     y_off = dot("bclgn,bcgrpn->bclgrp", Cg, entering_g).reshape(Bsz, nC, Q, H, P) * jnp.exp(cs)[..., None]
