@@ -5,7 +5,7 @@
               H-Net's main network is that same 6 x 256 stack, over chunks of N = 6 bytes (slots for
               twice the expected chunks, as the presets); its stage 1 is 128 wide, encoder and decoder
               4 Mamba-2 layers each (the released layout's ``m4``, as the presets; state 32, heads of
-              32 channels, chunks of 64). ``--outer attention``: 2 attention blocks each (sliding
+              32 channels, chunks of 16, as the tiny preset). ``--outer attention``: 2 attention blocks each (sliding
               window 64) instead, the attention-outer variant. A training step's cost does not depend on where
               the router puts boundaries (the chunk slots are static), so random bytes do. Paired,
               alternating timing in two worker processes (train_step.py's): ``hnet_vs_flat`` is the
@@ -44,7 +44,7 @@ HNET = [
     "model.local.window=64",
     "model.ssm.d_state=32",
     "model.ssm.head_dim=32",
-    "model.ssm.chunk=64",
+    "model.ssm.chunk=16",
     "model.global.d_model=256",
     "model.global.layers=6",
     "model.global.heads=4",
