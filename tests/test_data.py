@@ -429,3 +429,19 @@ def test_names_are_derived_from_groups_or_stored(text_dir, tmp_path):
     assert whole.index["names"] == "group" and list(whole.names) == list(whole.groups)
     stdlib = load_corpus("stdlib", cache_dir=tmp_path / "cache", require_split=False)
     assert stdlib.index["names"] == "stored" and stdlib.names[0] != stdlib.groups[0]
+
+
+def test_a_relative_files_spec_has_the_signature_of_its_absolute_path(tmp_path, monkeypatch):
+    """A corpus named by a relative path (``files:corpus`` or ``files:corpus/a.txt``, run from its
+    parent) is signed by its files' absolute paths, sizes and times: the same signature as the
+    absolute spec, and a changed file changes it."""
+    from bytelm.data.sources import parse_source
+
+    write_files(tmp_path / "corpus", {"a.txt": b"one\n\ntwo\n", "sub/b.txt": b"three\n"})
+    monkeypatch.chdir(tmp_path)
+    for rel in ("corpus", "corpus/a.txt"):
+        relative = parse_source(f"files:{rel}?split=paragraph").signature()
+        assert relative == parse_source(f"files:{tmp_path / rel}?split=paragraph").signature()
+    before = parse_source("files:corpus").signature()
+    (tmp_path / "corpus" / "a.txt").write_bytes(b"changed, longer\n")
+    assert parse_source("files:corpus").signature() != before

@@ -204,8 +204,8 @@ class _LocalFile(str):
     def as_posix(self) -> str:
         return str(self)
 
-    def absolute(self) -> str:
-        return self if os.path.isabs(self) else os.path.join(os.getcwd(), self)
+    def absolute(self) -> _LocalFile:
+        return self if os.path.isabs(self) else _LocalFile(os.path.join(os.getcwd(), self))
 
     def stat(self) -> os.stat_result:
         return os.stat(self)
