@@ -5,9 +5,10 @@
               H-Net's main network is that same 6 x 256 stack, over chunks of N = 6 bytes (slots for
               twice the expected chunks, as the presets); its stage 1 is 128 wide, encoder and decoder
               4 Mamba-2 layers each (the released layout's ``m4``, as the presets; state 32, heads of
-              32 channels, chunks of 16, as the tiny preset). ``--outer attention``: 2 attention blocks each (sliding
-              window 64) instead, the attention-outer variant. A training step's cost does not depend on where
-              the router puts boundaries (the chunk slots are static), so random bytes do. Paired,
+              32 channels, chunks of 16, as the tiny preset). ``--outer attention``: 2 attention
+              blocks each (sliding window 64) instead, the attention-outer variant. A training step's
+              cost does not depend on where the router puts boundaries (the chunk slots are static),
+              so random bytes do. Paired,
               alternating timing in two worker processes (train_step.py's): ``hnet_vs_flat`` is the
               median per-round ratio of the flat model's step time to the H-Net's (the same bytes per
               step: the ratio of bytes/s). Target (the H-Net issue): >= 2.

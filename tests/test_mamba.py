@@ -18,7 +18,7 @@ from bytelm.families.byte import byte_decoder
 from bytelm.families.mambabyte.flops import forward_flops_per_byte
 from bytelm.families.mambabyte.model import MambaByte
 from bytelm.generate import generate, load_decoder
-from bytelm.models.ssd import Mamba2, ssd_chunked
+from bytelm.models.ssd import Mamba2, SSMConfig, ssd_chunked
 from bytelm.sampling.sampler import SamplingOptions
 
 RNG = np.random.default_rng(11)
@@ -63,9 +63,8 @@ def test_chunked_ssd_equals_the_recurrence(T, chunk):
 def test_a_layer_continued_from_its_state_equals_the_whole_sequence():
     """The whole sequence at once, against a prefill of 7 positions, then one position at a time,
     then a call of 5: the outputs and the final state agree."""
-    layer = Mamba2(
-        32, d_state=8, d_conv=4, expand=2, head_dim=16, groups=1, chunk=4, n_layers=2, rngs=nnx.Rngs(3)
-    )
+    ssm = SSMConfig(d_state=8, d_conv=4, expand=2, head_dim=16, groups=1, chunk=4)
+    layer = Mamba2(32, ssm, n_layers=2, rngs=nnx.Rngs(3))
     x = jnp.asarray(RNG.normal(size=(2, 20, 32)), jnp.float32)
     whole, _ = layer(x)
     cache, parts = layer.init_cache(2), []

@@ -18,7 +18,6 @@ written, at its current position, and overwritten by its next real step before i
 
 from __future__ import annotations
 
-import dataclasses
 import re
 
 import jax
@@ -27,7 +26,7 @@ from flax import nnx
 
 from bytelm.models.core import MLP, Attention, Dropout, Dtype, RMSNorm, apply_dropout, drop_at
 from bytelm.models.kernels import REMAT_POLICIES, Kernels
-from bytelm.models.ssd import Mamba2, SSMCache
+from bytelm.models.ssd import Mamba2, SSMCache, SSMConfig
 
 KINDS = {"m": ("ssm", False), "M": ("ssm", True), "t": ("attention", False), "T": ("attention", True)}
 _RUN = re.compile(r"([mMtT])(\d+)")
@@ -43,32 +42,6 @@ def parse_pattern(pattern: str) -> list[tuple[str, bool]]:
             "MLP), t (attention), T (attention + MLP), e.g. 'm4' or 'T1m4'"
         )
     return [KINDS[k] for k, n in runs for _ in range(int(n))]
-
-
-@dataclasses.dataclass(frozen=True)
-class SSMConfig:
-    """The Mamba-2 layers' settings (a ``[model.ssm]`` table); the defaults are the reference's
-    (state-spaces/mamba, as H-Net's released configs use them)."""
-
-    d_state: int = 128  # N: the state per head channel
-    d_conv: int = 4  # the depthwise causal convolution's width
-    expand: int = 2  # d_inner = expand x d_model
-    head_dim: int = 64  # P: channels per head
-    groups: int = 1  # G: groups of heads sharing B and C
-    chunk: int = 256  # Q: positions per chunk of the SSD algorithm
-
-    def __post_init__(self) -> None:
-        for f in dataclasses.fields(self):
-            if getattr(self, f.name) < 1:
-                raise ValueError(f"ssm.{f.name} must be >= 1, got {getattr(self, f.name)}")
-
-    def check_width(self, d_model: int, where: str) -> None:
-        d_inner = self.expand * d_model
-        if d_inner % self.head_dim or (d_inner // self.head_dim) % self.groups:
-            raise ValueError(
-                f"{where}: ssm.expand x d_model = {d_inner} must split into heads of ssm.head_dim "
-                f"{self.head_dim}, and the heads into ssm.groups {self.groups}"
-            )
 
 
 class HybridLayer(nnx.Module):
@@ -99,18 +72,7 @@ class HybridLayer(nnx.Module):
                 d_model, heads, rngs=rngs, rope_base=rope_base, dtype=dtype, implementation=kernels.attention
             )
         else:
-            self.mixer = Mamba2(
-                d_model,
-                d_state=ssm.d_state,
-                d_conv=ssm.d_conv,
-                expand=ssm.expand,
-                head_dim=ssm.head_dim,
-                groups=ssm.groups,
-                chunk=ssm.chunk,
-                n_layers=n_layers,
-                rngs=rngs,
-                dtype=dtype,
-            )
+            self.mixer = Mamba2(d_model, ssm, n_layers=n_layers, rngs=rngs, dtype=dtype)
         self.mlp_norm = RMSNorm(d_model, eps=norm_eps) if has_mlp else None
         self.mlp = MLP(d_model, mlp_dim, rngs=rngs, dtype=dtype, backward=kernels.mlp) if has_mlp else None
 

@@ -36,6 +36,7 @@ convolution, as the reference leaves it).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import NamedTuple
 
@@ -45,6 +46,32 @@ from flax import nnx
 
 from bytelm.models.core import param
 from bytelm.models.partitioning import constrain, gathered
+
+
+@dataclasses.dataclass(frozen=True)
+class SSMConfig:
+    """A Mamba-2 layer's settings (H-Net's ``[model.ssm]`` table; MambaByte's ``[model]`` fields);
+    the defaults are the reference's (state-spaces/mamba, as H-Net's released configs use them)."""
+
+    d_state: int = 128  # N: the state per head channel
+    d_conv: int = 4  # the depthwise causal convolution's width
+    expand: int = 2  # d_inner = expand x d_model
+    head_dim: int = 64  # P: channels per head
+    groups: int = 1  # G: groups of heads sharing B and C
+    chunk: int = 256  # Q: positions per chunk of the SSD algorithm
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            if getattr(self, f.name) < 1:
+                raise ValueError(f"ssm.{f.name} must be >= 1, got {getattr(self, f.name)}")
+
+    def check_width(self, d_model: int, where: str) -> None:
+        d_inner = self.expand * d_model
+        if d_inner % self.head_dim or (d_inner // self.head_dim) % self.groups:
+            raise ValueError(
+                f"{where}: ssm.expand x d_model = {d_inner} must split into heads of ssm.head_dim "
+                f"{self.head_dim}, and the heads into ssm.groups {self.groups}"
+            )
 
 
 class SSMCache(NamedTuple):
@@ -145,30 +172,19 @@ def ssd_flops_per_position(d_inner: int, groups: int, d_state: int, chunk: float
     return 2.0 * chunk * groups * d_state + 2.0 * chunk * d_inner + 4.0 * d_inner * d_state
 
 
-def mamba2_layer_flops(
-    d_model: int,
-    *,
-    d_state: int,
-    d_conv: int,
-    expand: int,
-    head_dim: int,
-    groups: int,
-    chunk: int,
-    seq_len: int,
-    dense: bool = False,
-) -> float:
+def mamba2_layer_flops(d_model: int, ssm: SSMConfig, seq_len: int, *, dense: bool = False) -> float:
     """Forward FLOPs per position of one :class:`Mamba2` layer over windows of ``seq_len`` positions:
     the input projection (to ``z, x, B, C, dt``), the depthwise convolution over ``x, B, C``, the
     chunked SSD (:func:`ssd_flops_per_position`; within a chunk the causal half of its pairs, or all
     of them ``dense``, as the program computes) and the output projection. Norms, gates, the ``D``
     skip: elementwise, 0 (the convention of :mod:`bytelm.models.flops`)."""
-    D, E, N, G = d_model, expand * d_model, d_state, groups
-    H = E // head_dim
-    Q = max(1, min(chunk, seq_len))
+    D, E, N, G = d_model, ssm.expand * d_model, ssm.d_state, ssm.groups
+    H = E // ssm.head_dim
+    Q = max(1, min(ssm.chunk, seq_len))
     pairs = float(Q) if dense else (Q + 1) / 2  # keys per position within a chunk
     return (
         2.0 * D * (2 * E + 2 * G * N + H)
-        + 2.0 * d_conv * (E + 2 * G * N)
+        + 2.0 * ssm.d_conv * (E + 2 * G * N)
         + ssd_flops_per_position(E, G, N, pairs)
         + 2.0 * E * D
     )
@@ -178,26 +194,12 @@ class Mamba2(nnx.Module):
     """One Mamba-2 mixer ``x_BxTxD -> y_BxTxD`` (the module docstring); ``cache=`` continues from a
     decoding state and returns the new one."""
 
-    def __init__(
-        self,
-        d_model: int,
-        *,
-        d_state: int,
-        d_conv: int,
-        expand: int,
-        head_dim: int,
-        groups: int,
-        chunk: int,
-        n_layers: int,
-        rngs: nnx.Rngs,
-        dtype=jnp.float32,
-    ):
+    def __init__(self, d_model: int, ssm: SSMConfig, *, n_layers: int, rngs: nnx.Rngs, dtype=jnp.float32):
+        ssm.check_width(d_model, "Mamba2")
+        d_state, d_conv, expand, head_dim = ssm.d_state, ssm.d_conv, ssm.expand, ssm.head_dim
+        groups, chunk = ssm.groups, ssm.chunk
         d_inner = expand * d_model
-        if d_inner % head_dim:
-            raise ValueError(f"expand x d_model = {d_inner} is not divisible by head_dim {head_dim}")
         self.d_inner, self.head_dim, self.heads = d_inner, head_dim, d_inner // head_dim
-        if self.heads % groups:
-            raise ValueError(f"{self.heads} heads do not split into {groups} groups")
         self.groups, self.d_state, self.d_conv, self.chunk, self.dtype = groups, d_state, d_conv, chunk, dtype
         self.conv_dim = d_inner + 2 * groups * d_state
         proj = 2 * d_inner + 2 * groups * d_state + self.heads

@@ -7,7 +7,8 @@ import math
 from typing import ClassVar
 
 from bytelm.models.configs import ModelConfig, StackConfig, check_transformer
-from bytelm.models.hybrid import SSMConfig, parse_pattern
+from bytelm.models.hybrid import parse_pattern
+from bytelm.models.ssd import SSMConfig
 
 # the paper's Eq. 11 (App. C): N_GPT, the bytes per token of the GPT-2 tokenizer it scales from
 N_GPT = 4.6

@@ -22,22 +22,11 @@ def layers_flops_per_position(mcfg, spec, positions: int, *, dense: bool = False
     layer :func:`~bytelm.models.ssd.mamba2_layer_flops` (``dense``: every pair of its chunks)."""
     d, total = spec.d_model, 0.0
     attended = mean_attended(max(positions, 1), spec.window, dense=dense)
-    s = mcfg.ssm
     for mixer, has_mlp in parse_pattern(spec.encoder) + parse_pattern(spec.decoder):
         if mixer == "attention":
             total += 8.0 * d * d + 4.0 * d * attended
         else:
-            total += mamba2_layer_flops(
-                d,
-                d_state=s.d_state,
-                d_conv=s.d_conv,
-                expand=s.expand,
-                head_dim=s.head_dim,
-                groups=s.groups,
-                chunk=s.chunk,
-                seq_len=max(positions, 1),
-                dense=dense,
-            )
+            total += mamba2_layer_flops(d, mcfg.ssm, max(positions, 1), dense=dense)
         if has_mlp:
             total += 6.0 * d * spec.mlp_dim
     return total

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from bytelm.models.configs import ModelConfig
+from bytelm.models.ssd import SSMConfig
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,6 +36,10 @@ class MambaByteConfig(ModelConfig):
                 f"model.expand x model.d_model = {d_inner} must split into heads of model.head_dim "
                 f"{self.head_dim}, and the heads into model.groups {self.groups}"
             )
+
+    def ssm(self) -> SSMConfig:
+        """The layers' settings, as the Mamba-2 layer takes them."""
+        return SSMConfig(**{f.name: getattr(self, f.name) for f in dataclasses.fields(SSMConfig)})
         if self.scan_layers:
             raise ValueError(
                 "model.scan_layers is a setting of the transformer stack; a mambabyte model's layers "

@@ -10,15 +10,5 @@ def forward_flops_per_byte(mcfg, seq_len: int, *, dense: bool = False) -> float:
     """Forward FLOPs per byte: ``n_layers`` Mamba-2 layers (:func:`~bytelm.models.ssd.mamba2_layer_flops`:
     projections, convolution, the chunked SSD with its ``C . B`` scores once per group of heads), then
     the head."""
-    layer = mamba2_layer_flops(
-        mcfg.d_model,
-        d_state=mcfg.d_state,
-        d_conv=mcfg.d_conv,
-        expand=mcfg.expand,
-        head_dim=mcfg.head_dim,
-        groups=mcfg.groups,
-        chunk=mcfg.chunk,
-        seq_len=seq_len,
-        dense=dense,
-    )
+    layer = mamba2_layer_flops(mcfg.d_model, mcfg.ssm(), seq_len, dense=dense)
     return mcfg.n_layers * layer + head_flops(mcfg.d_model, mcfg.vocab_multiple)

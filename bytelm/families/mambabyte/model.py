@@ -44,18 +44,7 @@ class MambaByte(nnx.Module):
         self.norms = nnx.List([RMSNorm(cfg.d_model, eps=cfg.norm_eps) for _ in range(cfg.n_layers)])
         self.mixers = nnx.List(
             [
-                Mamba2(
-                    cfg.d_model,
-                    d_state=cfg.d_state,
-                    d_conv=cfg.d_conv,
-                    expand=cfg.expand,
-                    head_dim=cfg.head_dim,
-                    groups=cfg.groups,
-                    chunk=cfg.chunk,
-                    n_layers=cfg.n_layers,
-                    rngs=rngs,
-                    dtype=self.dtype,
-                )
+                Mamba2(cfg.d_model, cfg.ssm(), n_layers=cfg.n_layers, rngs=rngs, dtype=self.dtype)
                 for _ in range(cfg.n_layers)
             ]
         )
