@@ -27,6 +27,8 @@ from bytelm.families.mambabyte import flops as mambabyte_flops
 from bytelm.families.mambabyte.model import MambaByte
 from bytelm.families.megabyte import flops as megabyte_flops
 from bytelm.families.megabyte.model import MegaByte
+from bytelm.families.spacebyte import flops as spacebyte_flops
+from bytelm.families.spacebyte.model import SpaceByte
 from bytelm.models import flops
 
 B, T = 2, 64
@@ -166,6 +168,20 @@ CASES = {
             ],
         }.items()
     },
+    "spacebyte": lambda: (
+        c := cfg(
+            "model.family=spacebyte",
+            *LOCAL,
+            "model.local.window=16",
+            "model.global.d_model=96",
+            "model.global.heads=2",
+            "model.global.mlp_dim=256",
+            "model.global.layers=2",
+        ),
+        SpaceByte(c, rngs=nnx.Rngs(0)),
+        {"ids": IDS},
+        spacebyte_flops.forward_flops_per_byte(c, T, c.bytes_per_slot, dense=True),
+    ),
     "mambabyte": lambda: (
         c := cfg(
             "model.family=mambabyte",  # width 256: the elementwise work (gates, decays) is 16% at 64

@@ -8,7 +8,7 @@ A family outside the package registers the same way (see :mod:`bytelm.families.r
 docs/architecture.md, "Adding a model family").
 """
 
-from bytelm.families import blt, bpe, byte, hnet, mambabyte, megabyte
+from bytelm.families import blt, bpe, byte, hnet, mambabyte, megabyte, spacebyte
 from bytelm.families.base import ARTEFACT_KINDS, STATS_KEY, ArtefactKind, Task, Trunk
 from bytelm.families.registry import FAMILIES, config_class, names, register, task_class
 
@@ -19,6 +19,7 @@ register(megabyte.MegaByteTask)
 register(blt.BLTTask)
 register(hnet.HNetTask)
 register(mambabyte.MambaByteTask)
+register(spacebyte.SpaceByteTask)
 
 __all__ = [
     "ARTEFACT_KINDS",

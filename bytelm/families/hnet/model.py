@@ -57,6 +57,7 @@ from bytelm.models.core import (
 from bytelm.models.hybrid import HybridStack
 from bytelm.models.kernels import resolve_kernels
 from bytelm.models.scoring import Scores, next_id_scores
+from bytelm.models.slots import chunk_positions, keep_boundaries
 from bytelm.models.stack import Transformer
 
 P_CLAMP = 1e-4  # the dechunking EMA's p is clamped to [P_CLAMP, 1 - P_CLAMP]
@@ -87,24 +88,6 @@ def ratio_loss(b_BxT: jax.Array, p_BxT: jax.Array, valid_BxT: jax.Array, target:
     G = jnp.sum(p_BxT * v) / n
     N = float(target)
     return N / (N - 1.0) * ((N - 1.0) * F * G + (1.0 - F) * (1.0 - G)), F, G
-
-
-def keep_boundaries(b_BxT: jax.Array, slots: int) -> jax.Array:
-    """The boundaries that get a slot: the first ``slots`` of each row (the causal slot rule)."""
-    rank_BxT = jnp.cumsum(b_BxT.astype(jnp.int32), axis=1) - 1
-    return b_BxT & (rank_BxT < slots)
-
-
-def chunk_positions(keep_BxT: jax.Array, slots: int) -> tuple[jax.Array, jax.Array]:
-    """``(position_BxM, n_chunks_B)``: the position of each slot's boundary (0 for empty slots) and
-    how many slots are filled."""
-    B, T = keep_BxT.shape
-    index_BxT = jnp.cumsum(keep_BxT.astype(jnp.int32), axis=1) - 1
-    slot_BxT = jnp.where(keep_BxT, index_BxT, slots)  # not a boundary: out of range, dropped
-    rows_BxT = jnp.broadcast_to(jnp.arange(B)[:, None], (B, T))
-    t_BxT = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32)[None, :], (B, T))
-    position_BxM = jnp.zeros((B, slots), jnp.int32).at[rows_BxT, slot_BxT].set(t_BxT, mode="drop")
-    return position_BxM, jnp.sum(keep_BxT, axis=1, dtype=jnp.int32)
 
 
 def ema_scan(zhat_BxMxD: jax.Array, p_BxM: jax.Array, restart_BxM: jax.Array) -> jax.Array:
