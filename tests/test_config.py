@@ -170,6 +170,7 @@ def test_small_and_base_presets_have_the_sizes_they_promise():
     from bytelm.families.hnet.model import HNet
     from bytelm.families.mambabyte.model import MambaByte
     from bytelm.families.megabyte.model import MegaByte
+    from bytelm.families.spacebyte.model import SpaceByte
     from bytelm.training.scorer import count_params
 
     builders = {
@@ -178,20 +179,22 @@ def test_small_and_base_presets_have_the_sizes_they_promise():
         "blt": BLT,
         "hnet": HNet,
         "mambabyte": MambaByte,
+        "spacebyte": SpaceByte,
         "bpe": lambda m, rngs: TokenLM(m, 32768, rngs=rngs),
     }
     expected = {"small": (80e6, 130e6), "base": (0.95e9, 1.2e9)}
     for size, (lo, hi) in expected.items():
-        for family in ("byte", "bpe", "megabyte", "blt", "hnet", "mambabyte"):
+        for family in ("byte", "bpe", "megabyte", "blt", "hnet", "mambabyte", "spacebyte"):
             cfg = load_config(f"{size}/{family}")
             model = nnx.eval_shape(lambda: builders[cfg.model.family](cfg.model, rngs=nnx.Rngs(0)))
             counts = count_params(nnx.state(model, nnx.Param))
             trunk = counts["non_embedding"]
-            if family in ("megabyte", "blt", "hnet"):  # the global (main) model alone
+            if family in ("megabyte", "blt", "hnet", "spacebyte"):  # the global (main) model alone
                 stack = {
                     "megabyte": lambda: model.global_stack,
                     "blt": lambda: model.latent.stack,
                     "hnet": lambda: model.main_network().stack,
+                    "spacebyte": lambda: model.global_stack,
                 }[family]()
                 trunk = count_params(nnx.state(stack, nnx.Param))["non_embedding"]
             assert lo <= trunk <= hi, (size, family, trunk)
