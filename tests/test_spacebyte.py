@@ -189,3 +189,41 @@ def test_a_run_trains_evaluates_and_samples(spacebyte_run, tmp_path, capsys):
     assert (
         cli.main(["sample", str(spacebyte_run), "--prompt", "the ", "--max-bytes", "8", "--seed", "0"]) == 0
     )
+
+
+@pytest.mark.slow
+def test_the_batched_cache_equals_the_full_pass_at_every_step():
+    """Rows with prompts of different lengths (a second document in one), fed byte by byte after the
+    prefill: every step's logits equal the full pass over the same prefix (1e-4), in windows whose
+    global positions overflow their slots, and the global stack ran once per kept global position."""
+    import jax
+
+    from bytelm.families.spacebyte.decoder import SpaceByteSampler
+
+    m = SpaceByte(tiny(), rngs=nnx.Rngs(2))
+    T = 40
+    ids = word_ids(3, T, 5)
+    ids[2, 9] = BOS_ID
+    lengths = [1, 5, 12]
+    sampler = SpaceByteSampler(m, T)
+    forward = jax.jit(lambda x: m(x))
+
+    def reference(row, n):
+        x = np.full((1, T), PAD_ID, np.int32)
+        x[0, :n] = ids[row, :n]
+        return np.asarray(forward(x))[0, n - 1]
+
+    logits = sampler.prefill([ids[i, :n].tolist() for i, n in enumerate(lengths)])
+    worst = 0.0
+    for step in range(T - max(lengths)):
+        for i, n in enumerate(lengths):
+            worst = max(worst, float(np.abs(logits[i] - reference(i, n + step)).max()))
+        logits = sampler.step([int(ids[i, n + step]) for i, n in enumerate(lengths)])
+    assert worst < 1e-4
+    fed = [n + T - max(lengths) for n in lengths]  # each row's bytes through the sampler
+    prefixes = np.full((3, T), PAD_ID, np.int32)
+    for i, n in enumerate(fed):
+        prefixes[i, :n] = ids[i, :n]
+    kept = np.asarray(m.forward(jnp.asarray(prefixes))[1]).sum(axis=1)  # the full pass's kept positions
+    np.testing.assert_array_equal(sampler.globals_so_far(), kept)
+    assert kept.max() == m.cfg.slots_for(T)  # the slot rule was at work

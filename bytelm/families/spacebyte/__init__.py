@@ -12,9 +12,11 @@ from flax import nnx
 
 from bytelm.families.base import Task, Trunk
 from bytelm.families.spacebyte.config import SpaceByteConfig
+from bytelm.families.spacebyte.decoder import SpaceByteDecoder
 from bytelm.families.spacebyte.flops import forward_flops_per_byte
 from bytelm.families.spacebyte.model import SpaceByte
 from bytelm.models.configs import with_stacks
+from bytelm.sampling.decoders import Decoder
 
 
 class SpaceByteTask(Task):
@@ -32,6 +34,9 @@ class SpaceByteTask(Task):
 
     def build_model(self, rngs: nnx.Rngs) -> nnx.Module:
         return SpaceByte(self.cfg.model, rngs=rngs)
+
+    def decoder(self, model: nnx.Module) -> Decoder:
+        return SpaceByteDecoder(model, self.cfg.train.seq_len)  # type: ignore[arg-type]
 
     def mean_bytes_per_global_step(self) -> float:
         return float(self.cfg.model.bytes_per_slot)

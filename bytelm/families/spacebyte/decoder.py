@@ -1,0 +1,150 @@
+"""SpaceByte's cached decoding, batched: every row its own position, caches and global count.
+
+One call per byte runs, for each row, the local encoder's step (its key/value cache), the spacelike
+rule against the row's previous byte, and, **only when some row reaches a global position**
+(``jax.lax.cond``), the global stack's step for the rows that do (their global caches; the others'
+are written at their current slot and overwritten by their next real global step before it is read);
+then the add-back, the local decoder's step and the head. A prompt is fed by the same step under
+``jax.lax.scan`` (one call), so the prefill and each later byte follow one rule, the full pass's:
+:meth:`SpaceByteDecoder.recompute` is the reference the cache must equal
+(``tests/test_spacebyte.py``). Within the training context a row gets at most its window's global
+slots (the causal slot rule of training); past it the caches slide and the slot limit is lifted.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from bytelm.constants import BOS_ID, NUM_BYTE_IDS, PAD_ID
+from bytelm.families.spacebyte.model import SpaceByte, spacelike
+from bytelm.models.core import head_logits
+from bytelm.sampling.decoders import Decoder, allowed_ids, byte_of_unit, byte_units, host_i32, jit_call
+
+
+def init_state(model: SpaceByte, batch: int, context: int) -> dict:
+    """Empty per-row state: the local caches (the context's positions), the global cache (its slots),
+    each row's position, global count and whether its previous byte was spacelike."""
+    return {
+        "enc": model.encoder.init_cache(batch, context),
+        "dec": model.decoder.init_cache(batch, context),
+        "glob": model.global_stack.init_cache(batch, model.cfg.slots_for(context)),
+        "pos": jnp.zeros((batch,), jnp.int32),
+        "count": jnp.zeros((batch,), jnp.int32),
+        "prev_space": jnp.ones((batch,), bool),  # (before the first byte: as after a BOS)
+    }
+
+
+def model_step(model: SpaceByte, ids_B, active_B, state, context: int):
+    """One byte per active row: the logits of the next (``B x V``) and the new state."""
+    d, G = model.cfg.local.d_model, model.cfg.global_.d_model
+    pos = state["pos"]
+    x = model.embed(ids_B[:, None]).astype(model.dtype)
+    h, enc = model.encoder(x, positions_BxT=pos[:, None], cache=state["enc"])
+    space_B = spacelike(ids_B[:, None])[:, 0]
+    wanted_B = (space_B & ~state["prev_space"]) | (pos == 0) | (ids_B == BOS_ID)
+    within_B = pos < context
+    take_B = wanted_B & active_B & ((state["count"] < model.cfg.slots_for(context)) | ~within_B)
+
+    def run(glob):
+        xg = jnp.concatenate([jnp.zeros((h.shape[0], 1, G - d), h.dtype), h], axis=-1)
+        y, glob = model.global_stack(xg, positions_BxT=state["count"][:, None], cache=glob)
+        return model.global_norm(y)[..., G - d :].astype(h.dtype), glob
+
+    def skip(glob):
+        return jnp.zeros_like(h), glob
+
+    y, glob = jax.lax.cond(jnp.any(take_B), run, skip, state["glob"])
+    h = h + jnp.where(take_B[:, None, None], y, 0.0).astype(h.dtype)
+    out, dec = model.decoder(h, positions_BxT=pos[:, None], cache=state["dec"])
+    logits = head_logits(model.norm(out), model.head[...], NUM_BYTE_IDS, model.dtype)[:, 0]
+    act = active_B.astype(jnp.int32)
+    return logits, {
+        "enc": enc,
+        "dec": dec,
+        "glob": glob,
+        "pos": pos + act,
+        "count": state["count"] + take_B.astype(jnp.int32),
+        "prev_space": jnp.where(active_B, space_B, state["prev_space"]),
+    }
+
+
+class SpaceByteSampler:
+    """Batched cached decoding: :meth:`prefill` a batch of prompts (id lists of any lengths), then
+    :meth:`step` one id per row; both return each row's next-id logits (``B x V``)."""
+
+    def __init__(self, model: SpaceByte, context: int):
+        self.model, self.context = model, context
+
+        def prefill(m, ids_BxL, lengths_B, state):
+            def body(carry, t):
+                state, last = carry
+                active = t < lengths_B
+                logits, state = model_step(m, ids_BxL[:, t], active, state, context)
+                return (state, jnp.where(active[:, None], logits, last)), None
+
+            last0 = jnp.zeros((ids_BxL.shape[0], m.vocab_rows), jnp.float32)
+            (state, last), _ = jax.lax.scan(body, (state, last0), jnp.arange(ids_BxL.shape[1]))
+            return last, state
+
+        def step(m, ids_B, state):
+            return model_step(m, ids_B, jnp.ones(ids_B.shape, bool), state, context)
+
+        self._prefill = jit_call(prefill, model, donate=(2,))
+        self._step = jit_call(step, model, donate=(1,))
+
+    def prefill(self, prompts: list[list[int]]) -> np.ndarray:
+        B, longest = len(prompts), max(len(p) for p in prompts)
+        L = -(-longest // 32) * 32  # (a few prefill shapes, not one per prompt length)
+        ids = np.full((B, L), PAD_ID, np.int32)
+        for i, p in enumerate(prompts):
+            ids[i, : len(p)] = p
+        logits, self.state = self._prefill(
+            ids, host_i32([len(p) for p in prompts]), init_state(self.model, B, self.context)
+        )
+        return np.asarray(logits)
+
+    def step(self, ids: list[int]) -> np.ndarray:
+        logits, self.state = self._step(host_i32(ids), self.state)
+        return np.asarray(logits)
+
+    def globals_so_far(self) -> np.ndarray:
+        """Each row's global positions so far (the global stack's steps)."""
+        return np.asarray(self.state["count"])
+
+
+class SpaceByteDecoder(Decoder):
+    """SpaceByte: ``[BOS, bytes...]``; the batched sampler with one row."""
+
+    def __init__(self, model: SpaceByte, context: int):
+        self.model, self.context = model, context
+        self.allowed_V = allowed_ids(NUM_BYTE_IDS)
+        self.sampler = SpaceByteSampler(model, context)
+        self._forward = jit_call(lambda m, ids: m(ids), model)
+
+    def start(self, prompt: bytes) -> np.ndarray:
+        ids = [BOS_ID, *byte_units(prompt)]
+        self._check_prompt(len(ids), self.context)
+        return self._valid(self.sampler.prefill([ids])[0])
+
+    def step(self, unit: int) -> np.ndarray:
+        return self._valid(self.sampler.step([unit])[0])
+
+    def recompute(self, prompt: bytes, units: list[int]) -> np.ndarray:
+        ids = [BOS_ID, *byte_units(prompt), *units]
+        self._check_recompute(len(ids), self.context)
+        row = np.full((1, self.context), PAD_ID, np.int32)
+        row[0, : len(ids)] = ids
+        return self._valid(self._forward(row)[0, len(ids) - 1])
+
+    def unit_bytes(self, unit: int) -> bytes:
+        return byte_of_unit(unit)
+
+    @property
+    def global_calls(self) -> int:  # type: ignore[override]
+        """The global stack's steps so far (one per global position)."""
+        return int(self.sampler.globals_so_far()[0]) if hasattr(self.sampler, "state") else 0
+
+    def stats(self) -> dict:
+        return {"global_positions": self.global_calls}
