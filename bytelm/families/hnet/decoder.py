@@ -25,7 +25,8 @@ from bytelm.families.hnet.model import P_CLAMP, HNet, straight_through
 from bytelm.models.core import head_logits
 from bytelm.models.hybrid import HybridStack
 from bytelm.models.stack import Transformer
-from bytelm.sampling.decoders import Decoder, allowed_ids, byte_of_unit, byte_units, host_i32, jit_call
+from bytelm.sampling.batched import BatchedSampler
+from bytelm.sampling.decoders import Decoder, allowed_ids, byte_of_unit, byte_units, jit_call
 
 
 def stack_step(stack: Transformer | HybridStack, x_Bx1xD, caches: list, pos_B, doc_B=None, active_B=None):
@@ -165,44 +166,11 @@ def model_step(model: HNet, ids_B, active_B, state, context: int):
     return logits, {"stages": stages, "main": ms}
 
 
-class HNetSampler:
-    """Batched cached decoding: :meth:`prefill` a batch of prompts (id lists of any lengths), then
-    :meth:`step` one id per row; both return each row's next-id logits (``B x V``)."""
+class HNetSampler(BatchedSampler):
+    """Batched cached decoding of an H-Net (:class:`~bytelm.sampling.batched.BatchedSampler`)."""
 
     def __init__(self, model: HNet, context: int):
-        self.model, self.context = model, context
-
-        def prefill(m, ids_BxL, lengths_B, state):
-            def body(carry, t):
-                state, last = carry
-                active = t < lengths_B
-                logits, state = model_step(m, ids_BxL[:, t], active, state, context)
-                return (state, jnp.where(active[:, None], logits, last)), None
-
-            last0 = jnp.zeros((ids_BxL.shape[0], m.vocab_rows), jnp.float32)
-            (state, last), _ = jax.lax.scan(body, (state, last0), jnp.arange(ids_BxL.shape[1]))
-            return last, state
-
-        def step(m, ids_B, state):
-            return model_step(m, ids_B, jnp.ones(ids_B.shape, bool), state, context)
-
-        self._prefill = jit_call(prefill, model, donate=(2,))
-        self._step = jit_call(step, model, donate=(1,))
-
-    def prefill(self, prompts: list[list[int]]) -> np.ndarray:
-        B, longest = len(prompts), max(len(p) for p in prompts)
-        L = -(-longest // 32) * 32  # (a few prefill shapes, not one per prompt length)
-        ids = np.full((B, L), PAD_ID, np.int32)
-        for i, p in enumerate(prompts):
-            ids[i, : len(p)] = p
-        logits, self.state = self._prefill(
-            ids, host_i32([len(p) for p in prompts]), init_state(self.model, B, self.context)
-        )
-        return np.asarray(logits)
-
-    def step(self, ids: list[int]) -> np.ndarray:
-        logits, self.state = self._step(host_i32(ids), self.state)
-        return np.asarray(logits)
+        super().__init__(model, context, init_state, model_step)
 
     def chunks(self) -> list[np.ndarray]:
         """Per stage (outside in), each row's chunks so far."""
