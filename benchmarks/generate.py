@@ -110,6 +110,44 @@ def recompute_generate(decoder, prompt: bytes, max_bytes: int, options: Sampling
     return out[:max_bytes]
 
 
+def trained_tiny_decoder(preset: str, train_steps: int, decoder_class, context: int):
+    """``(decoder, run_dir)``: the shipped ``preset`` trained ``train_steps`` steps on the stdlib corpus
+    in a temporary run directory (so a learned rule, chunks or global positions, works on trained
+    weights), its cached decoder at ``context`` with EOS disallowed (every measurement generates its
+    full length)."""
+    import tempfile  # noqa: PLC0415 (only the families' own benchmarks train here)
+
+    from bytelm.training.loop import train  # noqa: PLC0415
+    from bytelm.training.restore import restore_scorer  # noqa: PLC0415
+
+    run = tempfile.mkdtemp(prefix="bytelm-bench-")
+    overrides = [f"train.steps={train_steps}", "eval.every=0", "train.checkpoint_every=100000"]
+    cfg = load_config(resolve_config_path(preset), [*overrides, "train.peak_flops=1e11"])
+    t0 = time.perf_counter()
+    train(cfg, run)
+    print(f"{preset} trained {train_steps} steps in {time.perf_counter() - t0:.0f} s")
+    trainer = restore_scorer(run, load_corpus=False)
+    decoder = decoder_class(nnx.merge(trainer.graphdef, trainer.model_params), context)
+    decoder.allowed_V[EOS_ID] = False
+    return decoder, run
+
+
+def cached_and_recomputed(decoder, max_bytes: int) -> tuple[bytes, float, bytes, float]:
+    """``(cached, cached_s, recomputed, recomputed_s)``: ``max_bytes`` greedy bytes after a 64-byte
+    stdlib prompt, with the decoder's caches and by recomputing the full pass for every byte (both
+    compiled first). The decoder's state afterwards is the cached run's."""
+    prompt = bytes(load_corpus("stdlib").train_stream[1000:1064].astype(np.uint8))
+    options = SamplingOptions(seed=0, top_k=0)
+    generate(decoder, prompt, max_bytes=32, options=options)  # compile
+    recompute_generate(decoder, prompt, 2, options)
+    t0 = time.perf_counter()
+    cached = generate(decoder, prompt, max_bytes=max_bytes, options=options)
+    cached_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    full = recompute_generate(decoder, prompt, max_bytes, options)
+    return cached, cached_s, full, time.perf_counter() - t0
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument(

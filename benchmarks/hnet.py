@@ -29,8 +29,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import tempfile
-import time
 
 import numpy as np
 from results import record
@@ -93,48 +91,14 @@ def train_section(steps: int, outer: str, result: dict) -> None:
 
 
 def generate_section(train_steps: int, max_bytes: int, context: int, result: dict) -> None:
-    from flax import nnx
-    from generate import recompute_generate
+    from generate import cached_and_recomputed, trained_tiny_decoder
 
-    from bytelm.config import load_config, resolve_config_path
-    from bytelm.constants import EOS_ID
-    from bytelm.data import load_corpus
     from bytelm.families.hnet.decoder import HNetDecoder
-    from bytelm.generate import generate
-    from bytelm.sampling.sampler import SamplingOptions
-    from bytelm.training.loop import train
-    from bytelm.training.restore import restore_scorer
 
-    run = tempfile.mkdtemp(prefix="bytelm-hnet-bench-")
-    cfg = load_config(
-        resolve_config_path("tiny/hnet"),
-        [
-            f"train.steps={train_steps}",
-            "eval.every=0",
-            "train.checkpoint_every=100000",
-            "train.peak_flops=1e11",
-        ],
-    )
-    t0 = time.perf_counter()
-    train(cfg, run)
-    print(f"tiny H-Net trained {train_steps} steps in {time.perf_counter() - t0:.0f} s")
-    trainer = restore_scorer(run, load_corpus=False)
-    model = nnx.merge(trainer.graphdef, trainer.model_params)
-    decoder = HNetDecoder(model, context)
-    decoder.allowed_V[EOS_ID] = False  # every measurement generates exactly max_bytes bytes
-    corpus = load_corpus("stdlib")
-    prompt = bytes(corpus.train_stream[1000:1064].astype(np.uint8))
-    options = SamplingOptions(seed=0, top_k=0)
-    generate(decoder, prompt, max_bytes=32, options=options)  # compile
-    recompute_generate(decoder, prompt, 2, options)
-    t0 = time.perf_counter()
-    cached = generate(decoder, prompt, max_bytes=max_bytes, options=options)
-    cached_s = time.perf_counter() - t0
+    decoder, _ = trained_tiny_decoder("tiny/hnet", train_steps, HNetDecoder, context)
+    cached, cached_s, full, full_s = cached_and_recomputed(decoder, max_bytes)
     chunks = decoder.stats()["chunks_per_stage"][0]
-    t0 = time.perf_counter()
-    full = recompute_generate(decoder, prompt, max_bytes, options)
-    full_s = time.perf_counter() - t0
-    mean_chunk = (1 + len(prompt) + max_bytes - 1) / max(chunks, 1)
+    mean_chunk = (1 + 64 + max_bytes - 1) / max(chunks, 1)  # (BOS, the 64-byte prompt, the bytes fed back)
     print(
         f"H-Net (tiny) generation at context {context}: cached {max_bytes / cached_s:.1f} B/s, recompute "
         f"{max_bytes / full_s:.1f} B/s, speedup {full_s / cached_s:.1f}x; same sample {cached == full}; "

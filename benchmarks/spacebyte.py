@@ -26,8 +26,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
@@ -81,47 +79,13 @@ def train_section(steps: int, result: dict) -> None:
 
 
 def generate_section(train_steps: int, max_bytes: int, context: int, result: dict) -> None:
-    from flax import nnx
-    from generate import recompute_generate
+    from generate import cached_and_recomputed, trained_tiny_decoder
 
-    from bytelm.config import load_config, resolve_config_path
-    from bytelm.constants import EOS_ID
-    from bytelm.data import load_corpus
     from bytelm.families.spacebyte.decoder import SpaceByteDecoder
-    from bytelm.generate import generate
-    from bytelm.sampling.sampler import SamplingOptions
-    from bytelm.training.loop import train
-    from bytelm.training.restore import restore_scorer
 
-    run = tempfile.mkdtemp(prefix="bytelm-spacebyte-bench-")
-    cfg = load_config(
-        resolve_config_path("tiny/spacebyte"),
-        [
-            f"train.steps={train_steps}",
-            "eval.every=0",
-            "train.checkpoint_every=100000",
-            "train.peak_flops=1e11",
-        ],
-    )
-    t0 = time.perf_counter()
-    train(cfg, run)
-    print(f"tiny SpaceByte trained {train_steps} steps in {time.perf_counter() - t0:.0f} s")
-    trainer = restore_scorer(run, load_corpus=False)
-    model = nnx.merge(trainer.graphdef, trainer.model_params)
-    decoder = SpaceByteDecoder(model, context)
-    decoder.allowed_V[EOS_ID] = False  # every measurement generates exactly max_bytes bytes
-    corpus = load_corpus("stdlib")
-    prompt = bytes(corpus.train_stream[1000:1064].astype(np.uint8))
-    options = SamplingOptions(seed=0, top_k=0)
-    generate(decoder, prompt, max_bytes=32, options=options)  # compile
-    recompute_generate(decoder, prompt, 2, options)
-    t0 = time.perf_counter()
-    cached = generate(decoder, prompt, max_bytes=max_bytes, options=options)
-    cached_s = time.perf_counter() - t0
+    decoder, run = trained_tiny_decoder("tiny/spacebyte", train_steps, SpaceByteDecoder, context)
+    cached, cached_s, full, full_s = cached_and_recomputed(decoder, max_bytes)
     globals_ = decoder.stats()["global_positions"]
-    t0 = time.perf_counter()
-    full = recompute_generate(decoder, prompt, max_bytes, options)
-    full_s = time.perf_counter() - t0
     overflow = json.loads((Path(run) / "run.json").read_text())["overflow_windows"]
     print(
         f"SpaceByte (tiny) generation at context {context}: cached {max_bytes / cached_s:.1f} B/s, "
