@@ -13,8 +13,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bytelm.constants import PAD_ID
-from bytelm.sampling.decoders import host_i32, jit_call
+from bytelm.constants import BOS_ID, NUM_BYTE_IDS, PAD_ID
+from bytelm.sampling.decoders import Decoder, allowed_ids, byte_of_unit, byte_units, host_i32, jit_call
 
 
 class BatchedSampler:
@@ -55,3 +55,32 @@ class BatchedSampler:
     def step(self, ids: list[int]) -> np.ndarray:
         logits, self.state = self._step(host_i32(ids), self.state)
         return np.asarray(logits)
+
+
+class ByteBatchedDecoder(Decoder):
+    """A byte model's :class:`~bytelm.sampling.decoders.Decoder` over ``[BOS, bytes...]``: ``sampler``
+    (a :class:`BatchedSampler`) with one row; :meth:`recompute`, the reference, the full pass over
+    the prefix on one padded width."""
+
+    def __init__(self, model, context: int, sampler: BatchedSampler):
+        self.model, self.context, self.sampler = model, context, sampler
+        self.allowed_V = allowed_ids(NUM_BYTE_IDS)
+        self._forward = jit_call(lambda m, ids: m(ids), model)
+
+    def start(self, prompt: bytes) -> np.ndarray:
+        ids = [BOS_ID, *byte_units(prompt)]
+        self._check_prompt(len(ids), self.context)
+        return self._valid(self.sampler.prefill([ids])[0])
+
+    def step(self, unit: int) -> np.ndarray:
+        return self._valid(self.sampler.step([unit])[0])
+
+    def recompute(self, prompt: bytes, units: list[int]) -> np.ndarray:
+        ids = [BOS_ID, *byte_units(prompt), *units]
+        self._check_recompute(len(ids), self.context)
+        row = np.full((1, self.context), PAD_ID, np.int32)
+        row[0, : len(ids)] = ids
+        return self._valid(self._forward(row)[0, len(ids) - 1])
+
+    def unit_bytes(self, unit: int) -> bytes:
+        return byte_of_unit(unit)

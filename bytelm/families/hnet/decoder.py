@@ -20,13 +20,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bytelm.constants import BOS_ID, NUM_BYTE_IDS, PAD_ID
+from bytelm.constants import BOS_ID, NUM_BYTE_IDS
 from bytelm.families.hnet.model import P_CLAMP, HNet, straight_through
 from bytelm.models.core import head_logits
 from bytelm.models.hybrid import HybridStack
 from bytelm.models.stack import Transformer
-from bytelm.sampling.batched import BatchedSampler
-from bytelm.sampling.decoders import Decoder, allowed_ids, byte_of_unit, byte_units, jit_call
+from bytelm.sampling.batched import BatchedSampler, ByteBatchedDecoder
 
 
 def stack_step(stack: Transformer | HybridStack, x_Bx1xD, caches: list, pos_B, doc_B=None, active_B=None):
@@ -177,32 +176,12 @@ class HNetSampler(BatchedSampler):
         return [np.asarray(s["chunks"]) for s in self.state["stages"]]
 
 
-class HNetDecoder(Decoder):
+class HNetDecoder(ByteBatchedDecoder):
     """H-Net: ``[BOS, bytes...]``; the batched sampler with one row."""
 
     def __init__(self, model: HNet, context: int):
-        self.model, self.context = model, context
-        self.allowed_V = allowed_ids(NUM_BYTE_IDS)
-        self.sampler = HNetSampler(model, context)
-        self._forward = jit_call(lambda m, ids: m(ids), model)
-
-    def start(self, prompt: bytes) -> np.ndarray:
-        ids = [BOS_ID, *byte_units(prompt)]
-        self._check_prompt(len(ids), self.context)
-        return self._valid(self.sampler.prefill([ids])[0])
-
-    def step(self, unit: int) -> np.ndarray:
-        return self._valid(self.sampler.step([unit])[0])
-
-    def recompute(self, prompt: bytes, units: list[int]) -> np.ndarray:
-        ids = [BOS_ID, *byte_units(prompt), *units]
-        self._check_recompute(len(ids), self.context)
-        row = np.full((1, self.context), PAD_ID, np.int32)
-        row[0, : len(ids)] = ids
-        return self._valid(self._forward(row)[0, len(ids) - 1])
-
-    def unit_bytes(self, unit: int) -> bytes:
-        return byte_of_unit(unit)
+        self.sampler: HNetSampler
+        super().__init__(model, context, HNetSampler(model, context))
 
     @property
     def global_calls(self) -> int:  # type: ignore[override]
