@@ -30,9 +30,8 @@ from __future__ import annotations
 import argparse
 import json
 
-import numpy as np
 from results import record
-from train_step import FLAT, Worker, alternate, cpu_model, seconds, spread
+from train_step import against_flat, cpu_model
 
 HNET = [
     "model.family=hnet",
@@ -60,34 +59,8 @@ OUTER = {
 
 
 def train_section(steps: int, outer: str, result: dict) -> None:
-    T, B = 2048, 4
-    with (
-        Worker("jax", model_overrides=FLAT, batch=B, seq_len=T) as flat,
-        Worker("jax", model_overrides=HNET + OUTER[outer], batch=B, seq_len=T) as hnet,
-    ):
-        ft, ht = alternate(flat, hnet, steps)
-        info_flat, info_hnet = flat.info, hnet.info
-    ratios = spread([f / h for f, h in zip(seconds(ft, "step_s"), seconds(ht, "step_s"))])
-    dt_f, dt_h = float(np.median(seconds(ft, "step_s"))), float(np.median(seconds(ht, "step_s")))
-    for name, dt, info in (("flat byte LM", dt_f, info_flat), ("H-Net N=6", dt_h, info_hnet)):
-        print(
-            f"{name:<13} T={T} B={B} params={info['params']:,}: {B * T / dt:,.0f} bytes/s, "
-            f"{info['flops_per_step'] / (B * T) / 1e6:.1f} MFLOP/byte (analytic, training)"
-        )
-    print(
-        f"H-Net / flat bytes/s per round: median {ratios['median']} (min {ratios['min']}, max "
-        f"{ratios['max']})"
-    )
-    result.update(
-        hnet_outer=outer,
-        hnet_vs_flat=ratios["median"],
-        hnet_vs_flat_min=ratios["min"],
-        hnet_vs_flat_max=ratios["max"],
-        hnet_t2048_bytes_s=round(B * T / dt_h),
-        flat_t2048_bytes_s=round(B * T / dt_f),
-        hnet_params=info_hnet["params"],
-        flat_params=info_flat["params"],
-    )
+    against_flat("H-Net N=6", "hnet", HNET + OUTER[outer], steps, result)
+    result["hnet_outer"] = outer
 
 
 def generate_section(train_steps: int, max_bytes: int, context: int, result: dict) -> None:

@@ -28,9 +28,8 @@ import argparse
 import json
 from pathlib import Path
 
-import numpy as np
 from results import record
-from train_step import FLAT, Worker, alternate, cpu_model, seconds, spread
+from train_step import against_flat, cpu_model
 
 SPACEBYTE = [
     "model.family=spacebyte",
@@ -49,33 +48,7 @@ SPACEBYTE = [
 
 
 def train_section(steps: int, result: dict) -> None:
-    T, B = 2048, 4
-    with (
-        Worker("jax", model_overrides=FLAT, batch=B, seq_len=T) as flat,
-        Worker("jax", model_overrides=SPACEBYTE, batch=B, seq_len=T) as sb,
-    ):
-        ft, st = alternate(flat, sb, steps)
-        info_flat, info_sb = flat.info, sb.info
-    ratios = spread([f / h for f, h in zip(seconds(ft, "step_s"), seconds(st, "step_s"))])
-    dt_f, dt_s = float(np.median(seconds(ft, "step_s"))), float(np.median(seconds(st, "step_s")))
-    for name, dt, info in (("flat byte LM", dt_f, info_flat), ("SpaceByte", dt_s, info_sb)):
-        print(
-            f"{name:<13} T={T} B={B} params={info['params']:,}: {B * T / dt:,.0f} bytes/s, "
-            f"{info['flops_per_step'] / (B * T) / 1e6:.1f} MFLOP/byte (analytic, training)"
-        )
-    print(
-        f"SpaceByte / flat bytes/s per round: median {ratios['median']} (min {ratios['min']}, max "
-        f"{ratios['max']})"
-    )
-    result.update(
-        spacebyte_vs_flat=ratios["median"],
-        spacebyte_vs_flat_min=ratios["min"],
-        spacebyte_vs_flat_max=ratios["max"],
-        spacebyte_t2048_bytes_s=round(B * T / dt_s),
-        flat_t2048_bytes_s=round(B * T / dt_f),
-        spacebyte_params=info_sb["params"],
-        flat_params=info_flat["params"],
-    )
+    against_flat("SpaceByte", "spacebyte", SPACEBYTE, steps, result)
 
 
 def generate_section(train_steps: int, max_bytes: int, context: int, result: dict) -> None:

@@ -364,6 +364,40 @@ def seconds(times: list[dict], *keys: str) -> list[float]:
 FLAT = ["model.family=byte", "model.d_model=256", "model.n_layers=6", "model.n_heads=4", "model.mlp_dim=704"]
 
 
+def against_flat(name: str, key: str, overrides: list[str], steps: int, result: dict) -> None:
+    """Training throughput of the model of ``overrides`` against :data:`FLAT` at T = 2048 (batch 4),
+    paired and alternating (:func:`alternate`): prints both and the ratio, and puts ``{key}_vs_flat``
+    (the median per-round ratio of the flat model's step time to this one's: the ratio of bytes/s),
+    its min and max, both bytes/s and both parameter counts into ``result``."""
+    T, B = 2048, 4
+    with (
+        Worker("jax", model_overrides=FLAT, batch=B, seq_len=T) as flat,
+        Worker("jax", model_overrides=overrides, batch=B, seq_len=T) as other,
+    ):
+        ft, ot = alternate(flat, other, steps)
+        info_flat, info_other = flat.info, other.info
+    ratios = spread([f / o for f, o in zip(seconds(ft, "step_s"), seconds(ot, "step_s"))])
+    dt_f, dt_o = float(np.median(seconds(ft, "step_s"))), float(np.median(seconds(ot, "step_s")))
+    for label, dt, info in (("flat byte LM", dt_f, info_flat), (name, dt_o, info_other)):
+        print(
+            f"{label:<13} T={T} B={B} params={info['params']:,}: {B * T / dt:,.0f} bytes/s, "
+            f"{info['flops_per_step'] / (B * T) / 1e6:.1f} MFLOP/byte (analytic, training)"
+        )
+    r = ratios
+    print(f"{name} / flat bytes/s per round: median {r['median']} (min {r['min']}, max {r['max']})")
+    result.update(
+        {
+            f"{key}_vs_flat": ratios["median"],
+            f"{key}_vs_flat_min": ratios["min"],
+            f"{key}_vs_flat_max": ratios["max"],
+            f"{key}_t2048_bytes_s": round(B * T / dt_o),
+            "flat_t2048_bytes_s": round(B * T / dt_f),
+            f"{key}_params": info_other["params"],
+            "flat_params": info_flat["params"],
+        }
+    )
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument(
